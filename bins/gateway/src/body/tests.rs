@@ -1,0 +1,126 @@
+//! Unit tests for [`SlotBody`]: the guard goes at the end, on an error, and on an early drop.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Empty, Full};
+
+use super::{Completion, SlotBody, SlotGuard};
+
+/// Records how the body ended.
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<Completion>>>);
+
+impl Recorder {
+    fn seen(&self) -> Vec<Completion> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+impl SlotGuard for Recorder {
+    fn finish(self, how: Completion) {
+        self.0.lock().unwrap().push(how);
+    }
+}
+
+type Chunk = Result<Frame<Bytes>, std::io::Error>;
+
+/// A body that yields the given frames (each at once) and then ends.
+struct Frames(VecDeque<Chunk>);
+
+impl Body for Frames {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        Poll::Ready(self.0.pop_front())
+    }
+}
+
+fn stream_of(chunks: Vec<Chunk>) -> Frames {
+    Frames(chunks.into())
+}
+
+#[tokio::test]
+async fn releases_when_the_body_ends_and_passes_frames_through() {
+    let rec = Recorder::default();
+    let mut body = SlotBody::new(
+        stream_of(vec![
+            Ok(Frame::data(Bytes::from_static(b"data: 1\n\n"))),
+            Ok(Frame::data(Bytes::from_static(b"data: 2\n\n"))),
+        ]),
+        rec.clone(),
+    );
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(first, Bytes::from_static(b"data: 1\n\n"));
+    assert!(rec.seen().is_empty(), "still streaming");
+    let second = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(second, Bytes::from_static(b"data: 2\n\n"));
+    assert!(body.frame().await.is_none());
+    assert_eq!(rec.seen(), vec![Completion::Ended]);
+    drop(body);
+    assert_eq!(rec.seen(), vec![Completion::Ended], "released exactly once");
+}
+
+#[tokio::test]
+async fn releases_with_the_last_frame_of_a_sized_body() {
+    let rec = Recorder::default();
+    let mut body = SlotBody::new(Full::new(Bytes::from_static(b"{}")), rec.clone());
+    assert_eq!(body.size_hint().exact(), Some(2));
+    assert!(!body.is_end_stream());
+    let frame = body.frame().await.unwrap().unwrap();
+    assert_eq!(frame.into_data().unwrap(), Bytes::from_static(b"{}"));
+    // Full knows it is done after its only frame: no need to wait for the `None`.
+    assert_eq!(rec.seen(), vec![Completion::Ended]);
+    assert!(!body.is_holding());
+    assert!(body.is_end_stream());
+}
+
+#[tokio::test]
+async fn releases_on_an_error() {
+    let rec = Recorder::default();
+    let mut body = SlotBody::new(
+        stream_of(vec![
+            Ok(Frame::data(Bytes::from_static(b"data: 1\n\n"))),
+            Err(std::io::Error::other("upstream went away")),
+        ]),
+        rec.clone(),
+    );
+    assert!(body.frame().await.unwrap().is_ok());
+    assert!(body.frame().await.unwrap().is_err());
+    assert_eq!(rec.seen(), vec![Completion::Failed]);
+    drop(body);
+    assert_eq!(rec.seen(), vec![Completion::Failed]);
+}
+
+#[tokio::test]
+async fn releases_when_dropped_mid_stream() {
+    let rec = Recorder::default();
+    let mut body = SlotBody::new(
+        stream_of(vec![
+            Ok(Frame::data(Bytes::from_static(b"data: 1\n\n"))),
+            Ok(Frame::data(Bytes::from_static(b"data: 2\n\n"))),
+        ]),
+        rec.clone(),
+    );
+    assert!(body.frame().await.unwrap().is_ok());
+    assert!(body.is_holding());
+    drop(body);
+    assert_eq!(rec.seen(), vec![Completion::Dropped]);
+}
+
+#[test]
+fn an_empty_body_dropped_unpolled_counts_as_ended() {
+    let rec = Recorder::default();
+    let body = SlotBody::new(Empty::<Bytes>::new(), rec.clone());
+    assert!(body.is_end_stream());
+    drop(body);
+    assert_eq!(rec.seen(), vec![Completion::Ended]);
+}

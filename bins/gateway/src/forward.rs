@@ -1,0 +1,238 @@
+//! Step 7: send the request to the chosen upstream with a pooled client.
+//!
+//! - One [`hyper_util::client::legacy::Client`] for the whole gateway: connections to each
+//!   upstream are kept alive and reused, so a request pays no connect on the hot path.
+//! - A connect timeout (on the connector) and a first-byte timeout (around the wait for the
+//!   response head). The answer itself may stream for as long as the engine generates: there is
+//!   deliberately no total timeout here.
+//! - Hop-by-hop headers (RFC 9110 §7.6.1: `Connection` and the fields it names, `Keep-Alive`,
+//!   `TE`, `Transfer-Encoding`, `Upgrade`, `Proxy-*`) are stripped both ways; `Host` is set from
+//!   the upstream's URL.
+//! - `x-request-id` is propagated: the caller passes the id it accepted or generated, and it goes
+//!   upstream and back to the client.
+//! - The upstream URL's path prefix is kept (`http://host/openai` + `/v1/chat/completions` →
+//!   `http://host/openai/v1/chat/completions`, as the `huggingfaceserver` of `KServe` expects).
+//!
+//! Errors are classified here, for [`rescue`](crate::rescue) to map: a connect failure means no
+//! byte reached the upstream, so the request may safely go to another host; anything after that
+//! may not be retried.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme, Uri};
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::rescue::Error;
+
+/// The header that carries the request id.
+pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Where an upstream lives: scheme, authority and an optional path prefix.
+#[derive(Debug, Clone)]
+pub struct Base {
+    scheme: Scheme,
+    authority: Authority,
+    /// Without a trailing `/`; empty when the URL has no path.
+    prefix: String,
+}
+
+impl Base {
+    /// Parses an upstream URL such as `http://127.0.0.1:8081` or `http://host:80/openai/`.
+    ///
+    /// Only `http` is accepted: the gateway speaks plain HTTP to engines on a private network.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|e| format!("invalid URL {url:?}: {e}"))?;
+        let scheme = uri.scheme().cloned().ok_or("the URL has no scheme")?;
+        if scheme != Scheme::HTTP {
+            return Err(format!("unsupported scheme {scheme} (only http)"));
+        }
+        let authority = uri.authority().cloned().ok_or("the URL has no host")?;
+        let prefix = uri.path().trim_end_matches('/').to_owned();
+        Ok(Self {
+            scheme,
+            authority,
+            prefix,
+        })
+    }
+
+    /// The authority, `host:port` as written in the URL.
+    pub fn authority(&self) -> &Authority {
+        &self.authority
+    }
+
+    /// The upstream URI for a client request's path and query.
+    pub fn uri_for(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, http::Error> {
+        let tail = path_and_query.map_or("/", PathAndQuery::as_str);
+        let path = if self.prefix.is_empty() {
+            tail.to_owned()
+        } else {
+            format!("{}{tail}", self.prefix)
+        };
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(path)
+            .build()
+    }
+}
+
+/// Timeouts and pool settings of the upstream client.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientSettings {
+    /// How long a TCP connect to an upstream may take.
+    pub connect_timeout: Duration,
+    /// How long the upstream may take to send its response head once the request is sent.
+    pub first_byte_timeout: Duration,
+    /// How long an idle pooled connection is kept.
+    pub pool_idle_timeout: Duration,
+}
+
+/// The pooled upstream client.
+#[derive(Debug, Clone)]
+pub struct Forwarder {
+    client: Client<HttpConnector, Full<Bytes>>,
+    first_byte_timeout: Duration,
+}
+
+impl Forwarder {
+    /// Builds the client. Needs a Tokio runtime.
+    pub fn new(settings: ClientSettings) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(settings.connect_timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(settings.pool_idle_timeout)
+            .build(connector);
+        Self {
+            client,
+            first_byte_timeout: settings.first_byte_timeout,
+        }
+    }
+
+    /// Sends a request to `base` and waits for the response head.
+    ///
+    /// `upstream` names the upstream in errors. `headers` are the client's headers (hop-by-hop
+    /// ones are removed here), `request_id` goes out as `x-request-id`.
+    pub async fn send(
+        &self,
+        upstream: &str,
+        base: &Base,
+        parts: &http::request::Parts,
+        body: Bytes,
+        request_id: &HeaderValue,
+    ) -> Result<Response<Incoming>, Error> {
+        let uri = base
+            .uri_for(parts.uri.path_and_query())
+            .map_err(|e| Error::Internal(format!("building the upstream URI: {e}")))?;
+        let mut req = Request::builder()
+            .method(parts.method.clone())
+            .uri(uri)
+            .body(Full::new(body))
+            .map_err(|e| Error::Internal(format!("building the upstream request: {e}")))?;
+        let headers = req.headers_mut();
+        copy_end_to_end(&parts.headers, headers);
+        // The client sets `Host` from the URI, and `Content-Length` from the body (which may
+        // have been rewritten for an alias).
+        headers.remove(header::HOST);
+        headers.remove(header::CONTENT_LENGTH);
+        headers.insert(REQUEST_ID, request_id.clone());
+
+        let response =
+            match tokio::time::timeout(self.first_byte_timeout, self.client.request(req)).await {
+                Err(_elapsed) => {
+                    return Err(Error::UpstreamTimeout {
+                        upstream: upstream.to_owned(),
+                        after: self.first_byte_timeout,
+                    });
+                }
+                Ok(Err(error)) if error.is_connect() => {
+                    return Err(Error::UpstreamConnect {
+                        upstream: upstream.to_owned(),
+                        source: Box::new(error),
+                    });
+                }
+                Ok(Err(error)) => {
+                    return Err(Error::UpstreamFailed {
+                        upstream: upstream.to_owned(),
+                        source: Box::new(error),
+                    });
+                }
+                Ok(Ok(response)) => response,
+            };
+        let (mut head, body) = response.into_parts();
+        strip_hop_by_hop(&mut head.headers);
+        head.headers.insert(REQUEST_ID, request_id.clone());
+        Ok(Response::from_parts(head, body))
+    }
+}
+
+/// The fields RFC 9110 §7.6.1 (and the `Proxy-*` / `Keep-Alive` conventions it cites) makes
+/// hop-by-hop: they describe one connection and must not be forwarded.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Copies the end-to-end fields of `from` into `to`.
+fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
+    to.reserve(from.len());
+    for (name, value) in from {
+        to.append(name.clone(), value.clone());
+    }
+    strip_hop_by_hop(to);
+}
+
+/// Removes the hop-by-hop fields, including every field named in `Connection`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|list| list.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+    // `Trailer` only announces trailers of this hop's chunked coding.
+    headers.remove(header::TRAILER);
+}
+
+/// The request id to use: the client's `x-request-id` when it is sane, a new UUID otherwise.
+///
+/// "Sane" is 1 to 128 visible ASCII characters: ids end up in logs and in upstream requests, so
+/// an arbitrary client value is not trusted beyond that.
+pub fn request_id(headers: &HeaderMap) -> HeaderValue {
+    if let Some(value) = headers.get(REQUEST_ID) {
+        let bytes = value.as_bytes();
+        if !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(u8::is_ascii_graphic) {
+            return value.clone();
+        }
+    }
+    let id = uuid::Uuid::new_v4();
+    let mut buf = uuid::Uuid::encode_buffer();
+    HeaderValue::from_str(id.hyphenated().encode_lower(&mut buf))
+        .unwrap_or_else(|_| HeaderValue::from_static("-"))
+}
+
+#[cfg(test)]
+mod tests;
