@@ -1,1 +1,106 @@
-//! placeholder
+//! # slotgate-limiter
+//!
+//! A keyed, FIFO, cancel-safe concurrency limiter with bounded queues, runtime-agnostic and
+//! checked with [loom].
+//!
+//! An inference server has a fixed number of sequence slots; past it, requests fail or queue
+//! where nobody can see or cancel them. This crate holds the line in front of it. Per key
+//! (for slotgate, an upstream's authority and a model name) it hands out at most `parallel`
+//! [`Permit`]s, lets at most `queue` acquirers wait first-come-first-served, and refuses the
+//! rest **at once** with [`AcquireError::QueueFull`], so the caller can go elsewhere or tell its
+//! client to retry.
+//!
+//! ## The contract
+//!
+//! 1. An unconfigured key behaves as `parallel = 1, queue = 0`.
+//! 2. FIFO with direct handoff: a release gives the slot to the head waiter without ever
+//!    decrementing `in_flight`; only with no waiter does `in_flight` go down.
+//! 3. An acquire future dropped in the same instant its slot was handed over passes the slot on:
+//!    no leak, no double grant.
+//! 4. Reconfiguring never revokes a held permit. Shrinking `parallel` lets `in_flight` drain
+//!    before new grants; growing it grants waiters at once. Shrinking `queue` keeps existing
+//!    waiters.
+//! 5. Never panics; `Send + Sync`; no lock held across an await (there are no awaits inside);
+//!    keys do not contend with each other on the acquire/release path.
+//! 6. Acquire, release and cancellation are O(1) in the number of waiters.
+//!
+//! ## Example: a limiter in front of a backend
+//!
+//! ```
+//! use std::time::Duration;
+//! use slotgate_limiter::{AcquireError, Limiter};
+//!
+//! async fn call_backend(prompt: &str) -> String {
+//!     tokio::time::sleep(Duration::from_millis(10)).await;
+//!     format!("echo: {prompt}")
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let limiter: Limiter = Limiter::new();
+//! // Two slots, two places in the queue.
+//! limiter.configure("http://gpu-1:8080", "llama", 2, 2);
+//!
+//! let mut tasks = Vec::new();
+//! for i in 0..6 {
+//!     let limiter = limiter.clone();
+//!     tasks.push(tokio::spawn(async move {
+//!         match limiter.acquire("http://gpu-1:8080", "llama").await {
+//!             Ok(permit) => {
+//!                 let answer = call_backend(&format!("request {i}")).await;
+//!                 Ok((answer, permit.waited()))
+//!                 // the permit drops here: the next waiter gets the slot
+//!             }
+//!             Err(AcquireError::QueueFull) => Err("busy: retry later"),
+//!             Err(_) => Err("gone"),
+//!         }
+//!     }));
+//! }
+//! let mut served = 0;
+//! let mut refused = 0;
+//! for task in tasks {
+//!     match task.await.unwrap() {
+//!         Ok(_) => served += 1,
+//!         Err(_) => refused += 1,
+//!     }
+//! }
+//! assert_eq!((served, refused), (4, 2)); // 2 running + 2 queued; the rest refused at once
+//! assert_eq!(limiter.in_flight("http://gpu-1:8080", "llama"), 0);
+//! # }
+//! ```
+//!
+//! # Implementation Details
+//!
+//! The limiter is a map `host → model → key`, behind a reader-writer lock that is only written
+//! when a key is created, configured or removed. Each key is an `Arc` of its own state behind
+//! its own mutex: limits, the in-flight count and a wait queue. [`Acquire`] futures and
+//! [`Permit`]s hold that `Arc`, so after the first lookup nothing on the hot path touches the
+//! map, and [`KeyHandle`] skips even that lookup.
+//!
+//! The wait queue is an indexed slab of waiter entries linked by index, which gives the O(1)
+//! push, pop and removal-from-anywhere of tokio's intrusive waiter list without `unsafe`
+//! (`waiters.rs`). A waiter handed a slot is unlinked but keeps its entry, marked granted, until
+//! its future sees it; a future dropped in that state passes the slot on under the same lock,
+//! which is how rule 3 holds. Wakers are always woken after the key's lock is released.
+//!
+//! All locks and `Arc`s come from one `sync` module that swaps in loom's under `--cfg loom`;
+//! the loom models live in `src/tests/`.
+//!
+//! [loom]: https://docs.rs/loom
+
+mod error;
+mod future;
+mod key;
+mod limiter;
+mod permit;
+mod sync;
+mod waiters;
+
+pub use error::{AcquireError, TryAcquireError};
+pub use future::Acquire;
+pub use key::Limits;
+pub use limiter::{KeyHandle, KeySnapshot, Limiter};
+pub use permit::Permit;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,116 @@
+//! The acquire future: a place in a key's queue that turns into a [`Permit`].
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use crate::error::AcquireError;
+use crate::key::{Joined, KeyState};
+use crate::permit::Permit;
+use crate::sync::Arc;
+use crate::waiters::{Status, Token};
+
+/// A pending acquire of one key, made by [`Limiter::acquire`](crate::Limiter::acquire) or
+/// [`KeyHandle::acquire`](crate::KeyHandle::acquire).
+///
+/// The acquirer joins the key **when `acquire` is called**, not when the future is first
+/// polled: a free slot is taken then, and a place in the queue is reserved then, so grant order
+/// is call order. A full queue is reported by the first poll, which never waits.
+///
+/// **Cancel-safe:** dropping the future leaves the queue in O(1). If a slot had been handed to
+/// it in the same instant, the slot passes on to the next waiter (or back to the pool): nothing
+/// leaks and nothing is granted twice.
+///
+/// The future is `Unpin`, `Send` and `'static`, so it can be stored, boxed, or polled once by
+/// hand to learn at once whether the queue had room.
+#[must_use = "an acquire future holds a slot or a queue place until it is polled or dropped"]
+pub struct Acquire {
+    key: Arc<KeyState>,
+    state: State,
+}
+
+enum State {
+    /// Decided at call time: a slot (`Ok`) or an error, not yet handed to the caller.
+    Ready(Result<(), AcquireError>),
+    /// In the queue since `since`.
+    Waiting { token: Token, since: Instant },
+    /// The outcome was returned; the future is spent.
+    Done,
+}
+
+// === impl Acquire ===
+
+impl Acquire {
+    pub(crate) fn new(key: Arc<KeyState>) -> Self {
+        let state = match key.join() {
+            Ok(Joined::Granted) => State::Ready(Ok(())),
+            Ok(Joined::Queued(token)) => State::Waiting {
+                token,
+                since: Instant::now(),
+            },
+            Err(error) => State::Ready(Err(error)),
+        };
+        Self { key, state }
+    }
+
+    /// `true` while this acquire waits in the queue (neither granted nor refused yet as far as
+    /// the future has seen).
+    pub fn is_queued(&self) -> bool {
+        matches!(self.state, State::Waiting { .. })
+    }
+}
+
+impl Future for Acquire {
+    type Output = Result<Permit, AcquireError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        match this.state {
+            State::Ready(outcome) => {
+                this.state = State::Done;
+                Poll::Ready(outcome.map(|()| Permit::new(this.key.clone(), Duration::ZERO)))
+            }
+            State::Waiting { token, since } => match this.key.poll_waiter(token, cx.waker()) {
+                Status::Waiting => Poll::Pending,
+                Status::Granted => {
+                    this.state = State::Done;
+                    Poll::Ready(Ok(Permit::new(this.key.clone(), since.elapsed())))
+                }
+                Status::Closed => {
+                    this.state = State::Done;
+                    Poll::Ready(Err(AcquireError::Closed))
+                }
+            },
+            // Polled again after completion: answer like a closed key rather than panic.
+            State::Done => Poll::Ready(Err(AcquireError::Closed)),
+        }
+    }
+}
+
+impl Drop for Acquire {
+    fn drop(&mut self) {
+        match std::mem::replace(&mut self.state, State::Done) {
+            // Granted at call time but never collected: give the slot back.
+            State::Ready(Ok(())) => self.key.release(),
+            State::Waiting { token, .. } => self.key.cancel(token),
+            State::Ready(Err(_)) | State::Done => {}
+        }
+    }
+}
+
+impl fmt::Debug for Acquire {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            State::Ready(Ok(())) => "granted",
+            State::Ready(Err(AcquireError::QueueFull)) => "queue full",
+            State::Ready(Err(_)) => "closed",
+            State::Waiting { .. } => "queued",
+            State::Done => "done",
+        };
+        f.debug_struct("Acquire")
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,214 @@
+//! loom models of the races that matter (run with `--cfg loom`, see the README).
+//!
+//! Each model explores every interleaving of a few threads around one key, up to the
+//! preemption bound, and checks at the end that nothing leaked (`in_flight` and `queued` back to
+//! zero, every `Arc` freed — loom's leak check) and that no two permits of a one-slot key were
+//! ever held at once.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll, Waker};
+
+use loom::future::block_on;
+use loom::sync::Arc;
+use loom::sync::atomic::AtomicUsize;
+use loom::thread;
+
+use crate::{AcquireError, Limiter};
+
+const H: &str = "h";
+const M: &str = "m";
+
+fn run_model(name: &str, f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        // Bounded by default so the suite finishes in minutes on 2 cores; LOOM_MAX_PREEMPTIONS
+        // overrides it.
+        builder.preemption_bound = Some(2);
+    }
+    eprintln!("loom model: {name}");
+    builder.check(f);
+}
+
+/// Polls a future once with a no-op waker.
+fn poll_once<F: Future + Unpin>(fut: &mut F) -> Poll<F::Output> {
+    Pin::new(fut).poll(&mut Context::from_waker(Waker::noop()))
+}
+
+/// (a) A release races with the cancellation of the head waiter: the slot ends up either with
+/// the second waiter or back in the pool — never leaked, never granted twice.
+#[test]
+fn release_races_cancel_of_head_waiter() {
+    run_model("release_races_cancel_of_head_waiter", || {
+        let l: Limiter = Limiter::new();
+        l.configure(H, M, 1, 2);
+        let held = l.try_acquire(H, M).unwrap();
+        let mut head = l.acquire(H, M);
+        assert!(poll_once(&mut head).is_pending());
+        let second = l.acquire(H, M);
+
+        let releaser = thread::spawn(move || drop(held));
+        let canceller = thread::spawn(move || drop(head));
+        releaser.join().unwrap();
+        canceller.join().unwrap();
+
+        // Whatever the order, the second waiter now holds the only slot.
+        assert_eq!(l.in_flight(H, M), 1);
+        assert_eq!(l.queued(H, M), 0);
+        let permit = block_on(second).expect("the slot passed on");
+        drop(permit);
+        assert_eq!(l.in_flight(H, M), 0);
+    });
+}
+
+/// (b) Two acquirers and a releaser on a key with parallel 1, queue 1: never two permits at
+/// once, and no lost wake-up (a waiter that is granted always completes; `block_on` would
+/// deadlock the model otherwise).
+#[test]
+fn two_acquirers_and_a_releaser() {
+    run_model("two_acquirers_and_a_releaser", || {
+        let l: Limiter = Limiter::new();
+        l.configure(H, M, 1, 1);
+        let held = l.try_acquire(H, M).unwrap();
+        let holders = Arc::new(AtomicUsize::new(1));
+
+        let acquirer = |l: Limiter, holders: Arc<AtomicUsize>| {
+            move || match block_on(l.acquire(H, M)) {
+                Ok(permit) => {
+                    let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
+                    assert_eq!(now, 1, "two permits held at once");
+                    holders.fetch_sub(1, Ordering::SeqCst);
+                    drop(permit);
+                    true
+                }
+                Err(AcquireError::QueueFull) => false,
+                Err(e) => panic!("unexpected {e}"),
+            }
+        };
+        let a = thread::spawn(acquirer(l.clone(), holders.clone()));
+        let b = thread::spawn(acquirer(l.clone(), holders.clone()));
+        holders.fetch_sub(1, Ordering::SeqCst);
+        drop(held);
+
+        let served = usize::from(a.join().unwrap()) + usize::from(b.join().unwrap());
+        assert!(served >= 1, "at least one acquirer is served");
+        assert_eq!(l.in_flight(H, M), 0);
+        assert_eq!(l.queued(H, M), 0);
+    });
+}
+
+/// (c) Reconfiguration races with a release: growing `parallel` while a permit is released
+/// grants the queued waiters exactly once each, and everything drains to zero.
+#[test]
+fn reconfigure_races_release() {
+    run_model("reconfigure_races_release", || {
+        let l: Limiter = Limiter::new();
+        l.configure(H, M, 1, 2);
+        let held = l.try_acquire(H, M).unwrap();
+        let mut w1 = l.acquire(H, M);
+        let mut w2 = l.acquire(H, M);
+        assert!(poll_once(&mut w1).is_pending());
+        assert!(poll_once(&mut w2).is_pending());
+
+        let l2 = l.clone();
+        let reconfig = thread::spawn(move || l2.configure(H, M, 2, 2));
+        let releaser = thread::spawn(move || drop(held));
+        reconfig.join().unwrap();
+        releaser.join().unwrap();
+
+        // Two slots, two waiters, the first permit gone: both waiters hold one.
+        assert_eq!(l.in_flight(H, M), 2);
+        assert_eq!(l.queued(H, M), 0);
+        let p1 = block_on(w1).unwrap();
+        let p2 = block_on(w2).unwrap();
+        drop((p1, p2));
+        assert_eq!(l.in_flight(H, M), 0);
+    });
+}
+
+/// Shrinking races with a release: the release must not hand the slot over while the key is
+/// over its new limit.
+#[test]
+fn shrink_races_release() {
+    run_model("shrink_races_release", || {
+        let l: Limiter = Limiter::new();
+        l.configure(H, M, 2, 1);
+        let a = l.try_acquire(H, M).unwrap();
+        let b = l.try_acquire(H, M).unwrap();
+        let mut w = l.acquire(H, M);
+        assert!(poll_once(&mut w).is_pending());
+
+        let l2 = l.clone();
+        let shrink = thread::spawn(move || l2.configure(H, M, 1, 1));
+        let releaser = thread::spawn(move || drop(a));
+        shrink.join().unwrap();
+        releaser.join().unwrap();
+
+        // Either the release came first (handed to w: in flight 2) or the shrink did (drained
+        // to 1, w still waits). Never more than the two slots that existed.
+        let in_flight = l.in_flight(H, M);
+        let queued = l.queued(H, M);
+        assert!(
+            (in_flight, queued) == (2, 0) || (in_flight, queued) == (1, 1),
+            "unexpected state: {in_flight} in flight, {queued} queued"
+        );
+        drop(b);
+        let p = block_on(w).unwrap();
+        assert_eq!(l.in_flight(H, M), 1);
+        drop(p);
+        assert_eq!(l.in_flight(H, M), 0);
+    });
+}
+
+/// The "poll once, then drop" model (tokio's `concurrent_cancel`): waiters enqueued and
+/// dropped on two threads while a third releases; nothing leaks.
+#[test]
+fn concurrent_cancel() {
+    run_model("concurrent_cancel", || {
+        let l: Limiter = Limiter::new();
+        l.configure(H, M, 1, 2);
+        let held = l.try_acquire(H, M).unwrap();
+
+        let spawn_canceller = |l: Limiter| {
+            thread::spawn(move || {
+                let mut fut = l.acquire(H, M);
+                let _ = poll_once(&mut fut);
+                drop(fut);
+            })
+        };
+        let t1 = spawn_canceller(l.clone());
+        let t2 = spawn_canceller(l.clone());
+        drop(held);
+        t1.join().unwrap();
+        t2.join().unwrap();
+
+        assert_eq!(l.in_flight(H, M), 0);
+        assert_eq!(l.queued(H, M), 0);
+    });
+}
+
+/// Removing a key races with a waiter: the waiter ends with `Closed` or a permit (if it was
+/// granted first), never hangs, and a held permit stays valid.
+#[test]
+fn remove_races_waiter() {
+    run_model("remove_races_waiter", || {
+        let l: Limiter = Limiter::new();
+        l.configure(H, M, 1, 1);
+        let held = l.try_acquire(H, M).unwrap();
+        let waiter = {
+            let l = l.clone();
+            thread::spawn(move || block_on(l.acquire(H, M)).map(drop))
+        };
+        let l2 = l.clone();
+        let remover = thread::spawn(move || l2.remove(H, M));
+        drop(held);
+        let outcome = waiter.join().unwrap();
+        assert!(remover.join().unwrap());
+        assert!(matches!(
+            outcome,
+            Ok(()) | Err(AcquireError::Closed | AcquireError::QueueFull)
+        ));
+        assert_eq!(l.in_flight(H, M), 0);
+    });
+}

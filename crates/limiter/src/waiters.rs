@@ -1,0 +1,357 @@
+//! The wait queue of one key: a FIFO of waiters with O(1) push, pop and removal from anywhere.
+//!
+//! # Implementation Details
+//!
+//! tokio's semaphore keeps its waiters in an intrusive linked list threaded through the
+//! acquire futures themselves, which needs `unsafe`. We get the same complexity in safe code
+//! with an *indexed slab*: every waiter is an entry of a `Vec`, linked to its neighbours by
+//! index (`prev` / `next`), and vacant entries form a free list that new waiters reuse. A
+//! [`Token`] names an entry by index plus a *generation* that changes every time the entry is
+//! vacated, so a stale token can never reach somebody else's waiter.
+//!
+//! An entry outlives its place in the list: when a slot is handed to the head waiter the entry
+//! is unlinked but stays occupied as [`Entry::Granted`] until its future observes the grant (or
+//! is dropped and passes the slot on). Likewise [`Entry::Closed`] waits to be observed. Only the
+//! owner of the token vacates the entry, so the slab never frees an entry a future still names.
+
+use std::task::Waker;
+
+/// Marks "no entry" in the `prev` / `next` / free-list links.
+const NIL: usize = usize::MAX;
+
+/// The name of one waiter's entry, held by its acquire future.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Token {
+    index: usize,
+    generation: u64,
+}
+
+/// A slot handed to the head waiter by [`WaitQueue::grant_front`].
+#[derive(Debug)]
+pub(crate) struct Grant {
+    /// The waiter's waker, to wake once the lock is released; absent if it was never polled.
+    pub(crate) waker: Option<Waker>,
+}
+
+/// What a waiter's entry says when its owner looks at it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Status {
+    /// Still in the queue.
+    Waiting,
+    /// A slot was handed over; the waiter now counts as in flight.
+    Granted,
+    /// The key was removed while the waiter was queued.
+    Closed,
+}
+
+#[derive(Debug)]
+enum Entry {
+    Vacant {
+        next_free: usize,
+    },
+    Waiting {
+        waker: Option<Waker>,
+        prev: usize,
+        next: usize,
+    },
+    Granted,
+    Closed,
+}
+
+#[derive(Debug)]
+struct Slot {
+    generation: u64,
+    entry: Entry,
+}
+
+/// A FIFO of waiters backed by an indexed slab. Not synchronised: the key's mutex guards it.
+#[derive(Debug)]
+pub(crate) struct WaitQueue {
+    slots: Vec<Slot>,
+    free: usize,
+    head: usize,
+    tail: usize,
+    /// Entries in the list (state `Waiting`).
+    waiting: usize,
+    /// Entries not vacant (waiting, granted or closed but not yet observed).
+    occupied: usize,
+}
+
+impl Default for WaitQueue {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl WaitQueue {
+    /// Once the slab is this large and drains empty, its memory is given back.
+    const SHRINK_ABOVE: usize = 1024;
+
+    pub(crate) const fn new() -> Self {
+        Self {
+            slots: Vec::new(),
+            free: NIL,
+            head: NIL,
+            tail: NIL,
+            waiting: 0,
+            occupied: 0,
+        }
+    }
+
+    /// How many waiters are queued (granted and closed entries not counted).
+    pub(crate) fn len(&self) -> usize {
+        self.waiting
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.waiting == 0
+    }
+
+    /// Queues a waiter at the back.
+    pub(crate) fn push_back(&mut self, waker: Option<Waker>) -> Token {
+        let entry = Entry::Waiting {
+            waker,
+            prev: self.tail,
+            next: NIL,
+        };
+        let index = if self.free == NIL {
+            self.slots.push(Slot {
+                generation: 0,
+                entry,
+            });
+            self.slots.len() - 1
+        } else {
+            let index = self.free;
+            let slot = &mut self.slots[index];
+            self.free = match slot.entry {
+                Entry::Vacant { next_free } => next_free,
+                // The free list only ever links vacant entries.
+                _ => NIL,
+            };
+            slot.entry = entry;
+            index
+        };
+        if self.tail == NIL {
+            self.head = index;
+        } else if let Entry::Waiting { next, .. } = &mut self.slots[self.tail].entry {
+            *next = index;
+        }
+        self.tail = index;
+        self.waiting += 1;
+        self.occupied += 1;
+        Token {
+            index,
+            generation: self.slots[index].generation,
+        }
+    }
+
+    /// Hands the head waiter a slot: unlinks it, marks it granted and returns its waker.
+    ///
+    /// Returns `None` when nobody waits.
+    pub(crate) fn grant_front(&mut self) -> Option<Grant> {
+        if self.head == NIL {
+            return None;
+        }
+        let index = self.head;
+        let waker = self.unlink(index);
+        self.slots[index].entry = Entry::Granted;
+        Some(Grant { waker })
+    }
+
+    /// Marks every queued waiter closed and returns their wakers, emptying the list.
+    pub(crate) fn close_all(&mut self) -> Vec<Waker> {
+        let mut wakers = Vec::with_capacity(self.waiting);
+        while self.head != NIL {
+            let index = self.head;
+            if let Some(waker) = self.unlink(index) {
+                wakers.push(waker);
+            }
+            self.slots[index].entry = Entry::Closed;
+        }
+        wakers
+    }
+
+    /// Looks at a waiter's entry on behalf of its future.
+    ///
+    /// While it waits, the waker is stored (replacing an older one that would not wake the same
+    /// task). Once granted or closed, the entry is vacated: the caller now owns the outcome. A
+    /// stale token reads as `Closed`, which cannot happen while only the owner vacates entries.
+    pub(crate) fn poll(&mut self, token: Token, waker: &Waker) -> Status {
+        let Some(slot) = self.slot_mut(token) else {
+            return Status::Closed;
+        };
+        match &mut slot.entry {
+            Entry::Waiting { waker: stored, .. } => {
+                match stored {
+                    Some(stored) if stored.will_wake(waker) => {}
+                    _ => *stored = Some(waker.clone()),
+                }
+                Status::Waiting
+            }
+            Entry::Granted => {
+                self.vacate(token.index);
+                Status::Granted
+            }
+            Entry::Closed | Entry::Vacant { .. } => {
+                self.vacate(token.index);
+                Status::Closed
+            }
+        }
+    }
+
+    /// Removes a waiter on behalf of its dropped future, wherever it stands: O(1).
+    ///
+    /// Returns what the entry was; `Granted` means the caller holds a slot it must pass on.
+    pub(crate) fn remove(&mut self, token: Token) -> Status {
+        let Some(slot) = self.slot_mut(token) else {
+            return Status::Closed;
+        };
+        let status = match slot.entry {
+            Entry::Waiting { .. } => {
+                // Dropping the waker here is fine: the caller holds the lock, and a waker's
+                // drop never re-enters the limiter.
+                self.unlink(token.index);
+                Status::Waiting
+            }
+            Entry::Granted => Status::Granted,
+            Entry::Closed | Entry::Vacant { .. } => Status::Closed,
+        };
+        self.vacate(token.index);
+        status
+    }
+
+    fn slot_mut(&mut self, token: Token) -> Option<&mut Slot> {
+        self.slots
+            .get_mut(token.index)
+            .filter(|slot| slot.generation == token.generation)
+            .filter(|slot| !matches!(slot.entry, Entry::Vacant { .. }))
+    }
+
+    /// Unlinks a `Waiting` entry from the list and takes its waker; the entry itself is left
+    /// for the caller to overwrite.
+    fn unlink(&mut self, index: usize) -> Option<Waker> {
+        let Entry::Waiting { waker, prev, next } = &mut self.slots[index].entry else {
+            return None;
+        };
+        let (prev, next, waker) = (*prev, *next, waker.take());
+        if prev == NIL {
+            self.head = next;
+        } else if let Entry::Waiting { next: p_next, .. } = &mut self.slots[prev].entry {
+            *p_next = next;
+        }
+        if next == NIL {
+            self.tail = prev;
+        } else if let Entry::Waiting { prev: n_prev, .. } = &mut self.slots[next].entry {
+            *n_prev = prev;
+        }
+        self.waiting -= 1;
+        // Leave a non-list state behind so a second unlink is a no-op.
+        self.slots[index].entry = Entry::Closed;
+        waker
+    }
+
+    fn vacate(&mut self, index: usize) {
+        let slot = &mut self.slots[index];
+        slot.generation = slot.generation.wrapping_add(1);
+        slot.entry = Entry::Vacant {
+            next_free: self.free,
+        };
+        self.free = index;
+        self.occupied -= 1;
+        if self.occupied == 0 && self.slots.len() > Self::SHRINK_ABOVE {
+            // A burst of waiters is over: give its memory back. Tokens into the old slab are
+            // all gone (occupied == 0), so resetting generations is safe.
+            self.slots = Vec::new();
+            self.free = NIL;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn noop() -> Waker {
+        Waker::noop().clone()
+    }
+
+    #[test]
+    fn fifo_order() {
+        let mut q = WaitQueue::new();
+        let a = q.push_back(None);
+        let b = q.push_back(None);
+        let c = q.push_back(None);
+        assert_eq!(q.len(), 3);
+        assert!(q.grant_front().is_some());
+        assert_eq!(q.poll(a, &noop()), Status::Granted);
+        assert_eq!(q.poll(b, &noop()), Status::Waiting);
+        assert!(q.grant_front().is_some());
+        assert_eq!(q.poll(b, &noop()), Status::Granted);
+        assert!(q.grant_front().is_some());
+        assert_eq!(q.poll(c, &noop()), Status::Granted);
+        assert!(q.grant_front().is_none());
+        assert!(q.is_empty());
+        assert_eq!(q.occupied, 0);
+    }
+
+    #[test]
+    fn remove_from_middle_head_and_tail() {
+        let mut q = WaitQueue::new();
+        let tokens: Vec<_> = (0..5).map(|_| q.push_back(None)).collect();
+        assert_eq!(q.remove(tokens[2]), Status::Waiting);
+        assert_eq!(q.remove(tokens[0]), Status::Waiting);
+        assert_eq!(q.remove(tokens[4]), Status::Waiting);
+        assert_eq!(q.len(), 2);
+        q.grant_front();
+        assert_eq!(q.poll(tokens[1], &noop()), Status::Granted);
+        q.grant_front();
+        assert_eq!(q.poll(tokens[3], &noop()), Status::Granted);
+        assert!(q.grant_front().is_none());
+    }
+
+    #[test]
+    fn stale_tokens_never_touch_a_reused_entry() {
+        let mut q = WaitQueue::new();
+        let a = q.push_back(None);
+        assert_eq!(q.remove(a), Status::Waiting);
+        let b = q.push_back(None);
+        assert_eq!(a.index, b.index, "the vacant entry is reused");
+        assert_eq!(q.remove(a), Status::Closed, "stale token is inert");
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.poll(b, &noop()), Status::Waiting);
+    }
+
+    #[test]
+    fn granted_entry_removed_reports_granted() {
+        let mut q = WaitQueue::new();
+        let a = q.push_back(None);
+        q.grant_front();
+        assert_eq!(q.remove(a), Status::Granted);
+        assert_eq!(q.occupied, 0);
+    }
+
+    #[test]
+    fn close_all_wakes_everyone_once() {
+        let mut q = WaitQueue::new();
+        let a = q.push_back(Some(noop()));
+        let b = q.push_back(None);
+        let wakers = q.close_all();
+        assert_eq!(wakers.len(), 1);
+        assert!(q.is_empty());
+        assert_eq!(q.poll(a, &noop()), Status::Closed);
+        assert_eq!(q.remove(b), Status::Closed);
+        assert_eq!(q.occupied, 0);
+    }
+
+    #[test]
+    fn memory_is_returned_after_a_burst() {
+        let mut q = WaitQueue::new();
+        let tokens: Vec<_> = (0..5000).map(|_| q.push_back(None)).collect();
+        for t in tokens {
+            q.remove(t);
+        }
+        assert_eq!(q.slots.capacity(), 0);
+        let t = q.push_back(None);
+        assert_eq!(q.poll(t, &noop()), Status::Waiting);
+    }
+}
