@@ -138,15 +138,16 @@ fn cancel(c: &mut Criterion) {
             |b, &n| {
                 let limiter: Limiter = Limiter::new();
                 limiter.configure("h", "m", 1, usize::MAX);
-                let _held = limiter.try_acquire("h", "m").expect("free");
-                let mut queue: Vec<Acquire> = (0..n).map(|_| limiter.acquire("h", "m")).collect();
+                let key = limiter.handle("h", "m");
+                let _held = key.try_acquire().expect("free");
+                let mut queue: Vec<Acquire> = (0..n).map(|_| key.acquire()).collect();
                 let mut i = 0usize;
                 b.iter(|| {
                     // Cancel a waiter somewhere in the queue (swap_remove is O(1) on our side
                     // of the benchmark) and let a new one join at the back.
                     i = (i + 7919) % n;
                     drop(queue.swap_remove(i));
-                    queue.push(limiter.acquire("h", "m"));
+                    queue.push(key.acquire());
                 });
                 assert_eq!(limiter.queued("h", "m"), n);
             },
