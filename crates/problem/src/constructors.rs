@@ -1,0 +1,327 @@
+//! One constructor per [`Kind`]: each writes the `detail`, the extension members and the
+//! `error.message` for its problem, so the wording lives in one place.
+
+use std::time::Duration;
+
+use http::Method;
+
+use crate::problem::retry_secs;
+use crate::{Kind, Problem};
+
+impl Problem {
+    /// [`Kind::QueueFull`] (503): every slot and queue place of `model` is taken on `upstream`
+    /// (the last host tried when several were), so the request was refused without waiting.
+    ///
+    /// Sets `Retry-After` from `retry_after`, and the extension members `upstream` and `model`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use slotgate_problem::Problem;
+    ///
+    /// let p = Problem::queue_full("http://gpu-a:8080", "llama", Duration::from_secs(4));
+    /// assert_eq!(p.status(), 503);
+    /// assert_eq!(p.retry_after_secs(), Some(4));
+    /// ```
+    #[must_use]
+    pub fn queue_full(upstream: &str, model: &str, retry_after: Duration) -> Self {
+        let secs = retry_secs(retry_after);
+        Self::new(
+            Kind::QueueFull,
+            format!(
+                "Model `{model}` is at capacity: every slot and every queue place is taken. \
+                 Retry in {secs} s."
+            ),
+        )
+        .with_detail(format!(
+            "Every slot and queue place for model `{model}` on upstream `{upstream}` is taken."
+        ))
+        .ext("upstream", upstream)
+        .ext("model", model)
+        .with_retry_after(retry_after)
+    }
+
+    /// [`Kind::QueueTimeout`] (503): the request waited `waited` in the queue of `model` on
+    /// `upstream` without getting a slot. It never reached the upstream.
+    ///
+    /// Sets `Retry-After` from `retry_after`, and the extension members `upstream`, `model`
+    /// and `waited_ms`.
+    #[must_use]
+    pub fn queue_timeout(
+        upstream: &str,
+        model: &str,
+        waited: Duration,
+        retry_after: Duration,
+    ) -> Self {
+        let secs = retry_secs(retry_after);
+        let waited_text = human(waited);
+        Self::new(
+            Kind::QueueTimeout,
+            format!(
+                "Model `{model}` is busy: the request waited {waited_text} in the queue without \
+                 getting a slot and was not run. Retry in {secs} s."
+            ),
+        )
+        .with_detail(format!(
+            "Waited {waited_text} in the queue for model `{model}` on upstream `{upstream}` \
+             without getting a slot."
+        ))
+        .ext("upstream", upstream)
+        .ext("model", model)
+        .ext("waited_ms", millis(waited))
+        .with_retry_after(retry_after)
+    }
+
+    /// [`Kind::ModelNotFound`] (404): no upstream is configured for `model` (a name or an
+    /// alias).
+    ///
+    /// Sets the extension member `model`, and `error.param` to `model`.
+    #[must_use]
+    pub fn model_not_found(model: &str) -> Self {
+        Self::new(
+            Kind::ModelNotFound,
+            format!(
+                "The model `{model}` does not exist on this gateway. \
+                 GET /v1/models lists the models you can use."
+            ),
+        )
+        .with_detail(format!("No upstream serves model `{model}`."))
+        .ext("model", model)
+        .with_param("model")
+    }
+
+    /// [`Kind::NotFound`] (404): `path` is not a route of the gateway.
+    ///
+    /// Sets the extension member `path`.
+    #[must_use]
+    pub fn not_found(path: &str) -> Self {
+        Self::new(
+            Kind::NotFound,
+            format!(
+                "Unknown path `{path}`. This gateway serves the OpenAI API under /v1, \
+                 for example POST /v1/chat/completions."
+            ),
+        )
+        .with_detail(format!("No route for `{path}`."))
+        .ext("path", path)
+    }
+
+    /// [`Kind::MethodNotAllowed`] (405): the route exists, but not for `method`; `allowed`
+    /// lists the methods it accepts.
+    ///
+    /// Sets the `Allow` header (RFC 9110 §15.5.6 requires it) and the extension members
+    /// `method` and `allowed`.
+    #[must_use]
+    pub fn method_not_allowed(method: &Method, allowed: &[Method]) -> Self {
+        let list = join_methods(allowed);
+        let next = if allowed.is_empty() {
+            "This path accepts no method.".to_owned()
+        } else {
+            format!("Use one of: {list}.")
+        };
+        let mut problem = Self::new(
+            Kind::MethodNotAllowed,
+            format!("Method {method} is not allowed on this path. {next}"),
+        )
+        .with_detail(format!(
+            "Method {method} is not allowed here; allowed: {list}."
+        ))
+        .ext("method", method.as_str())
+        .ext(
+            "allowed",
+            allowed.iter().map(Method::as_str).collect::<Vec<_>>(),
+        );
+        problem.allow = allowed.to_vec();
+        problem
+    }
+
+    /// [`Kind::BadRequest`] (400): the body is not what the endpoint needs; `detail` says what
+    /// is wrong (for example "`model` is missing").
+    ///
+    /// Use [`with_param`](Problem::with_param) to name the field at fault.
+    #[must_use]
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        let detail = detail.into();
+        Self::new(
+            Kind::BadRequest,
+            format!(
+                "The request body is invalid: {}. Fix it and send the request again.",
+                detail.trim_end_matches('.')
+            ),
+        )
+        .with_detail(detail)
+    }
+
+    /// [`Kind::BodyTooLarge`] (413): the body is larger than `limit` bytes.
+    ///
+    /// Sets the extension member `limit_bytes`.
+    #[must_use]
+    pub fn body_too_large(limit: u64) -> Self {
+        Self::new(
+            Kind::BodyTooLarge,
+            format!(
+                "The request body is larger than this gateway accepts ({limit} bytes). \
+                 Send a smaller request, for example fewer or shorter messages."
+            ),
+        )
+        .with_detail(format!(
+            "The request body exceeds the limit of {limit} bytes."
+        ))
+        .ext("limit_bytes", limit)
+    }
+
+    /// [`Kind::UnsupportedMediaType`] (415): the body is not declared as JSON; `content_type`
+    /// is the request's `Content-Type`, [`None`] when it had none.
+    ///
+    /// Sets the extension members `content_type` (null when absent) and `accepted`.
+    #[must_use]
+    pub fn unsupported_media_type(content_type: Option<&str>) -> Self {
+        let got = content_type.map_or_else(
+            || "The request has no Content-Type.".to_owned(),
+            |ct| format!("Content-Type `{ct}` is not supported."),
+        );
+        Self::new(
+            Kind::UnsupportedMediaType,
+            format!("{got} Send the body as JSON with `Content-Type: application/json`."),
+        )
+        .with_detail(got)
+        .ext("content_type", content_type)
+        .ext("accepted", vec!["application/json"])
+    }
+
+    /// [`Kind::Unauthorized`] (401): API keys are configured and the request carries none, or
+    /// one that is not accepted. The key is never echoed.
+    ///
+    /// The response carries `WWW-Authenticate: Bearer` (RFC 9110 §11.6.1 requires a challenge
+    /// on 401).
+    #[must_use]
+    pub fn unauthorized() -> Self {
+        Self::new(
+            Kind::Unauthorized,
+            "Missing or invalid API key. Send a valid key as `Authorization: Bearer <key>`."
+                .to_owned(),
+        )
+        .with_detail("The request has no API key, or one this gateway does not accept.")
+    }
+
+    /// [`Kind::UpstreamUnavailable`] (503): no upstream that serves `model` can take the
+    /// request right now: none is healthy and not draining, or every one refused the
+    /// connection before the request was sent.
+    ///
+    /// Sets `Retry-After` from `retry_after` (for example the health-check interval) and the
+    /// extension member `model`. See [`Kind::UpstreamUnavailable`] for why this is 503 and not
+    /// 502.
+    #[must_use]
+    pub fn upstream_unavailable(model: &str, retry_after: Duration) -> Self {
+        let secs = retry_secs(retry_after);
+        Self::new(
+            Kind::UpstreamUnavailable,
+            format!(
+                "No server for model `{model}` is reachable right now; the request was not run. \
+                 Retry in {secs} s."
+            ),
+        )
+        .with_detail(format!(
+            "No upstream for model `{model}` is healthy and accepting connections."
+        ))
+        .ext("model", model)
+        .with_retry_after(retry_after)
+    }
+
+    /// [`Kind::UpstreamTimeout`] (504): `upstream` took the request for `model` but sent no
+    /// response headers within `timeout`.
+    ///
+    /// Sets the extension members `upstream`, `model` and `timeout_ms`. No `Retry-After`: the
+    /// request may have run (and used tokens) on the upstream, so whether to retry is the
+    /// client's call.
+    #[must_use]
+    pub fn upstream_timeout(upstream: &str, model: &str, timeout: Duration) -> Self {
+        let after = human(timeout);
+        Self::new(
+            Kind::UpstreamTimeout,
+            format!(
+                "The server for model `{model}` did not answer within {after}. The request may \
+                 still have run. Retry later, or with a smaller request."
+            ),
+        )
+        .with_detail(format!(
+            "Upstream `{upstream}` sent no response headers for model `{model}` within {after}."
+        ))
+        .ext("upstream", upstream)
+        .ext("model", model)
+        .ext("timeout_ms", millis(timeout))
+    }
+
+    /// [`Kind::UpstreamBadResponse`] (502): `upstream` answered the request for `model` with
+    /// something that is not a valid HTTP response, or closed the connection before the
+    /// response headers.
+    ///
+    /// Sets the extension members `upstream` and `model`; add the cause with
+    /// [`with_detail`](Problem::with_detail) when it helps.
+    #[must_use]
+    pub fn upstream_bad_response(upstream: &str, model: &str) -> Self {
+        Self::new(
+            Kind::UpstreamBadResponse,
+            format!(
+                "The server for model `{model}` sent an invalid or incomplete response. \
+                 Retry the request; if this keeps happening, tell the gateway's operator."
+            ),
+        )
+        .with_detail(format!(
+            "Upstream `{upstream}` sent an invalid response, or none, for model `{model}`."
+        ))
+        .ext("upstream", upstream)
+        .ext("model", model)
+    }
+
+    /// [`Kind::ShuttingDown`] (503): the gateway is shutting down and takes no new requests.
+    ///
+    /// Sets `Retry-After` from `retry_after`.
+    #[must_use]
+    pub fn shutting_down(retry_after: Duration) -> Self {
+        let secs = retry_secs(retry_after);
+        Self::new(
+            Kind::ShuttingDown,
+            format!(
+                "This gateway is shutting down and takes no new requests. Retry in {secs} s; \
+                 another replica may answer sooner."
+            ),
+        )
+        .with_detail("The gateway is shutting down; requests already running will finish.")
+        .with_retry_after(retry_after)
+    }
+
+    /// [`Kind::Internal`] (500): a case the gateway believed unreachable. It is a bug; the
+    /// gateway logs it and still answers with a problem document.
+    #[must_use]
+    pub fn internal() -> Self {
+        Self::new(
+            Kind::Internal,
+            "The gateway hit an unexpected error. Retry the request; if this keeps happening, \
+             tell the gateway's operator."
+                .to_owned(),
+        )
+        .with_detail("An unexpected error occurred in the gateway.")
+    }
+}
+
+/// A duration for people: milliseconds below a second, else seconds with one decimal.
+fn human(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        format!("{} ms", d.as_millis())
+    } else {
+        format!("{:.1} s", d.as_secs_f64())
+    }
+}
+
+/// Milliseconds for an extension member, saturating instead of wrapping.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn join_methods(methods: &[Method]) -> String {
+    methods
+        .iter()
+        .map(Method::as_str)
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -1,0 +1,93 @@
+//! # slotgate-problem
+//!
+//! Every error the slotgate gateway sends, as an [RFC 9457] problem document
+//! (`application/problem+json`). One constructor per problem type fixes its status, its stable
+//! `type` URI, its title, the extension members a program can act on, and a message that tells a
+//! person what happened and what to do next:
+//!
+//! | constructor | status | `type` slug | `Retry-After` |
+//! |---|---|---|---|
+//! | [`Problem::queue_full`] | 503 | `queue-full` | yes |
+//! | [`Problem::queue_timeout`] | 503 | `queue-timeout` | yes |
+//! | [`Problem::model_not_found`] | 404 | `model-not-found` | |
+//! | [`Problem::not_found`] | 404 | `not-found` | |
+//! | [`Problem::method_not_allowed`] | 405 | `method-not-allowed` | |
+//! | [`Problem::bad_request`] | 400 | `bad-request` | |
+//! | [`Problem::body_too_large`] | 413 | `body-too-large` | |
+//! | [`Problem::unsupported_media_type`] | 415 | `unsupported-media-type` | |
+//! | [`Problem::unauthorized`] | 401 | `unauthorized` | |
+//! | [`Problem::upstream_unavailable`] | 503 | `upstream-unavailable` | yes |
+//! | [`Problem::upstream_timeout`] | 504 | `upstream-timeout` | |
+//! | [`Problem::upstream_bad_response`] | 502 | `upstream-bad-response` | |
+//! | [`Problem::shutting_down`] | 503 | `shutting-down` | yes |
+//! | [`Problem::internal`] | 500 | `internal` | |
+//!
+//! `docs/problems.md` in the repository is the reference for clients: when each problem happens
+//! and what to do about it.
+//!
+//! # OpenAI-compatible clients
+//!
+//! OpenAI-compatible clients do not know RFC 9457; they read `{"error": {"message", "type",
+//! "param", "code"}}`. Every document therefore also carries that object as an extension member
+//! named `error` (all four keys present, `param` and `code` may be null, `code` is the slug with
+//! `_`, e.g. `queue_full`). RFC 9457 consumers ignore it, OpenAI-compatible SDKs show its message, and both
+//! see the same status and `Retry-After`.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use bytes::Bytes;
+//! use slotgate_problem::{CONTENT_TYPE, Kind, Problem};
+//!
+//! let problem = Problem::queue_full("http://gpu-a:8080", "llama", Duration::from_millis(2500));
+//! let response: http::Response<Bytes> = problem.to_response();
+//!
+//! assert_eq!(response.status(), 503);
+//! assert_eq!(response.headers()["content-type"], CONTENT_TYPE);
+//! assert_eq!(response.headers()["retry-after"], "3"); // rounded up
+//!
+//! let body: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+//! assert_eq!(body["type"], Kind::QueueFull.type_uri());
+//! assert_eq!(body["title"], "Queue full");
+//! assert_eq!(body["status"], 503);
+//! assert_eq!(body["model"], "llama");
+//! assert_eq!(body["retry_after"], 3);
+//! assert_eq!(body["error"]["code"], "queue_full");
+//! assert_eq!(body["error"]["type"], "server_error");
+//! ```
+//!
+//! [RFC 9457]: https://www.rfc-editor.org/rfc/rfc9457
+
+mod constructors;
+mod kind;
+mod problem;
+mod response;
+
+pub use kind::{BASE_URI, Kind, slug};
+pub use problem::Problem;
+
+/// The media type of a problem document (RFC 9457 §3), sent as `Content-Type`.
+pub const CONTENT_TYPE: &str = "application/problem+json";
+
+/// Whether `name` follows RFC 9457 §3.2 for extension member names: at least three characters,
+/// only ASCII letters, digits and `_`, starting with a letter.
+///
+/// ```
+/// use slotgate_problem::is_valid_extension_name;
+///
+/// assert!(is_valid_extension_name("request_id"));
+/// assert!(!is_valid_extension_name("id")); // too short
+/// assert!(!is_valid_extension_name("_private"));
+/// assert!(!is_valid_extension_name("retry-after"));
+/// ```
+#[must_use]
+pub fn is_valid_extension_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    name.len() >= 3
+        && chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+#[cfg(test)]
+mod tests;
