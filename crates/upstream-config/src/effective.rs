@@ -1,0 +1,200 @@
+//! The effective configuration, rendered back as TOML (what `slotgate check` prints).
+//!
+//! Rendered through a private serializable view rather than by deriving `Serialize` on the
+//! public types: the view is where defaults become explicit, durations become human strings and
+//! secrets become `<redacted>`, and none of that belongs in the types the gateway uses.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::types::{Config, ModelLimits, Secret, Server, Upstream};
+
+/// What a secret prints as.
+const REDACTED: &str = "<redacted>";
+
+impl Config {
+    /// The validated configuration as TOML, with every default written out and every secret
+    /// replaced by `"<redacted>"`. Optional keys that are unset are listed in a leading comment.
+    ///
+    /// The output is itself a valid configuration: loading it gives back this config (with the
+    /// secrets' values replaced).
+    pub fn to_effective_toml(&self) -> String {
+        let mut out = String::from(
+            "# Effective slotgate configuration: defaults made explicit, secrets redacted.\n",
+        );
+        let unset = unset_keys(&self.server);
+        if !unset.is_empty() {
+            out.push_str("# Not set:\n");
+            for line in unset {
+                let _ = writeln!(out, "#   {line}");
+            }
+        }
+        out.push('\n');
+        match toml::to_string(&View::from(self)) {
+            Ok(body) => out.push_str(&body),
+            // Unreachable with this view (string keys, no bare `None`), but never panic on a
+            // diagnostic path: say what happened instead.
+            Err(error) => {
+                let _ = writeln!(out, "# cannot render the effective configuration: {error}");
+            }
+        }
+        out
+    }
+}
+
+fn unset_keys(server: &Server) -> Vec<&'static str> {
+    let mut unset = Vec::new();
+    if server.admin_listen.is_none() {
+        unset.push(
+            "server.admin_listen (no admin listener: no /metrics, /healthz, /readyz, /admin/*)",
+        );
+    }
+    if server.api_keys.is_empty() && server.api_keys_file.is_none() {
+        unset.push("server.api_keys, server.api_keys_file (clients are not authenticated)");
+    } else if server.api_keys_file.is_none() {
+        unset.push("server.api_keys_file");
+    }
+    if server.admin_token.is_none() {
+        unset.push("server.admin_token (the admin API is not authenticated)");
+    }
+    unset
+}
+
+#[derive(Serialize)]
+struct View<'a> {
+    server: ServerView,
+    upstreams: BTreeMap<&'a str, UpstreamView<'a>>,
+    aliases: &'a BTreeMap<String, String>,
+}
+
+#[derive(Serialize)]
+struct ServerView {
+    listen: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admin_listen: Option<String>,
+    max_body_bytes: usize,
+    header_read_timeout: String,
+    connect_timeout: String,
+    first_byte_timeout: String,
+    idle_timeout: String,
+    max_connections: usize,
+    drain_grace: String,
+    health_check_interval: String,
+    api_keys: Vec<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    api_keys_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admin_token: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct UpstreamView<'a> {
+    url: &'a str,
+    kind: &'static str,
+    weight: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    api_key: Option<&'static str>,
+    // Tables last: TOML cannot put a plain key after a sub-table.
+    models: BTreeMap<&'a str, ModelView>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum ModelView {
+    Limited {
+        parallel: usize,
+        queue: usize,
+        queue_timeout: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        capacity: Option<usize>,
+    },
+    Unlimited {
+        parallel: &'static str,
+    },
+}
+
+impl<'a> From<&'a Config> for View<'a> {
+    fn from(config: &'a Config) -> Self {
+        View {
+            server: ServerView::from(&config.server),
+            upstreams: config
+                .upstreams
+                .iter()
+                .map(|(name, upstream)| (name.as_str(), UpstreamView::from(upstream)))
+                .collect(),
+            aliases: &config.aliases,
+        }
+    }
+}
+
+impl From<&Server> for ServerView {
+    fn from(server: &Server) -> Self {
+        ServerView {
+            listen: server.listen.to_string(),
+            admin_listen: server.admin_listen.map(|addr| addr.to_string()),
+            max_body_bytes: server.max_body_bytes,
+            header_read_timeout: human(server.header_read_timeout),
+            connect_timeout: human(server.connect_timeout),
+            first_byte_timeout: human(server.first_byte_timeout),
+            idle_timeout: human(server.idle_timeout),
+            max_connections: server.max_connections,
+            drain_grace: human(server.drain_grace),
+            health_check_interval: human(server.health_check_interval),
+            api_keys: server.api_keys.iter().map(redact).collect(),
+            api_keys_file: server
+                .api_keys_file
+                .as_ref()
+                .map(|path| path.display().to_string()),
+            admin_token: server.admin_token.as_ref().map(redact),
+        }
+    }
+}
+
+impl<'a> From<&'a Upstream> for UpstreamView<'a> {
+    fn from(upstream: &'a Upstream) -> Self {
+        UpstreamView {
+            url: upstream.url.as_str(),
+            kind: upstream.kind.as_str(),
+            weight: upstream.weight,
+            api_key: upstream.api_key.as_ref().map(redact),
+            models: upstream
+                .models
+                .iter()
+                .map(|(name, limits)| (name.as_str(), ModelView::from(*limits)))
+                .collect(),
+        }
+    }
+}
+
+impl From<ModelLimits> for ModelView {
+    fn from(limits: ModelLimits) -> Self {
+        match limits {
+            ModelLimits::Limited {
+                parallel,
+                queue,
+                queue_timeout,
+                capacity,
+            } => ModelView::Limited {
+                parallel,
+                queue,
+                queue_timeout: human(queue_timeout),
+                capacity,
+            },
+            ModelLimits::Unlimited => ModelView::Unlimited {
+                parallel: "unlimited",
+            },
+        }
+    }
+}
+
+/// `"5m"`, `"1m 30s"`, `"500ms"`: what humantime writes, and reads back.
+fn human(duration: Duration) -> String {
+    humantime::format_duration(duration).to_string()
+}
+
+fn redact(_: &Secret) -> &'static str {
+    REDACTED
+}

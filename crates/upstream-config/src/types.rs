@@ -1,0 +1,326 @@
+//! The validated configuration: what the gateway reads.
+//!
+//! Values of these types only come out of the validation pass (the structs are
+//! `#[non_exhaustive]`, so they cannot be built by hand outside this crate), so the gateway can
+//! rely on every rule in the [crate docs](crate) holding.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use url::Url;
+
+// ===== Config =====
+
+/// A validated slotgate configuration.
+///
+/// Obtain one with [`Config::load`] (TOML file + `SLOTGATE_` environment),
+/// [`Config::from_toml_str`] or [`Config::from_figment`]; every rule has been checked by then.
+///
+/// ```
+/// use slotgate_config::{Config, ModelLimits};
+/// use std::time::Duration;
+///
+/// let config = Config::from_toml_str(r#"
+///     [server]
+///     listen = "127.0.0.1:8080"
+///
+///     [aliases]
+///     chat = "reasoning"
+///
+///     [upstreams.reasoning]
+///     url = "http://reasoning-predictor.llm-serving:80"
+///     kind = "vllm"
+///
+///     [upstreams.reasoning.models.reasoning]
+///     parallel = 6
+///     queue = 8
+///     queue_timeout = "30s"
+/// "#)?;
+///
+/// // Aliases resolve to a configured model; unknown names resolve to nothing (a 404).
+/// assert_eq!(config.resolve_model("chat"), Some("reasoning"));
+/// assert_eq!(config.resolve_model("reasoning"), Some("reasoning"));
+/// assert_eq!(config.resolve_model("gpt-4"), None);
+///
+/// // The limiter key is the authority, with the scheme's default port made explicit.
+/// let upstream = &config.candidates("reasoning")[0];
+/// assert_eq!(upstream.authority(), "http://reasoning-predictor.llm-serving:80");
+/// assert_eq!(
+///     upstream.models["reasoning"],
+///     ModelLimits::Limited {
+///         parallel: 6,
+///         queue: 8,
+///         queue_timeout: Duration::from_secs(30),
+///         capacity: None,
+///     },
+/// );
+///
+/// // Defaults are filled in, and visible in the effective config that `slotgate check` prints.
+/// assert_eq!(config.server.admin_listen, None);
+/// assert!(config.to_effective_toml().contains("first_byte_timeout = \"5m\""));
+/// # Ok::<(), slotgate_config::ConfigError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Config {
+    /// The `[server]` table: listeners, timeouts, limits, client authentication.
+    pub server: Server,
+    /// The `[upstreams.NAME]` tables, by name. At least one.
+    pub upstreams: BTreeMap<String, Upstream>,
+    /// The `[aliases]` table: client-facing name → configured model name. Possibly empty.
+    pub aliases: BTreeMap<String, String>,
+}
+
+impl Config {
+    /// The configured model a client-supplied `model` names: itself when it is a configured
+    /// model, its target when it is an alias, `None` when it is neither.
+    pub fn resolve_model(&self, name: &str) -> Option<&str> {
+        if let Some(target) = self.aliases.get(name) {
+            return Some(target);
+        }
+        self.upstreams
+            .values()
+            .find_map(|upstream| upstream.models.get_key_value(name))
+            .map(|(model, _)| model.as_str())
+    }
+
+    /// The upstreams that configure `model` (a model name, not an alias: see
+    /// [`Config::resolve_model`]), in upstream-name order. Empty when none does.
+    pub fn candidates(&self, model: &str) -> Vec<&Upstream> {
+        self.upstreams
+            .values()
+            .filter(|upstream| upstream.models.contains_key(model))
+            .collect()
+    }
+
+    /// Every configured model name, each once, sorted (for `/v1/models`).
+    pub fn model_names(&self) -> BTreeSet<&str> {
+        self.upstreams
+            .values()
+            .flat_map(|upstream| upstream.models.keys().map(String::as_str))
+            .collect()
+    }
+}
+
+// ===== Server =====
+
+/// The `[server]` table, with defaults filled in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Server {
+    /// Where the OpenAI-compatible API listens. Required.
+    pub listen: SocketAddr,
+    /// Where `/metrics`, `/healthz`, `/readyz` and `/admin/*` listen. `None` (the key is
+    /// absent): no admin listener is started.
+    pub admin_listen: Option<SocketAddr>,
+    /// Largest request body accepted, in bytes (default [`Server::DEFAULT_MAX_BODY_BYTES`]).
+    pub max_body_bytes: usize,
+    /// Time allowed for a client to send the request head (default 10s).
+    pub header_read_timeout: Duration,
+    /// Time allowed to open a TCP connection to an upstream (default 5s).
+    pub connect_timeout: Duration,
+    /// Time allowed from sending a request upstream to its response head (default 300s: long
+    /// prompts on a busy engine take a while before the first byte).
+    pub first_byte_timeout: Duration,
+    /// How long a pooled upstream connection may sit idle before it is closed (default 90s).
+    pub idle_timeout: Duration,
+    /// Most client connections open at once (default 1024).
+    pub max_connections: usize,
+    /// On shutdown, how long in-flight requests get to finish (default 30s; may be 0).
+    pub drain_grace: Duration,
+    /// How often each upstream is health-checked (default 5s).
+    pub health_check_interval: Duration,
+    /// Client API keys accepted as `Authorization: Bearer KEY`. Empty (the default) and no
+    /// `api_keys_file`: clients are not authenticated.
+    pub api_keys: Vec<Secret>,
+    /// A file of further client API keys, one per line. This crate does not read it (it does no
+    /// I/O beyond the config file); a relative path is relative to the gateway's working
+    /// directory.
+    pub api_keys_file: Option<PathBuf>,
+    /// Bearer token required on `/admin/*`. `None`: the admin API is not authenticated.
+    pub admin_token: Option<Secret>,
+}
+
+impl Server {
+    /// Default [`Server::max_body_bytes`]: 4 MiB, room for long chat histories.
+    pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+    /// Default [`Server::header_read_timeout`].
+    pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+    /// Default [`Server::connect_timeout`].
+    pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// Default [`Server::first_byte_timeout`].
+    pub const DEFAULT_FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(300);
+    /// Default [`Server::idle_timeout`].
+    pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+    /// Default [`Server::max_connections`].
+    pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+    /// Default [`Server::drain_grace`].
+    pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
+    /// Default [`Server::health_check_interval`].
+    pub const DEFAULT_HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+}
+
+// ===== Upstream =====
+
+/// One `[upstreams.NAME]` table: an inference engine and the models it serves.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Upstream {
+    /// The table's name (`NAME`), used in logs and metrics.
+    pub name: String,
+    /// Base URL: http or https, with a host, no query, fragment or credentials. A path prefix
+    /// (e.g. `/openai` for a `KServe` predictor) is kept; see [`Upstream::path_prefix`].
+    pub url: Url,
+    /// What software answers there; decides health checks and residency discovery.
+    pub kind: Kind,
+    /// Relative preference among candidates: finite and > 0 (default 1.0).
+    pub weight: f64,
+    /// Bearer token the gateway sends to this upstream, replacing the client's.
+    pub api_key: Option<Secret>,
+    /// The models served here and their limits, by model name. At least one.
+    pub models: BTreeMap<String, ModelLimits>,
+}
+
+impl Upstream {
+    /// Default [`Upstream::weight`].
+    pub const DEFAULT_WEIGHT: f64 = 1.0;
+
+    /// The limiter key: `scheme://host:port`, with the scheme's default port made explicit and
+    /// no path (two routes to one engine share its slots). Unique across a [`Config`].
+    ///
+    /// IPv6 hosts keep their brackets (`http://[::1]:8080`).
+    pub fn authority(&self) -> String {
+        authority(&self.url)
+    }
+
+    /// The URL path without its trailing `/`: `""` for `http://h:80` or `http://h:80/`,
+    /// `"/openai"` for `http://h:80/openai/`. The gateway prepends it to the client's path.
+    pub fn path_prefix(&self) -> &str {
+        self.url.path().trim_end_matches('/')
+    }
+
+    /// The limits of `model` here, if this upstream configures it.
+    pub fn model(&self, model: &str) -> Option<&ModelLimits> {
+        self.models.get(model)
+    }
+}
+
+/// `scheme://host:port` of a URL the validation pass accepted (so it has a host and a known
+/// default port).
+pub(crate) fn authority(url: &Url) -> String {
+    let host = url.host_str().unwrap_or_default();
+    match url.port_or_known_default() {
+        Some(port) => format!("{}://{host}:{port}", url.scheme()),
+        None => format!("{}://{host}", url.scheme()),
+    }
+}
+
+// ===== Kind =====
+
+/// The software an upstream runs.
+///
+/// Adding a kind is deliberately a breaking change: each kind needs its own health check and
+/// residency discovery in the gateway, and an exhaustive `match` there is what finds them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// llama.cpp's `llama-server` (`kind = "llama-server"`).
+    LlamaServer,
+    /// vLLM's OpenAI-compatible server, including the vLLM runtime of `KServe` (`kind = "vllm"`).
+    Vllm,
+    /// Ollama (`kind = "ollama"`).
+    Ollama,
+    /// Any other OpenAI-compatible server: no kind-specific discovery (`kind = "openai"`).
+    OpenAi,
+}
+
+impl Kind {
+    /// Every kind, in documentation order.
+    pub const ALL: [Kind; 4] = [Kind::LlamaServer, Kind::Vllm, Kind::Ollama, Kind::OpenAi];
+
+    /// The name used in the configuration file.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Kind::LlamaServer => "llama-server",
+            Kind::Vllm => "vllm",
+            Kind::Ollama => "ollama",
+            Kind::OpenAi => "openai",
+        }
+    }
+
+    /// The kind with configuration name `name`, exactly as [`Kind::as_str`] spells it.
+    pub fn from_name(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|kind| kind.as_str() == name)
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+// ===== ModelLimits =====
+
+/// How many requests for one model on one upstream may run and wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelLimits {
+    /// At most `parallel` requests run at once; at most `queue` more wait, first come first
+    /// served, each for at most `queue_timeout`; the rest are refused at once.
+    Limited {
+        /// Concurrent slots handed out (≥ 1, ≤ `capacity` when that is given).
+        parallel: usize,
+        /// Requests allowed to wait for a slot (may be 0: refuse at once when all slots are
+        /// busy).
+        queue: usize,
+        /// Longest wait for a slot (> 0).
+        queue_timeout: Duration,
+        /// The engine's real slot count, when the operator stated it (documentation and a
+        /// check: `parallel` may not exceed it).
+        capacity: Option<usize>,
+    },
+    /// `parallel = "unlimited"`: the gateway forwards without holding a slot and never queues.
+    Unlimited,
+}
+
+impl ModelLimits {
+    /// The slot count, `None` when unlimited.
+    pub fn parallel(&self) -> Option<usize> {
+        match self {
+            ModelLimits::Limited { parallel, .. } => Some(*parallel),
+            ModelLimits::Unlimited => None,
+        }
+    }
+
+    /// Whether this is [`ModelLimits::Unlimited`].
+    pub fn is_unlimited(&self) -> bool {
+        matches!(self, ModelLimits::Unlimited)
+    }
+}
+
+// ===== Secret =====
+
+/// A credential. `Debug` prints `Secret(<redacted>)` and there is no `Display`, so it cannot end
+/// up in a log by accident; [`Secret::expose`] is the one way to read it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a credential.
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    /// The credential itself: for building a header or comparing, never for logging.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}

@@ -1,0 +1,612 @@
+//! The validation pass: builds the strict types from the raw tree, checking every rule and
+//! recording every violation with its key path.
+//!
+//! Each builder returns `Option<T>`: `None` exactly when it recorded at least one issue, so a
+//! `Config` is only assembled when nothing was wrong. Builders keep going after a problem, and
+//! cross-checks (duplicate authorities, alias targets) run on whatever could be read, so one
+//! pass reports everything. Optional keys read as `Option<T>` too: absent gives the default,
+//! present-but-wrong gives `None`.
+
+use std::collections::{BTreeMap, BTreeSet, btree_map::Entry};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use figment::value::{Dict, Value};
+use url::Url;
+
+use crate::raw::{KeyPath, Reader};
+use crate::types::{Config, Kind, ModelLimits, Secret, Server, Upstream, authority};
+
+const ROOT_KEYS: &[&str] = &["server", "upstreams", "aliases"];
+const SERVER_KEYS: &[&str] = &[
+    "listen",
+    "admin_listen",
+    "max_body_bytes",
+    "header_read_timeout",
+    "connect_timeout",
+    "first_byte_timeout",
+    "idle_timeout",
+    "max_connections",
+    "drain_grace",
+    "health_check_interval",
+    "api_keys",
+    "api_keys_file",
+    "admin_token",
+];
+const UPSTREAM_KEYS: &[&str] = &["url", "kind", "weight", "api_key", "models"];
+const MODEL_KEYS: &[&str] = &["parallel", "queue", "queue_timeout", "capacity"];
+
+const UNLIMITED: &str = "unlimited";
+const AUTO: &str = "auto";
+
+/// Builds a [`Config`] from the merged tree; `None` when any issue was recorded.
+pub(crate) fn build(r: &mut Reader<'_>, root: &Value) -> Option<Config> {
+    let path = KeyPath::root();
+    let table = r.table(&path, root, ROOT_KEYS)?;
+    let server = server(r, &path.key("server"), table.get("server"));
+    let upstreams = upstreams(r, &path.key("upstreams"), table.get("upstreams"));
+    let aliases = aliases(
+        r,
+        &path.key("aliases"),
+        table.get("aliases"),
+        &upstreams.models,
+    );
+    Some(Config {
+        server: server?,
+        upstreams: upstreams.built?,
+        aliases: aliases?,
+    })
+}
+
+/// Reads a key that must be present.
+fn required<'f, 'v, T>(
+    r: &mut Reader<'f>,
+    table: &'v Dict,
+    path: &KeyPath,
+    key: &str,
+    hint: &str,
+    read: impl FnOnce(&mut Reader<'f>, &KeyPath, &'v Value) -> Option<T>,
+) -> Option<T> {
+    let path = path.key(key);
+    let Some(value) = table.get(key) else {
+        r.missing(&path, hint);
+        return None;
+    };
+    read(r, &path, value)
+}
+
+/// Reads a key that may be absent: `Some(default)` then, `None` when present but wrong.
+fn optional<'f, 'v, T>(
+    r: &mut Reader<'f>,
+    table: &'v Dict,
+    path: &KeyPath,
+    key: &str,
+    default: T,
+    read: impl FnOnce(&mut Reader<'f>, &KeyPath, &'v Value) -> Option<T>,
+) -> Option<T> {
+    match table.get(key) {
+        Some(value) => read(r, &path.key(key), value),
+        None => Some(default),
+    }
+}
+
+// ===== [server] =====
+
+fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<Server> {
+    let Some(value) = value else {
+        r.missing(
+            path,
+            r#"a [server] table with at least `listen = "127.0.0.1:8080"`"#,
+        );
+        return None;
+    };
+    let t = r.table(path, value, SERVER_KEYS)?;
+    let listen = required(
+        r,
+        t,
+        path,
+        "listen",
+        r#"the address of the OpenAI-compatible API, e.g. "127.0.0.1:8080""#,
+        Reader::socket_addr,
+    );
+    let admin_listen = optional(r, t, path, "admin_listen", None, |r, p, v| {
+        r.socket_addr(p, v).map(Some)
+    });
+    if let (Some(listen), Some(Some(admin))) = (listen, admin_listen)
+        && listeners_collide(listen, admin)
+    {
+        let message = format!("{admin} collides with server.listen = {listen}; they must differ");
+        r.invalid(&path.key("admin_listen"), &t["admin_listen"], message);
+    }
+
+    let duration = |key, default, allow_zero, r: &mut Reader<'_>| {
+        optional(r, t, path, key, default, |r, p, v| {
+            r.duration(p, v, allow_zero)
+        })
+    };
+    let header_read_timeout = duration(
+        "header_read_timeout",
+        Server::DEFAULT_HEADER_READ_TIMEOUT,
+        false,
+        r,
+    );
+    let connect_timeout = duration("connect_timeout", Server::DEFAULT_CONNECT_TIMEOUT, false, r);
+    let first_byte_timeout = duration(
+        "first_byte_timeout",
+        Server::DEFAULT_FIRST_BYTE_TIMEOUT,
+        false,
+        r,
+    );
+    let idle_timeout = duration("idle_timeout", Server::DEFAULT_IDLE_TIMEOUT, false, r);
+    // Zero is meaningful here: stop without waiting for in-flight requests.
+    let drain_grace = duration("drain_grace", Server::DEFAULT_DRAIN_GRACE, true, r);
+    let health_check_interval = duration(
+        "health_check_interval",
+        Server::DEFAULT_HEALTH_CHECK_INTERVAL,
+        false,
+        r,
+    );
+
+    let max_body_bytes = optional(
+        r,
+        t,
+        path,
+        "max_body_bytes",
+        Server::DEFAULT_MAX_BODY_BYTES,
+        |r, p, v| r.count(p, v, 1),
+    );
+    let max_connections = optional(
+        r,
+        t,
+        path,
+        "max_connections",
+        Server::DEFAULT_MAX_CONNECTIONS,
+        |r, p, v| r.count(p, v, 1),
+    );
+
+    let api_keys = optional(r, t, path, "api_keys", Vec::new(), secret_list);
+    let api_keys_file = optional(r, t, path, "api_keys_file", None, |r, p, v| {
+        let file = r.string(p, v)?;
+        if file.is_empty() {
+            r.invalid(p, v, "must not be empty (leave the key out instead)");
+            return None;
+        }
+        Some(Some(PathBuf::from(file)))
+    });
+    let admin_token = optional(r, t, path, "admin_token", None, |r, p, v| {
+        secret(r, p, v).map(Some)
+    });
+
+    Some(Server {
+        listen: listen?,
+        admin_listen: admin_listen?,
+        max_body_bytes: max_body_bytes?,
+        header_read_timeout: header_read_timeout?,
+        connect_timeout: connect_timeout?,
+        first_byte_timeout: first_byte_timeout?,
+        idle_timeout: idle_timeout?,
+        max_connections: max_connections?,
+        drain_grace: drain_grace?,
+        health_check_interval: health_check_interval?,
+        api_keys: api_keys?,
+        api_keys_file: api_keys_file?,
+        admin_token: admin_token?,
+    })
+}
+
+/// Whether two listeners cannot both bind: same port (0 asks the OS for a fresh one, so it never
+/// collides) and the same IP, or an unspecified IP (`0.0.0.0`, `[::]`) on either side.
+fn listeners_collide(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port()
+        && a.port() != 0
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+/// A credential: non-empty and header-safe. Its value never appears in a message.
+fn secret(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Secret> {
+    let text = r.secret_string(path, value)?;
+    if text.is_empty() {
+        r.invalid(path, value, "must not be empty");
+        return None;
+    }
+    if text.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        let message = "must not contain whitespace or control characters (it travels in an HTTP \
+                       header; check for a trailing newline)";
+        r.invalid(path, value, message);
+        return None;
+    }
+    Some(Secret::new(text))
+}
+
+fn secret_list(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Vec<Secret>> {
+    let items = r.array(path, value)?;
+    let secrets: Vec<_> = items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| secret(r, &path.index(i), item))
+        .collect();
+    secrets.into_iter().collect()
+}
+
+// ===== [upstreams] =====
+
+/// What the upstream tables gave: the upstreams when all were valid, and every model name
+/// mentioned (valid or not) so alias checks do not cascade from an unrelated mistake.
+struct Upstreams {
+    built: Option<BTreeMap<String, Upstream>>,
+    models: BTreeSet<String>,
+}
+
+fn upstreams(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Upstreams {
+    let mut out = Upstreams {
+        built: None,
+        models: BTreeSet::new(),
+    };
+    let Some(value) = value else {
+        r.missing(path, "at least one [upstreams.NAME] table");
+        return out;
+    };
+    let Some(dict) = r.dict(path, value) else {
+        return out;
+    };
+    if dict.is_empty() {
+        r.invalid(path, value, "at least one upstream is required");
+        return out;
+    }
+
+    let mut built = Some(BTreeMap::new());
+    // authority → the first upstream that claimed it.
+    let mut authorities: BTreeMap<String, &str> = BTreeMap::new();
+    for (name, value) in dict {
+        let upstream_path = path.key(name);
+        let read = upstream(r, &upstream_path, name, value);
+        out.models.extend(read.models);
+        if let Some((url, url_value)) = &read.url {
+            match authorities.entry(authority(url)) {
+                Entry::Vacant(entry) => {
+                    entry.insert(name);
+                }
+                Entry::Occupied(entry) => {
+                    let first = path.key(entry.get());
+                    let message = format!(
+                        "same authority {} as {first}; the limiter keys on scheme, host and port, \
+                         so one engine is one upstream: list all its models under {first}",
+                        entry.key()
+                    );
+                    r.invalid(&upstream_path.key("url"), url_value, message);
+                    built = None;
+                }
+            }
+        }
+        match (built.as_mut(), read.built) {
+            (Some(map), Some(upstream)) => {
+                map.insert(name.clone(), upstream);
+            }
+            _ => built = None,
+        }
+    }
+    out.built = built;
+    out
+}
+
+struct ReadUpstream<'v> {
+    /// The parsed URL and the value it came from, for the duplicate-authority check.
+    url: Option<(Url, &'v Value)>,
+    models: Vec<String>,
+    built: Option<Upstream>,
+}
+
+fn upstream<'v>(
+    r: &mut Reader<'_>,
+    path: &KeyPath,
+    name: &str,
+    value: &'v Value,
+) -> ReadUpstream<'v> {
+    let mut out = ReadUpstream {
+        url: None,
+        models: Vec::new(),
+        built: None,
+    };
+    let name_ok = !name.is_empty();
+    if !name_ok {
+        r.issue(path, "an upstream name must not be empty");
+    }
+    let Some(t) = r.table(path, value, UPSTREAM_KEYS) else {
+        return out;
+    };
+
+    let url = required(
+        r,
+        t,
+        path,
+        "url",
+        r#"the engine's base URL, e.g. "http://127.0.0.1:8081""#,
+        upstream_url,
+    );
+    out.url = url.clone().zip(t.get("url"));
+    let kind = required(
+        r,
+        t,
+        path,
+        "kind",
+        "one of: llama-server, vllm, ollama, openai",
+        |r, p, v| {
+            let text = r.string(p, v)?;
+            let kind = Kind::from_name(text);
+            if kind.is_none() {
+                let message = format!("unknown kind {text:?} (expected one of: {})", kind_names());
+                r.invalid(p, v, message);
+            }
+            kind
+        },
+    );
+    let weight = optional(r, t, path, "weight", Upstream::DEFAULT_WEIGHT, |r, p, v| {
+        let weight = r.number(p, v)?;
+        if weight.is_finite() && weight > 0.0 {
+            Some(weight)
+        } else {
+            r.invalid(
+                p,
+                v,
+                format!("must be finite and greater than 0, found {weight}"),
+            );
+            None
+        }
+    });
+    let api_key = optional(r, t, path, "api_key", None, |r, p, v| {
+        secret(r, p, v).map(Some)
+    });
+    let models = required(
+        r,
+        t,
+        path,
+        "models",
+        "at least one [upstreams.NAME.models.MODEL] table",
+        |r, p, v| {
+            let dict = r.dict(p, v)?;
+            out.models.extend(dict.keys().cloned());
+            models(r, p, v, dict)
+        },
+    );
+
+    if let (true, Some(url), Some(kind), Some(weight), Some(api_key), Some(models)) =
+        (name_ok, url, kind, weight, api_key, models)
+    {
+        out.built = Some(Upstream {
+            name: name.to_owned(),
+            url,
+            kind,
+            weight,
+            api_key,
+            models,
+        });
+    }
+    out
+}
+
+fn kind_names() -> String {
+    Kind::ALL.map(Kind::as_str).join(", ")
+}
+
+/// An upstream base URL: http(s), a host, no credentials, query or fragment. A path prefix is
+/// kept, except a trailing `/v1`, which the client's own path already carries.
+fn upstream_url(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Url> {
+    let text = r.string(path, value)?;
+    let url = match Url::parse(text) {
+        Ok(url) => url,
+        Err(error) => {
+            r.invalid(path, value, format!("invalid URL {text:?}: {error}"));
+            return None;
+        }
+    };
+    // Checked first, and the URL is not echoed from here on: it may hold a password.
+    if !url.username().is_empty() || url.password().is_some() {
+        let message = "must not contain credentials; set `api_key` for a bearer token instead";
+        r.invalid(path, value, message);
+        return None;
+    }
+    let mut problems = Vec::new();
+    if !matches!(url.scheme(), "http" | "https") {
+        problems.push(format!(
+            "scheme must be http or https, found {:?}",
+            url.scheme()
+        ));
+    } else if url.host_str().is_none_or(str::is_empty) {
+        problems.push("must have a host".to_owned());
+    }
+    if url.query().is_some() {
+        problems.push("must not have a query (`?…`)".to_owned());
+    }
+    if url.fragment().is_some() {
+        problems.push("must not have a fragment (`#…`)".to_owned());
+    }
+    let prefix = url.path().trim_end_matches('/');
+    if prefix.ends_with("/v1") {
+        problems.push(format!(
+            "path {prefix:?} ends in /v1, but clients' paths already start with /v1 and the \
+             gateway appends them to this URL: drop the trailing /v1"
+        ));
+    }
+    if problems.is_empty() {
+        Some(url)
+    } else {
+        r.invalid(path, value, problems.join("; "));
+        None
+    }
+}
+
+fn models(
+    r: &mut Reader<'_>,
+    path: &KeyPath,
+    value: &Value,
+    dict: &Dict,
+) -> Option<BTreeMap<String, ModelLimits>> {
+    if dict.is_empty() {
+        r.invalid(path, value, "at least one model is required");
+        return None;
+    }
+    let mut built = Some(BTreeMap::new());
+    for (name, value) in dict {
+        let model_path = path.key(name);
+        if name.is_empty() {
+            r.issue(&model_path, "a model name must not be empty");
+            built = None;
+        }
+        match (built.as_mut(), model_limits(r, &model_path, value)) {
+            (Some(map), Some(limits)) => {
+                map.insert(name.clone(), limits);
+            }
+            _ => built = None,
+        }
+    }
+    built
+}
+
+/// What `parallel` said.
+enum Parallel {
+    Slots(usize),
+    Unlimited,
+    /// Missing or wrong (already reported); the other keys are still checked as if limited.
+    Invalid,
+}
+
+fn model_limits(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<ModelLimits> {
+    let t = r.table(path, value, MODEL_KEYS)?;
+    let parallel_path = path.key("parallel");
+    let parallel = match t.get("parallel") {
+        None => {
+            r.missing(
+                &parallel_path,
+                r#"the number of concurrent slots, an integer of at least 1, or "unlimited""#,
+            );
+            Parallel::Invalid
+        }
+        Some(v @ Value::String(_, text)) => match text.as_str() {
+            UNLIMITED => Parallel::Unlimited,
+            AUTO => {
+                let message =
+                    r#"parallel = "auto" is not supported yet; state the number of slots"#;
+                r.invalid(&parallel_path, v, message);
+                Parallel::Invalid
+            }
+            other => {
+                let message =
+                    format!(r#"expected an integer of at least 1 or "unlimited", found {other:?}"#);
+                r.invalid(&parallel_path, v, message);
+                Parallel::Invalid
+            }
+        },
+        Some(v) => r
+            .count(&parallel_path, v, 1)
+            .map_or(Parallel::Invalid, Parallel::Slots),
+    };
+
+    if let Parallel::Unlimited = parallel {
+        // An unlimited model holds no slot, so it has nothing to queue for or cap.
+        let mut ok = true;
+        for key in ["queue", "queue_timeout", "capacity"] {
+            if let Some(v) = t.get(key) {
+                let message =
+                    r#"not allowed with parallel = "unlimited" (nothing waits for a slot)"#;
+                r.invalid(&path.key(key), v, message);
+                ok = false;
+            }
+        }
+        return ok.then_some(ModelLimits::Unlimited);
+    }
+
+    let queue = required(
+        r,
+        t,
+        path,
+        "queue",
+        "how many requests may wait for a slot, an integer of at least 0; limits never default",
+        |r, p, v| r.count(p, v, 0),
+    );
+    let queue_timeout = required(
+        r,
+        t,
+        path,
+        "queue_timeout",
+        r#"the longest wait for a slot, e.g. "30s"; limits never default"#,
+        |r, p, v| r.duration(p, v, false),
+    );
+    let capacity = optional(r, t, path, "capacity", None, |r, p, v| {
+        r.count(p, v, 1).map(Some)
+    });
+
+    let Parallel::Slots(parallel) = parallel else {
+        return None;
+    };
+    if let Some(Some(capacity)) = capacity
+        && parallel > capacity
+    {
+        let message = format!(
+            "{parallel} is above capacity = {capacity}, the engine's real slot count; lower \
+             parallel or give the engine more slots"
+        );
+        r.invalid(&parallel_path, &t["parallel"], message);
+        return None;
+    }
+    Some(ModelLimits::Limited {
+        parallel,
+        queue: queue?,
+        queue_timeout: queue_timeout?,
+        capacity: capacity?,
+    })
+}
+
+// ===== [aliases] =====
+
+fn aliases(
+    r: &mut Reader<'_>,
+    path: &KeyPath,
+    value: Option<&Value>,
+    models: &BTreeSet<String>,
+) -> Option<BTreeMap<String, String>> {
+    let Some(value) = value else {
+        return Some(BTreeMap::new());
+    };
+    let dict = r.dict(path, value)?;
+    let mut built = Some(BTreeMap::new());
+    for (alias, value) in dict {
+        let alias_path = path.key(alias);
+        let Some(target) = r.string(&alias_path, value) else {
+            built = None;
+            continue;
+        };
+        let problem = if alias.is_empty() {
+            Some("an alias name must not be empty".to_owned())
+        } else if models.contains(alias) {
+            Some(format!(
+                "{alias:?} is also a configured model name; an alias must not shadow a model"
+            ))
+        } else if target == alias {
+            Some(format!("{alias:?} points to itself"))
+        } else if dict.contains_key(target) {
+            Some(format!(
+                "points to {target:?}, which is itself an alias; aliases do not chain: point it \
+                 at a configured model"
+            ))
+        } else if !models.contains(target) {
+            let known: Vec<_> = models.iter().map(String::as_str).collect();
+            Some(format!(
+                "points to {target:?}, which no upstream configures (configured models: {})",
+                known.join(", ")
+            ))
+        } else {
+            None
+        };
+        match (problem, built.as_mut()) {
+            (Some(problem), _) => {
+                r.invalid(&alias_path, value, problem);
+                built = None;
+            }
+            (None, Some(map)) => {
+                map.insert(alias.clone(), target.to_owned());
+            }
+            (None, None) => {}
+        }
+    }
+    built
+}

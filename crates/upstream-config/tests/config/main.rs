@@ -1,0 +1,12 @@
+//! slotgate-config through its public API: every rule, environment overrides (in a
+//! `figment::Jail`), the effective config, and the sample configs under `examples/`.
+
+mod effective;
+mod env;
+mod examples;
+mod helpers;
+mod mistakes;
+mod model_rules;
+mod server_rules;
+mod support;
+mod upstream_rules;

@@ -1,0 +1,204 @@
+//! `[upstreams.NAME.models.MODEL]`: `parallel`, `queue`, `queue_timeout`, `capacity`, unlimited.
+
+use std::time::Duration;
+
+use slotgate_config::ModelLimits;
+
+use crate::support::{assert_only_issue, issues, ok, with_model};
+
+const P: &str = "upstreams.a.models.m.parallel";
+const Q: &str = "upstreams.a.models.m.queue";
+const QT: &str = "upstreams.a.models.m.queue_timeout";
+const C: &str = "upstreams.a.models.m.capacity";
+
+#[test]
+fn limited_model_reads_every_key() {
+    let config = ok(&with_model(
+        "parallel = 6\nqueue = 8\nqueue_timeout = \"30s\"\ncapacity = 8",
+    ));
+    let limits = config.upstreams["a"].model("m").copied();
+    assert_eq!(
+        limits,
+        Some(ModelLimits::Limited {
+            parallel: 6,
+            queue: 8,
+            queue_timeout: Duration::from_secs(30),
+            capacity: Some(8),
+        })
+    );
+    assert_eq!(limits.and_then(|l| l.parallel()), Some(6));
+}
+
+#[test]
+fn a_missing_limit_is_an_error_never_a_default() {
+    assert_only_issue(
+        &with_model("queue = 1\nqueue_timeout = \"1s\""),
+        P,
+        "missing",
+    );
+    assert_only_issue(
+        &with_model("parallel = 1\nqueue_timeout = \"1s\""),
+        Q,
+        "missing",
+    );
+    assert_only_issue(&with_model("parallel = 1\nqueue = 1"), QT, "missing");
+    // All three at once are three issues.
+    let found = issues(&with_model(""));
+    let paths: Vec<_> = found.iter().map(|i| i.path.as_str()).collect();
+    assert_eq!(paths, [P, Q, QT], "{found:#?}");
+    assert!(found.iter().all(|i| i.message.starts_with("missing")));
+}
+
+#[test]
+fn parallel_is_an_integer_of_at_least_one() {
+    let rest = "queue = 1\nqueue_timeout = \"1s\"";
+    assert_only_issue(
+        &with_model(&format!("parallel = 0\n{rest}")),
+        P,
+        "at least 1, found 0",
+    );
+    assert_only_issue(
+        &with_model(&format!("parallel = -2\n{rest}")),
+        P,
+        "at least 1",
+    );
+    assert_only_issue(
+        &with_model(&format!("parallel = 2.5\n{rest}")),
+        P,
+        "expected an integer",
+    );
+    assert_only_issue(
+        &with_model(&format!("parallel = true\n{rest}")),
+        P,
+        "expected an integer",
+    );
+    assert_only_issue(
+        &with_model(&format!("parallel = \"many\"\n{rest}")),
+        P,
+        r#"expected an integer of at least 1 or "unlimited", found "many""#,
+    );
+}
+
+#[test]
+fn parallel_auto_is_reserved() {
+    assert_only_issue(
+        &with_model("parallel = \"auto\"\nqueue = 1\nqueue_timeout = \"1s\""),
+        P,
+        r#"parallel = "auto" is not supported yet; state the number of slots"#,
+    );
+}
+
+#[test]
+fn unlimited_stands_alone() {
+    let config = ok(&with_model("parallel = \"unlimited\""));
+    let limits = config.upstreams["a"].models["m"];
+    assert_eq!(limits, ModelLimits::Unlimited);
+    assert!(limits.is_unlimited());
+    assert_eq!(limits.parallel(), None);
+
+    let found = issues(&with_model(
+        "parallel = \"unlimited\"\nqueue = 1\nqueue_timeout = \"1s\"\ncapacity = 4",
+    ));
+    let paths: Vec<_> = found.iter().map(|i| i.path.as_str()).collect();
+    assert_eq!(paths, [Q, QT, C], "{found:#?}");
+    assert!(found.iter().all(|i| {
+        i.message
+            .contains(r#"not allowed with parallel = "unlimited""#)
+    }));
+}
+
+#[test]
+fn queue_is_an_integer_of_at_least_zero() {
+    let config = ok(&with_model(
+        "parallel = 1\nqueue = 0\nqueue_timeout = \"1s\"",
+    ));
+    assert!(matches!(
+        config.upstreams["a"].models["m"],
+        ModelLimits::Limited { queue: 0, .. }
+    ));
+    assert_only_issue(
+        &with_model("parallel = 1\nqueue = -1\nqueue_timeout = \"1s\""),
+        Q,
+        "at least 0, found -1",
+    );
+    assert_only_issue(
+        &with_model("parallel = 1\nqueue = \"8\"\nqueue_timeout = \"1s\""),
+        Q,
+        "expected an integer",
+    );
+}
+
+#[test]
+fn queue_timeout_is_a_positive_human_duration() {
+    for (text, expected) in [
+        ("30s", Duration::from_secs(30)),
+        ("2m", Duration::from_secs(120)),
+        ("500ms", Duration::from_millis(500)),
+    ] {
+        let config = ok(&with_model(&format!(
+            "parallel = 1\nqueue = 1\nqueue_timeout = \"{text}\""
+        )));
+        assert!(matches!(
+            config.upstreams["a"].models["m"],
+            ModelLimits::Limited { queue_timeout, .. } if queue_timeout == expected
+        ));
+    }
+    assert_only_issue(
+        &with_model("parallel = 1\nqueue = 1\nqueue_timeout = \"0s\""),
+        QT,
+        "greater than zero",
+    );
+    assert_only_issue(
+        &with_model("parallel = 1\nqueue = 1\nqueue_timeout = 30"),
+        QT,
+        "expected a duration string",
+    );
+    assert_only_issue(
+        &with_model("parallel = 1\nqueue = 1\nqueue_timeout = \"thirty seconds\""),
+        QT,
+        "invalid duration",
+    );
+}
+
+#[test]
+fn capacity_bounds_parallel() {
+    let base = "queue = 1\nqueue_timeout = \"1s\"";
+    ok(&with_model(&format!("parallel = 4\ncapacity = 4\n{base}")));
+    ok(&with_model(&format!("parallel = 2\ncapacity = 4\n{base}")));
+    assert_only_issue(
+        &with_model(&format!("parallel = 6\ncapacity = 4\n{base}")),
+        P,
+        "6 is above capacity = 4",
+    );
+    assert_only_issue(
+        &with_model(&format!("parallel = 1\ncapacity = 0\n{base}")),
+        C,
+        "at least 1, found 0",
+    );
+}
+
+#[test]
+fn unknown_model_keys_are_reported() {
+    assert_only_issue(
+        &with_model("parallel = 1\nqueue = 1\nqueue_timeout = \"1s\"\nqueue_timout = \"2s\""),
+        "upstreams.a.models.m.queue_timout",
+        "unknown key (expected one of: parallel, queue, queue_timeout, capacity)",
+    );
+}
+
+#[test]
+fn a_model_is_a_table() {
+    let toml = r#"
+        [server]
+        listen = "127.0.0.1:8080"
+        [upstreams.a]
+        url = "http://10.0.0.1:8000"
+        kind = "vllm"
+        models = { m = 4 }
+    "#;
+    assert_only_issue(
+        toml,
+        "upstreams.a.models.m",
+        "expected a table, found an integer (4)",
+    );
+}

@@ -1,0 +1,307 @@
+//! `[server]`: listeners, defaults, durations, limits, secrets, unknown keys.
+
+use std::path::Path;
+use std::time::Duration;
+
+use slotgate_config::{Secret, Server};
+
+use crate::support::{VALID, assert_only_issue, issues, ok, with_server};
+
+#[test]
+fn defaults_fill_every_optional_key() {
+    let server = ok(VALID).server;
+    assert_eq!(server.listen, "127.0.0.1:8080".parse().unwrap());
+    assert_eq!(server.admin_listen, None);
+    assert_eq!(server.max_body_bytes, 4 * 1024 * 1024);
+    assert_eq!(server.header_read_timeout, Duration::from_secs(10));
+    assert_eq!(server.connect_timeout, Duration::from_secs(5));
+    assert_eq!(server.first_byte_timeout, Duration::from_secs(300));
+    assert_eq!(server.idle_timeout, Duration::from_secs(90));
+    assert_eq!(server.max_connections, 1024);
+    assert_eq!(server.drain_grace, Duration::from_secs(30));
+    assert_eq!(server.health_check_interval, Duration::from_secs(5));
+    assert!(server.api_keys.is_empty());
+    assert_eq!(server.api_keys_file, None);
+    assert_eq!(server.admin_token, None);
+    assert_eq!(server.max_body_bytes, Server::DEFAULT_MAX_BODY_BYTES);
+}
+
+#[test]
+fn every_key_can_be_set() {
+    let server = ok(&with_server(
+        r#"
+        listen = "0.0.0.0:8080"
+        admin_listen = "127.0.0.1:9090"
+        max_body_bytes = 1048576
+        header_read_timeout = "2s"
+        connect_timeout = "500ms"
+        first_byte_timeout = "2m"
+        idle_timeout = "1m 30s"
+        max_connections = 64
+        drain_grace = "0s"
+        health_check_interval = "1s"
+        api_keys = ["key-one", "key-two"]
+        api_keys_file = "/etc/slotgate/keys"
+        admin_token = "admin-secret"
+        "#,
+    ))
+    .server;
+    assert_eq!(server.admin_listen, Some("127.0.0.1:9090".parse().unwrap()));
+    assert_eq!(server.max_body_bytes, 1_048_576);
+    assert_eq!(server.header_read_timeout, Duration::from_secs(2));
+    assert_eq!(server.connect_timeout, Duration::from_millis(500));
+    assert_eq!(server.first_byte_timeout, Duration::from_secs(120));
+    assert_eq!(server.idle_timeout, Duration::from_secs(90));
+    assert_eq!(server.max_connections, 64);
+    assert_eq!(server.drain_grace, Duration::ZERO);
+    assert_eq!(server.health_check_interval, Duration::from_secs(1));
+    let keys: Vec<_> = server.api_keys.iter().map(Secret::expose).collect();
+    assert_eq!(keys, ["key-one", "key-two"]);
+    assert_eq!(
+        server.api_keys_file.as_deref(),
+        Some(Path::new("/etc/slotgate/keys"))
+    );
+    assert_eq!(
+        server.admin_token.as_ref().map(Secret::expose),
+        Some("admin-secret")
+    );
+}
+
+#[test]
+fn server_table_is_required() {
+    let toml = VALID.replace("[server]\nlisten = \"127.0.0.1:8080\"\n", "");
+    assert_only_issue(&toml, "server", "missing");
+}
+
+#[test]
+fn listen_is_required() {
+    assert_only_issue(&with_server(""), "server.listen", "missing");
+}
+
+#[test]
+fn listen_must_be_an_ip_and_port() {
+    assert_only_issue(
+        &with_server(r#"listen = "localhost:8080""#),
+        "server.listen",
+        "invalid socket address",
+    );
+    assert_only_issue(
+        &with_server(r#"listen = "127.0.0.1""#),
+        "server.listen",
+        "invalid socket address",
+    );
+    assert_only_issue(
+        &with_server("listen = 8080"),
+        "server.listen",
+        "expected a string",
+    );
+    // IPv6 works.
+    ok(&with_server(r#"listen = "[::1]:8080""#));
+}
+
+#[test]
+fn admin_listen_must_differ_from_listen() {
+    assert_only_issue(
+        &with_server(
+            r#"
+            listen = "127.0.0.1:8080"
+            admin_listen = "127.0.0.1:8080"
+            "#,
+        ),
+        "server.admin_listen",
+        "must differ",
+    );
+    // A wildcard address overlaps every address on the same port.
+    assert_only_issue(
+        &with_server(
+            r#"
+            listen = "0.0.0.0:8080"
+            admin_listen = "127.0.0.1:8080"
+            "#,
+        ),
+        "server.admin_listen",
+        "must differ",
+    );
+    // Port 0 asks the OS for a fresh port each time, so tests can use it for both.
+    ok(&with_server(
+        r#"
+        listen = "127.0.0.1:0"
+        admin_listen = "127.0.0.1:0"
+        "#,
+    ));
+    // Same port on two distinct addresses binds fine.
+    ok(&with_server(
+        r#"
+        listen = "127.0.0.1:8080"
+        admin_listen = "127.0.0.2:8080"
+        "#,
+    ));
+}
+
+#[test]
+fn durations_are_human_strings() {
+    let base = r#"listen = "127.0.0.1:8080""#;
+    assert_only_issue(
+        &with_server(&format!("{base}\nconnect_timeout = 5")),
+        "server.connect_timeout",
+        "expected a duration string",
+    );
+    assert_only_issue(
+        &with_server(&format!("{base}\nconnect_timeout = \"5\"")),
+        "server.connect_timeout",
+        "invalid duration \"5\"",
+    );
+    assert_only_issue(
+        &with_server(&format!("{base}\nidle_timeout = \"soon\"")),
+        "server.idle_timeout",
+        "invalid duration",
+    );
+}
+
+#[test]
+fn timeouts_must_be_positive_but_drain_grace_may_be_zero() {
+    let base = r#"listen = "127.0.0.1:8080""#;
+    for key in [
+        "header_read_timeout",
+        "connect_timeout",
+        "first_byte_timeout",
+        "idle_timeout",
+        "health_check_interval",
+    ] {
+        assert_only_issue(
+            &with_server(&format!("{base}\n{key} = \"0s\"")),
+            &format!("server.{key}"),
+            "greater than zero",
+        );
+    }
+    ok(&with_server(&format!("{base}\ndrain_grace = \"0s\"")));
+}
+
+#[test]
+fn limits_must_be_positive_integers() {
+    let base = r#"listen = "127.0.0.1:8080""#;
+    for key in ["max_body_bytes", "max_connections"] {
+        let path = format!("server.{key}");
+        assert_only_issue(
+            &with_server(&format!("{base}\n{key} = 0")),
+            &path,
+            "at least 1",
+        );
+        assert_only_issue(
+            &with_server(&format!("{base}\n{key} = -5")),
+            &path,
+            "at least 1",
+        );
+        assert_only_issue(
+            &with_server(&format!("{base}\n{key} = 1.5")),
+            &path,
+            "expected an integer",
+        );
+        assert_only_issue(
+            &with_server(&format!("{base}\n{key} = \"4MiB\"")),
+            &path,
+            "expected an integer",
+        );
+    }
+}
+
+#[test]
+fn api_keys_are_checked_one_by_one_without_echoing_them() {
+    let found = issues(&with_server(
+        r#"
+        listen = "127.0.0.1:8080"
+        api_keys = ["good-key", "", "has space", 12345]
+        "#,
+    ));
+    let paths: Vec<_> = found.iter().map(|i| i.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "server.api_keys[1]",
+            "server.api_keys[2]",
+            "server.api_keys[3]"
+        ],
+        "{found:#?}"
+    );
+    assert!(found[0].message.contains("must not be empty"));
+    assert!(found[1].message.contains("whitespace"));
+    assert!(
+        found[2]
+            .message
+            .contains("expected a string, found an integer")
+    );
+    for issue in &found {
+        assert!(!issue.message.contains("has space"), "{issue}");
+        assert!(!issue.message.contains("12345"), "{issue}");
+    }
+}
+
+#[test]
+fn api_keys_must_be_an_array() {
+    assert_only_issue(
+        &with_server(
+            r#"
+            listen = "127.0.0.1:8080"
+            api_keys = "just-one"
+            "#,
+        ),
+        "server.api_keys",
+        "expected an array",
+    );
+}
+
+#[test]
+fn api_keys_file_must_not_be_empty() {
+    assert_only_issue(
+        &with_server(
+            r#"
+            listen = "127.0.0.1:8080"
+            api_keys_file = ""
+            "#,
+        ),
+        "server.api_keys_file",
+        "must not be empty",
+    );
+}
+
+#[test]
+fn admin_token_is_a_non_empty_header_safe_string() {
+    assert_only_issue(
+        &with_server(
+            r#"
+            listen = "127.0.0.1:8080"
+            admin_token = "token\n"
+            "#,
+        ),
+        "server.admin_token",
+        "trailing newline",
+    );
+    let found = issues(&with_server(
+        r#"
+        listen = "127.0.0.1:8080"
+        admin_token = 987654
+        "#,
+    ));
+    assert_eq!(found.len(), 1);
+    assert!(!found[0].message.contains("987654"), "{}", found[0]);
+}
+
+#[test]
+fn unknown_server_keys_are_reported() {
+    assert_only_issue(
+        &with_server(
+            r#"
+            listen = "127.0.0.1:8080"
+            max_conections = 10
+            "#,
+        ),
+        "server.max_conections",
+        "unknown key (expected one of: listen, admin_listen",
+    );
+}
+
+#[test]
+fn server_must_be_a_table() {
+    let toml = VALID.replace("[server]\nlisten = \"127.0.0.1:8080\"\n", "server = 1\n");
+    assert_only_issue(&toml, "server", "expected a table");
+}
