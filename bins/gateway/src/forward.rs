@@ -29,7 +29,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::rescue::Error;
+use crate::rescue::BoxError;
 
 /// The header that carries the request id.
 pub const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -121,52 +121,43 @@ impl Forwarder {
 
     /// Sends a request to `base` and waits for the response head.
     ///
-    /// `upstream` names the upstream in errors. `headers` are the client's headers (hop-by-hop
-    /// ones are removed here), `request_id` goes out as `x-request-id`.
+    /// `parts` are the client's method, URI and headers (hop-by-hop ones are not forwarded);
+    /// `authorization`, when set, replaces the client's `Authorization`; `request_id` goes out
+    /// as `x-request-id` and comes back on the response.
     pub async fn send(
         &self,
-        upstream: &str,
         base: &Base,
+        authorization: Option<&HeaderValue>,
         parts: &http::request::Parts,
         body: Bytes,
         request_id: &HeaderValue,
-    ) -> Result<Response<Incoming>, Error> {
+    ) -> Result<Response<Incoming>, ForwardError> {
         let uri = base
             .uri_for(parts.uri.path_and_query())
-            .map_err(|e| Error::Internal(format!("building the upstream URI: {e}")))?;
+            .map_err(|e| ForwardError::Internal(format!("building the upstream URI: {e}")))?;
         let mut req = Request::builder()
             .method(parts.method.clone())
             .uri(uri)
             .body(Full::new(body))
-            .map_err(|e| Error::Internal(format!("building the upstream request: {e}")))?;
+            .map_err(|e| ForwardError::Internal(format!("building the upstream request: {e}")))?;
         let headers = req.headers_mut();
         copy_end_to_end(&parts.headers, headers);
         // The client sets `Host` from the URI, and `Content-Length` from the body (which may
         // have been rewritten for an alias).
         headers.remove(header::HOST);
         headers.remove(header::CONTENT_LENGTH);
+        if let Some(authorization) = authorization {
+            headers.insert(header::AUTHORIZATION, authorization.clone());
+        }
         headers.insert(REQUEST_ID, request_id.clone());
 
         let response =
             match tokio::time::timeout(self.first_byte_timeout, self.client.request(req)).await {
-                Err(_elapsed) => {
-                    return Err(Error::UpstreamTimeout {
-                        upstream: upstream.to_owned(),
-                        after: self.first_byte_timeout,
-                    });
-                }
+                Err(_elapsed) => return Err(ForwardError::Timeout(self.first_byte_timeout)),
                 Ok(Err(error)) if error.is_connect() => {
-                    return Err(Error::UpstreamConnect {
-                        upstream: upstream.to_owned(),
-                        source: Box::new(error),
-                    });
+                    return Err(ForwardError::Connect(Box::new(error)));
                 }
-                Ok(Err(error)) => {
-                    return Err(Error::UpstreamFailed {
-                        upstream: upstream.to_owned(),
-                        source: Box::new(error),
-                    });
-                }
+                Ok(Err(error)) => return Err(ForwardError::Failed(Box::new(error))),
                 Ok(Ok(response)) => response,
             };
         let (mut head, body) = response.into_parts();
@@ -174,6 +165,23 @@ impl Forwarder {
         head.headers.insert(REQUEST_ID, request_id.clone());
         Ok(Response::from_parts(head, body))
     }
+}
+
+/// Why [`Forwarder::send`] got no response head.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// The connection could not be made: nothing was sent, another host may be tried.
+    #[error("connect failed")]
+    Connect(#[source] BoxError),
+    /// No response head within the first-byte timeout; the upstream may have run the request.
+    #[error("no response within {0:?}")]
+    Timeout(Duration),
+    /// The exchange failed after the request was (maybe partly) sent.
+    #[error("the exchange failed")]
+    Failed(#[source] BoxError),
+    /// The request could not even be built (a bug).
+    #[error("{0}")]
+    Internal(String),
 }
 
 /// The fields RFC 9110 §7.6.1 (and the `Proxy-*` / `Keep-Alive` conventions it cites) makes

@@ -1,4 +1,171 @@
 //! The `slotgate` binary: parses the command line, loads the configuration, sets up logging and
-//! starts the gateway.
+//! starts the gateway. Everything else lives in the `slotgate_gateway` library.
+//!
+//! ```text
+//! slotgate serve --config slotgate.toml   # run until Ctrl-C / SIGTERM
+//! slotgate check --config slotgate.toml   # validate; print the effective configuration
+//! ```
+//!
+//! Exit codes: `0` success, `64` (`EX_USAGE`) invalid configuration, `1` any other failure.
 
-fn main() {}
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use slotgate_config::Config;
+use slotgate_gateway::{Gateway, StartError};
+use tracing::{error, info};
+use tracing_subscriber::EnvFilter;
+
+/// `EX_USAGE` from sysexits(3): the configuration is wrong.
+const EX_CONFIG: u8 = 64;
+
+/// An OpenAI-compatible gateway that caps and queues requests per (upstream, model).
+#[derive(Debug, Parser)]
+#[command(name = "slotgate", version, about)]
+struct Cli {
+    /// Log format (the level comes from `RUST_LOG`, default `info`).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway until Ctrl-C or SIGTERM, then drain and stop.
+    Serve {
+        /// The TOML configuration file (`SLOTGATE_*` environment variables override it).
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Validate the configuration and print it with every default made visible.
+    Check {
+        /// The TOML configuration file (`SLOTGATE_*` environment variables override it).
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check { config } => check(&config),
+        Command::Serve { config } => {
+            init_logging(cli.log_format);
+            serve(&config)
+        }
+    }
+}
+
+/// `slotgate check`: every problem on stderr, or the effective configuration on stdout.
+fn check(path: &Path) -> ExitCode {
+    let config = match load(path) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    if let Err(problem) = slotgate_gateway::check(&config) {
+        eprintln!("{}: {problem}", path.display());
+        return ExitCode::from(EX_CONFIG);
+    }
+    print!("{}", config.to_effective_toml());
+    ExitCode::SUCCESS
+}
+
+fn load(path: &Path) -> Result<Config, ExitCode> {
+    Config::load(path).map_err(|error| {
+        let issues = error.issues();
+        if issues.is_empty() {
+            eprintln!("{}: {error}", path.display());
+        } else {
+            eprintln!(
+                "{}: {} problem{} in the configuration:",
+                path.display(),
+                issues.len(),
+                if issues.len() == 1 { "" } else { "s" }
+            );
+            for issue in issues {
+                eprintln!("  {issue}");
+            }
+        }
+        ExitCode::from(EX_CONFIG)
+    })
+}
+
+/// `slotgate serve`: run until a signal, then shut down gracefully.
+fn serve(path: &Path) -> ExitCode {
+    let config = match load(path) {
+        Ok(config) => config,
+        Err(code) => return code,
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            error!(%error, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        let gateway = match Gateway::bind(&config).await {
+            Ok(gateway) => gateway,
+            Err(StartError::Config(problem)) => {
+                error!(config = %path.display(), %problem, "invalid configuration");
+                return ExitCode::from(EX_CONFIG);
+            }
+            Err(error) => {
+                error!(%error, "cannot start");
+                return ExitCode::FAILURE;
+            }
+        };
+        let signal = stop_signal().await;
+        info!(signal, "stop requested");
+        gateway.shutdown().await;
+        ExitCode::SUCCESS
+    })
+}
+
+/// Resolves on Ctrl-C (SIGINT) or, on Unix, SIGTERM; names the signal.
+async fn stop_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = tokio::signal::ctrl_c() => "SIGINT",
+                _ = term.recv() => "SIGTERM",
+            },
+            Err(error) => {
+                error!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the gateway");
+                let _ = tokio::signal::ctrl_c().await;
+                "SIGINT"
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        "Ctrl-C"
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

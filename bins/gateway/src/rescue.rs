@@ -3,18 +3,27 @@
 //!
 //! Errors are first classified (STYLE.md §12) by whose side failed and whether a retry can help:
 //!
-//! | side       | variants                                                        | status      |
-//! |------------|-----------------------------------------------------------------|-------------|
-//! | client     | `NotFound`, `MethodNotAllowed`, `ModelNotFound`, `BadRequest`, `BodyRead`, `BodyTooLarge`, `UnsupportedMediaType` | 404, 405, 404, 400, 400, 413, 415 |
-//! | capacity   | `QueueFull`, `QueueTimeout`                                     | 503 + `Retry-After` |
-//! | upstream   | `UpstreamConnect`, `UpstreamFailed`, `UpstreamTimeout`          | 502, 502, 504 |
-//! | gateway    | `ShuttingDown`, `Internal`                                      | 503, 500 (as a problem) |
+//! | side     | variants | status |
+//! |----------|----------|--------|
+//! | client   | `NotFound`, `MethodNotAllowed`, `ModelNotFound`, `BadRequest`, `BodyRead`, `BodyTooLarge`, `UnsupportedMediaType`, `Unauthorized` | 404, 405, 404, 400, 400, 413, 415, 401 |
+//! | capacity | `QueueFull`, `QueueTimeout` (the request never ran; retry) | 503 + `Retry-After` |
+//! | upstream | `UpstreamUnavailable` (nothing sent; retry), `UpstreamFailed`, `UpstreamTimeout` (maybe ran; the client decides) | 503 + `Retry-After`, 502, 504 |
+//! | gateway  | `ShuttingDown` (retry), `Internal` (a bug) | 503 + `Retry-After`, 500 |
+//!
+//! Errors after the response head has gone out (an upstream dying mid-stream) cannot become a
+//! document any more: the body wrapper ends the stream with an error, hyper cuts the connection
+//! (HTTP/1: no final chunk; HTTP/2: a reset stream), and the client sees a truncated answer.
 //!
 //! [`respond`] turns any of them into an `application/problem+json` response carrying the
 //! request id. Nothing else in the gateway builds an error response, so no path can answer with
 //! a bare 500 or an empty body.
 
 use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response};
+use slotgate_problem::Problem;
+use tracing::{debug, warn};
 
 /// A boxed error, as hyper and http-body-util hand them out.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -37,8 +46,8 @@ pub enum Error {
         method: http::Method,
         /// The path asked for.
         path: String,
-        /// The value of the `Allow` header.
-        allow: &'static str,
+        /// The methods the path accepts.
+        allow: &'static [http::Method],
     },
     /// The model is not configured.
     #[error("model {model:?} is not served here")]
@@ -65,18 +74,26 @@ pub enum Error {
         got: Option<String>,
     },
 
+    /// API keys are configured and the request carries none that is accepted.
+    #[error("missing or invalid API key")]
+    Unauthorized,
+
     // === capacity ===
     /// Every candidate's queue is full.
     #[error("every queue for model {model:?} is full")]
     QueueFull {
+        /// The best-ranked upstream (the first one tried).
+        upstream: String,
         /// The model asked for.
         model: String,
         /// When a retry may succeed.
         retry_after: Duration,
     },
     /// The request waited `queue_timeout` without getting a slot.
-    #[error("no slot for model {model:?} within {waited:?}")]
+    #[error("no slot for model {model:?} on {upstream} within {waited:?}")]
     QueueTimeout {
+        /// The upstream it waited for.
+        upstream: String,
         /// The model asked for.
         model: String,
         /// How long it waited.
@@ -86,20 +103,24 @@ pub enum Error {
     },
 
     // === the upstream's side ===
-    /// The upstream could not be connected to: nothing was sent.
-    #[error("cannot connect to upstream {upstream}")]
-    UpstreamConnect {
-        /// The upstream's name.
-        upstream: String,
-        /// Why.
+    /// No candidate could be connected to (or none is eligible): nothing was sent.
+    #[error("no upstream for model {model:?} is reachable")]
+    UpstreamUnavailable {
+        /// The model asked for.
+        model: String,
+        /// When a retry may succeed.
+        retry_after: Duration,
+        /// The last connect error, if any.
         #[source]
-        source: BoxError,
+        source: Option<BoxError>,
     },
-    /// The upstream failed after the request was (maybe partly) sent.
+    /// The upstream failed after the request was (maybe partly) sent, before a response head.
     #[error("upstream {upstream} failed")]
     UpstreamFailed {
         /// The upstream's name.
         upstream: String,
+        /// The model asked for.
+        model: String,
         /// Why.
         #[source]
         source: BoxError,
@@ -109,6 +130,8 @@ pub enum Error {
     UpstreamTimeout {
         /// The upstream's name.
         upstream: String,
+        /// The model asked for.
+        model: String,
         /// The timeout.
         after: Duration,
     },
@@ -116,8 +139,99 @@ pub enum Error {
     // === the gateway's side ===
     /// The gateway is shutting down and takes no new requests.
     #[error("the gateway is shutting down")]
-    ShuttingDown,
+    ShuttingDown {
+        /// When another try (elsewhere, or after a restart) makes sense.
+        retry_after: Duration,
+    },
     /// A bug: something that should not fail did.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+impl Error {
+    /// The problem document for this error.
+    pub fn to_problem(&self) -> Problem {
+        match self {
+            Error::NotFound { path } => Problem::not_found(path),
+            Error::MethodNotAllowed { method, allow, .. } => {
+                Problem::method_not_allowed(method, allow)
+            }
+            Error::ModelNotFound { model } => Problem::model_not_found(model),
+            Error::BadRequest(detail) => Problem::bad_request(detail.clone()),
+            Error::BodyRead(_) => Problem::bad_request("the request body could not be read"),
+            Error::BodyTooLarge { limit } => {
+                Problem::body_too_large(u64::try_from(*limit).unwrap_or(u64::MAX))
+            }
+            Error::UnsupportedMediaType { got } => Problem::unsupported_media_type(got.as_deref()),
+            Error::Unauthorized => Problem::unauthorized(),
+            Error::QueueFull {
+                upstream,
+                model,
+                retry_after,
+            } => Problem::queue_full(upstream, model, *retry_after),
+            Error::QueueTimeout {
+                upstream,
+                model,
+                waited,
+                retry_after,
+            } => Problem::queue_timeout(upstream, model, *waited, *retry_after),
+            Error::UpstreamUnavailable {
+                model, retry_after, ..
+            } => Problem::upstream_unavailable(model, *retry_after),
+            Error::UpstreamFailed {
+                upstream,
+                model,
+                source,
+            } => Problem::upstream_bad_response(upstream, model).with_detail(format!(
+                "Upstream `{upstream}` failed: {}",
+                chain(&**source)
+            )),
+            Error::UpstreamTimeout {
+                upstream,
+                model,
+                after,
+            } => Problem::upstream_timeout(upstream, model, *after),
+            Error::ShuttingDown { retry_after } => Problem::shutting_down(*retry_after),
+            Error::Internal(_) => Problem::internal(),
+        }
+    }
+
+    /// Whether the gateway or an upstream is at fault (worth a warning in the log), rather than
+    /// the client or plain load.
+    fn is_fault(&self) -> bool {
+        matches!(
+            self,
+            Error::UpstreamUnavailable { .. }
+                | Error::UpstreamFailed { .. }
+                | Error::UpstreamTimeout { .. }
+                | Error::Internal(_)
+        )
+    }
+}
+
+/// The response for `error`, carrying the request id (as the `request_id` member; the caller
+/// sets the `x-request-id` header on every response).
+pub fn respond<B: From<Bytes>>(error: &Error, request_id: &HeaderValue) -> Response<B> {
+    let id = request_id.to_str().unwrap_or_default();
+    if error.is_fault() {
+        warn!(request_id = id, error = %chain(error), "request failed");
+    } else {
+        debug!(request_id = id, error = %chain(error), "request refused");
+    }
+    error
+        .to_problem()
+        .with_extension("request_id", id)
+        .to_response()
+}
+
+/// An error and its sources, `: `-separated, for logs and details.
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }

@@ -1,0 +1,124 @@
+//! Step 2: client authentication, when API keys are configured.
+//!
+//! Keys come from `server.api_keys` and from `server.api_keys_file` (one key per line; blank
+//! lines and lines starting with `#` are skipped). A request must carry one of them as
+//! `Authorization: Bearer KEY`; with no keys configured, every request is let through.
+//!
+//! Keys sit in a `HashSet` with the standard library's randomly keyed `SipHash`: a lookup
+//! compares the candidate against a stored key only when their hashes match, so response timing
+//! reveals nothing about how much of a guessed key was right.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use http::HeaderMap;
+use http::header::AUTHORIZATION;
+
+use crate::rescue::Error;
+
+/// The accepted client API keys.
+#[derive(Default)]
+pub struct ApiKeys {
+    keys: HashSet<String>,
+}
+
+impl std::fmt::Debug for ApiKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the keys themselves.
+        f.debug_struct("ApiKeys")
+            .field("count", &self.keys.len())
+            .finish()
+    }
+}
+
+impl ApiKeys {
+    /// The keys from the configuration and, if given, the keys file.
+    pub fn load<'a>(
+        inline: impl IntoIterator<Item = &'a str>,
+        file: Option<&Path>,
+    ) -> Result<Self, String> {
+        let mut keys: HashSet<String> = inline.into_iter().map(str::to_owned).collect();
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                format!("server.api_keys_file: cannot read {}: {e}", path.display())
+            })?;
+            keys.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|line| !line.is_empty() && !line.starts_with('#'))
+                    .map(str::to_owned),
+            );
+        }
+        Ok(Self { keys })
+    }
+
+    /// Whether authentication is on.
+    pub fn is_enabled(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    /// Checks the request's bearer token.
+    pub fn check(&self, headers: &HeaderMap) -> Result<(), Error> {
+        if self.keys.is_empty() {
+            return Ok(());
+        }
+        let token = headers
+            .get(AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| {
+                let (scheme, token) = value.trim().split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+            });
+        match token {
+            Some(token) if self.keys.contains(token) => Ok(()),
+            _ => Err(Error::Unauthorized),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{HeaderMap, HeaderValue};
+
+    use super::ApiKeys;
+
+    fn with_auth(value: &'static str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert("authorization", HeaderValue::from_static(value));
+        headers
+    }
+
+    #[test]
+    fn no_keys_lets_everyone_through() {
+        let keys = ApiKeys::load([], None).unwrap();
+        assert!(!keys.is_enabled());
+        assert!(keys.check(&HeaderMap::new()).is_ok());
+    }
+
+    #[test]
+    fn checks_bearer_tokens() {
+        let keys = ApiKeys::load(["sk-one", "sk-two"], None).unwrap();
+        assert!(keys.check(&with_auth("Bearer sk-one")).is_ok());
+        assert!(keys.check(&with_auth("bearer  sk-two ")).is_ok());
+        assert!(keys.check(&HeaderMap::new()).is_err());
+        assert!(keys.check(&with_auth("Bearer sk-three")).is_err());
+        assert!(keys.check(&with_auth("Basic sk-one")).is_err());
+        assert!(keys.check(&with_auth("sk-one")).is_err());
+        assert!(format!("{keys:?}").contains("count: 2"));
+        assert!(!format!("{keys:?}").contains("sk-one"));
+    }
+
+    #[test]
+    fn reads_a_keys_file() {
+        let dir = std::env::temp_dir().join(format!("slotgate-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("keys");
+        std::fs::write(&path, "# team keys\nsk-file\n\n  sk-spaced  \n").unwrap();
+        let keys = ApiKeys::load([], Some(&path)).unwrap();
+        assert!(keys.check(&with_auth("Bearer sk-file")).is_ok());
+        assert!(keys.check(&with_auth("Bearer sk-spaced")).is_ok());
+        assert!(keys.check(&with_auth("Bearer # team keys")).is_err());
+        assert!(ApiKeys::load([], Some(&dir.join("missing"))).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,265 @@
+//! One request through the gateway, step by step: this file calls the others in order.
+//!
+//! [`App::handle`] answers every request (it cannot fail): it dispatches on the path, runs the
+//! steps of a model-routed request, and hands any error to [`rescue`]. Every response carries
+//! `x-request-id`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use tracing::{debug, warn};
+
+use crate::admit::{self, Refused};
+use crate::auth::ApiKeys;
+use crate::body::SlotBody;
+use crate::forward::{self, ForwardError, Forwarder, REQUEST_ID};
+use crate::metrics::observe;
+use crate::request;
+use crate::rescue::{self, BoxError, Error};
+use crate::route::Routes;
+use crate::server::ShutdownSignal;
+
+/// The body of every API response: a buffered document (a problem, the model list), or an
+/// upstream's answer streamed through with its slot.
+pub type ResponseBody = Either<Full<Bytes>, SlotBody<Incoming, admit::Slot>>;
+
+/// The model-routed endpoints. Each takes `POST` only.
+const MODEL_ROUTED: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
+const POST_ONLY: &[Method] = &[Method::POST];
+const GET_ONLY: &[Method] = &[Method::GET, Method::HEAD];
+
+/// What the request path needs, shared by every connection.
+#[derive(Debug)]
+pub struct App {
+    /// The routing table (and, through it, the limiter keys).
+    pub routes: Arc<Routes>,
+    /// The pooled upstream client.
+    pub forwarder: Forwarder,
+    /// Client API keys; empty: no authentication.
+    pub api_keys: ApiKeys,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    /// `Retry-After` when no upstream is reachable (the health-check interval: when the picture
+    /// may have changed).
+    pub unavailable_retry_after: Duration,
+    /// `Retry-After` while shutting down.
+    pub shutdown_retry_after: Duration,
+    /// Fired when the gateway starts shutting down.
+    pub shutdown: ShutdownSignal,
+    /// For the `created` field of `/v1/models`.
+    pub started: SystemTime,
+}
+
+impl App {
+    /// Answers one request.
+    pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<ResponseBody>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let request_id = forward::request_id(req.headers());
+        let mut response = match self.dispatch(req, &request_id).await {
+            Ok(response) => response,
+            Err(error) => rescue::respond::<Full<Bytes>>(&error, &request_id).map(Either::Left),
+        };
+        response.headers_mut().insert(REQUEST_ID, request_id);
+        response
+    }
+
+    async fn dispatch<B>(
+        &self,
+        req: Request<B>,
+        request_id: &HeaderValue,
+    ) -> Result<Response<ResponseBody>, Error>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let path = req.uri().path();
+        if MODEL_ROUTED.contains(&path) {
+            if req.method() != Method::POST {
+                return Err(method_not_allowed(&req, POST_ONLY));
+            }
+            self.api_keys.check(req.headers())?;
+            return self.proxy(req, request_id).await;
+        }
+        if path == "/v1/models" {
+            if !GET_ONLY.contains(req.method()) {
+                return Err(method_not_allowed(&req, GET_ONLY));
+            }
+            self.api_keys.check(req.headers())?;
+            return Ok(self.models());
+        }
+        Err(Error::NotFound {
+            path: path.chars().take(200).collect(),
+        })
+    }
+
+    /// Steps 3 to 8 for a model-routed request.
+    async fn proxy<B>(
+        &self,
+        req: Request<B>,
+        request_id: &HeaderValue,
+    ) -> Result<Response<ResponseBody>, Error>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        if self.shutdown.is_fired() {
+            return Err(Error::ShuttingDown {
+                retry_after: self.shutdown_retry_after,
+            });
+        }
+        // Step 3: the body, under the limit; `model` and `stream` without re-serialising.
+        let api = request::read(req, self.max_body_bytes).await?;
+        // Step 4: the model's route (an alias shares its target's route).
+        let Some(route) = self.routes.resolve(&api.model) else {
+            return Err(Error::ModelNotFound { model: api.model });
+        };
+        let model = route.model.as_str();
+        let ranked = route.ranked();
+        debug!(
+            request_id = request_id.to_str().unwrap_or_default(),
+            model = %api.model,
+            stream = api.stream,
+            candidates = ranked.len(),
+            "routing"
+        );
+
+        let mut full_on: Option<(&str, Duration)> = None;
+        let mut connect_error: Option<BoxError> = None;
+        for target in ranked {
+            // Steps 5 and 6: a slot on this target, or on to the next when its queue is full.
+            let slot = match admit::enter(target).await {
+                Ok(slot) => slot,
+                Err(Refused::Full | Refused::Closed) => {
+                    let retry_after = target.retry_after();
+                    full_on = Some(match full_on {
+                        // Name the best-ranked upstream; retry when the soonest may have room.
+                        Some((first, earlier)) => (first, earlier.min(retry_after)),
+                        None => (target.upstream.as_str(), retry_after),
+                    });
+                    continue;
+                }
+                Err(Refused::Timeout(waited)) => {
+                    route.rejections.queue_timeout.inc();
+                    return Err(Error::QueueTimeout {
+                        upstream: target.upstream.clone(),
+                        model: model.to_owned(),
+                        waited,
+                        retry_after: target.retry_after(),
+                    });
+                }
+            };
+
+            // Step 7: forward the original bytes (the model renamed only for an alias).
+            let sent = Instant::now();
+            let outcome = self
+                .forwarder
+                .send(
+                    &target.base,
+                    target.authorization.as_ref(),
+                    &api.parts,
+                    api.body_for(model),
+                    request_id,
+                )
+                .await;
+            match outcome {
+                Ok(response) => {
+                    observe(&slot.metrics().first_byte, sent.elapsed());
+                    // Step 8: the slot rides in the body until the answer is over.
+                    return Ok(response.map(|body| Either::Right(SlotBody::new(body, slot))));
+                }
+                Err(ForwardError::Connect(error)) => {
+                    // Nothing was sent: safe to try the next host.
+                    warn!(upstream = %target.upstream, %error, "connect failed; trying the next host");
+                    slot.abandon();
+                    connect_error = Some(error);
+                }
+                Err(ForwardError::Timeout(after)) => {
+                    slot.fail();
+                    return Err(Error::UpstreamTimeout {
+                        upstream: target.upstream.clone(),
+                        model: model.to_owned(),
+                        after,
+                    });
+                }
+                Err(ForwardError::Failed(source)) => {
+                    slot.fail();
+                    return Err(Error::UpstreamFailed {
+                        upstream: target.upstream.clone(),
+                        model: model.to_owned(),
+                        source,
+                    });
+                }
+                Err(ForwardError::Internal(detail)) => {
+                    slot.abandon();
+                    return Err(Error::Internal(detail));
+                }
+            }
+        }
+
+        // No target took it. A full queue says more (with an estimate) than a refused
+        // connection, so it wins when both happened.
+        if let Some((upstream, retry_after)) = full_on {
+            route.rejections.queue_full.inc();
+            return Err(Error::QueueFull {
+                upstream: upstream.to_owned(),
+                model: model.to_owned(),
+                retry_after,
+            });
+        }
+        Err(Error::UpstreamUnavailable {
+            model: model.to_owned(),
+            retry_after: self.unavailable_retry_after,
+            source: connect_error,
+        })
+    }
+
+    /// `GET /v1/models`: every configured model and alias, in the OpenAI list shape.
+    fn models(&self) -> Response<ResponseBody> {
+        let created = self
+            .started
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs());
+        let data: Vec<serde_json::Value> = self
+            .routes
+            .names()
+            .iter()
+            .map(|name| {
+                serde_json::json!({
+                    "id": name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "slotgate",
+                })
+            })
+            .collect();
+        let body = serde_json::json!({ "object": "list", "data": data }).to_string();
+        json_response(StatusCode::OK, body)
+    }
+}
+
+fn method_not_allowed<B>(req: &Request<B>, allow: &'static [Method]) -> Error {
+    Error::MethodNotAllowed {
+        method: req.method().clone(),
+        path: req.uri().path().to_owned(),
+        allow,
+    }
+}
+
+fn json_response(status: StatusCode, body: String) -> Response<ResponseBody> {
+    let mut response = Response::new(Either::Left(Full::new(Bytes::from(body))));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
