@@ -92,7 +92,7 @@ struct ServerView {
 
 #[derive(Serialize)]
 struct UpstreamView<'a> {
-    url: &'a str,
+    url: String,
     kind: &'static str,
     weight: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -156,7 +156,9 @@ impl From<&Server> for ServerView {
 impl<'a> From<&'a Upstream> for UpstreamView<'a> {
     fn from(upstream: &'a Upstream) -> Self {
         UpstreamView {
-            url: upstream.url.as_str(),
+            // The default port written out, like every other default (the url crate drops it).
+            // Nothing else can follow the path: validation refused queries and fragments.
+            url: format!("{}{}", upstream.authority(), upstream.url.path()),
             kind: upstream.kind.as_str(),
             weight: upstream.weight,
             api_key: upstream.api_key.as_ref().map(redact),

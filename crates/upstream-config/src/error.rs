@@ -16,13 +16,15 @@ pub enum ConfigError {
         source: Box<figment::Error>,
     },
     /// The sources parsed, but the configuration breaks one or more rules. Every problem found is
-    /// listed, in file order; `Display` prints one `path: message` per line.
+    /// listed, grouped by table in a stable order (`[server]`, then each upstream by name, then
+    /// `[aliases]`); `Display` prints one `path: message` per line.
     #[error("{}", DisplayIssues(.0))]
     Invalid(Vec<Issue>),
 }
 
 impl ConfigError {
-    /// The rule violations, in file order; empty for [`ConfigError::Load`].
+    /// The rule violations, in the order described on [`ConfigError::Invalid`]; empty for
+    /// [`ConfigError::Load`].
     pub fn issues(&self) -> &[Issue] {
         match self {
             ConfigError::Invalid(issues) => issues,

@@ -20,6 +20,7 @@ fn defaults_are_written_out() {
         "api_keys = []",
         "weight = 1.0",
         "kind = \"vllm\"",
+        "url = \"http://10.0.0.1:8000/\"",
         "queue_timeout = \"10s\"",
     ] {
         assert!(
@@ -65,6 +66,10 @@ fn it_loads_back_to_the_same_config() {
         text.contains("[upstreams.a.models.\"llama3.1:8b\"]"),
         "{text}"
     );
+    assert!(
+        text.contains("url = \"https://llm.example:443/openai/\""),
+        "{text}"
+    );
 }
 
 #[test]
@@ -98,4 +103,20 @@ fn secrets_are_redacted() {
     assert!(text.contains(r#"api_keys_file = "/run/keys""#), "{text}");
     // Still a valid config (the placeholders are valid secrets).
     Config::from_toml_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+}
+
+#[test]
+#[ignore = "prints the effective config of examples/kserve-vllm.toml; run by hand"]
+fn print_kserve_effective() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/kserve-vllm.toml"
+    );
+    let text = std::fs::read_to_string(path).unwrap();
+    let config = Config::from_toml_str(&text).unwrap();
+    std::io::Write::write_all(
+        &mut std::io::stderr(),
+        config.to_effective_toml().as_bytes(),
+    )
+    .unwrap();
 }

@@ -58,3 +58,14 @@ fn five_mistakes_are_all_reported_with_their_paths() {
     assert_eq!(text.lines().count(), 5, "{text}");
     assert!(text.contains("upstreams.reasoning.models.reasoning.queue_timeout: missing"));
 }
+
+/// The listing in `docs/configuration.md` ("Errors") is this test's output, word for word.
+#[test]
+fn the_documented_listing_is_what_validation_prints() {
+    let error = Config::from_toml_str(FIVE_MISTAKES).unwrap_err();
+    let docs = include_str!("../../../../docs/configuration.md");
+    for issue in error.issues() {
+        let line = format!("  {issue}\n");
+        assert!(docs.contains(&line), "docs/configuration.md lacks {line:?}");
+    }
+}
