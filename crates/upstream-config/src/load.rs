@@ -9,13 +9,10 @@ use figment::value::Value;
 use crate::error::{ConfigError, Issue};
 use crate::raw::Reader;
 use crate::types::Config;
-use crate::validate;
+use crate::validate::{self, ROOT_KEYS};
 
 /// Prefix of the environment variables that override the file.
 pub const ENV_PREFIX: &str = "SLOTGATE_";
-
-/// The top-level tables, which an environment override has to start with.
-const SECTIONS: [&str; 3] = ["server", "upstreams", "aliases"];
 
 /// The environment provider: `SLOTGATE_SERVER__LISTEN=127.0.0.1:9000` sets `server.listen`,
 /// `SLOTGATE_UPSTREAMS__A__WEIGHT=2` sets `upstreams.a.weight`.
@@ -31,7 +28,7 @@ pub fn env_provider() -> Env {
     Env::prefixed(ENV_PREFIX).split("__").filter(|key| {
         let key = key.as_str().to_ascii_lowercase();
         key.contains('.')
-            || SECTIONS.iter().any(|section| {
+            || ROOT_KEYS.iter().any(|section| {
                 key.strip_prefix(section)
                     .is_some_and(|rest| rest.is_empty() || rest.starts_with('_'))
             })

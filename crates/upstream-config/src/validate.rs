@@ -17,7 +17,8 @@ use url::Url;
 use crate::raw::{KeyPath, Reader};
 use crate::types::{Config, Kind, ModelLimits, Secret, Server, Upstream, authority};
 
-const ROOT_KEYS: &[&str] = &["server", "upstreams", "aliases"];
+/// The top-level tables (also what an environment override has to start with).
+pub(crate) const ROOT_KEYS: &[&str] = &["server", "upstreams", "aliases"];
 const SERVER_KEYS: &[&str] = &[
     "listen",
     "admin_listen",
@@ -395,7 +396,13 @@ fn upstream_url(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Url
     let url = match Url::parse(text) {
         Ok(url) => url,
         Err(error) => {
-            r.invalid(path, value, format!("invalid URL {text:?}: {error}"));
+            // A URL with `@` may carry a password: describe it without echoing it.
+            let message = if text.contains('@') {
+                format!("invalid URL: {error}")
+            } else {
+                format!("invalid URL {text:?}: {error}")
+            };
+            r.invalid(path, value, message);
             return None;
         }
     };

@@ -104,19 +104,3 @@ fn secrets_are_redacted() {
     // Still a valid config (the placeholders are valid secrets).
     Config::from_toml_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
 }
-
-#[test]
-#[ignore = "prints the effective config of examples/kserve-vllm.toml; run by hand"]
-fn print_kserve_effective() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../examples/kserve-vllm.toml"
-    );
-    let text = std::fs::read_to_string(path).unwrap();
-    let config = Config::from_toml_str(&text).unwrap();
-    std::io::Write::write_all(
-        &mut std::io::stderr(),
-        config.to_effective_toml().as_bytes(),
-    )
-    .unwrap();
-}

@@ -222,3 +222,9 @@ fn a_problem_in_one_upstream_does_not_hide_others() {
         "{found:#?}"
     );
 }
+
+#[test]
+fn aliases_must_be_a_table() {
+    let toml = format!("aliases = [\"chat\"]\n{VALID}");
+    assert_only_issue(&toml, "aliases", "expected a table, found an array");
+}

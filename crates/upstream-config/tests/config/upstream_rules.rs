@@ -317,3 +317,54 @@ fn names_that_are_not_bare_keys_are_quoted_in_paths() {
         "{found:#?}"
     );
 }
+
+#[test]
+fn a_malformed_url_with_credentials_is_not_echoed() {
+    let found = issues(&with_upstream(
+        "url = \"http://user:hunter2@10.0.0.1:99999\"\nkind = \"vllm\"",
+    ));
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(found[0].message.starts_with("invalid URL"), "{}", found[0]);
+    assert!(!found[0].message.contains("hunter2"), "{}", found[0]);
+}
+
+#[test]
+fn names_must_not_be_empty() {
+    let toml = r#"
+        [server]
+        listen = "127.0.0.1:8080"
+        [upstreams.""]
+        url = "http://10.0.0.1:8000"
+        kind = "vllm"
+        [upstreams."".models.""]
+        parallel = 1
+        queue = 0
+        queue_timeout = "1s"
+    "#;
+    let found = issues(toml);
+    let listed: Vec<_> = found
+        .iter()
+        .map(|i| (i.path.as_str(), i.message.as_str()))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (r#"upstreams."""#, "an upstream name must not be empty"),
+            (
+                r#"upstreams."".models."""#,
+                "a model name must not be empty"
+            ),
+        ]
+    );
+}
+
+#[test]
+fn upstreams_as_an_array_of_tables_is_refused() {
+    let toml = r#"
+        [server]
+        listen = "127.0.0.1:8080"
+        [[upstreams]]
+        url = "http://10.0.0.1:8000"
+    "#;
+    assert_only_issue(toml, "upstreams", "expected a table, found an array");
+}
