@@ -1,0 +1,699 @@
+//! End-to-end tests of the gateway: the real `slotgate-gateway` in-process, real loopback
+//! sockets, and `fake-upstream` simulating llama-server behind it.
+//!
+//! No assertion depends on tight timing: bounds are generous (a loaded 2-core CI machine), and
+//! the tests assert orderings and counts — who reached the upstream, in what order things ended
+//! — rather than durations.
+
+mod support;
+
+use std::time::Duration;
+
+use fake_upstream::{FakeConfig, FakeUpstream, Outcome};
+use support::{
+    SOON, authority, chat, chat_body, eventually, gateway, get, open, post, send, server, upstream,
+};
+
+/// A llama-server fake with `parallel` slots serving `model`.
+async fn fake(parallel: usize, model: &str) -> FakeUpstream {
+    FakeUpstream::start(FakeConfig::llama_server(parallel).model(model))
+        .await
+        .expect("fake upstream starts")
+}
+
+// === the issue's load scenario ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forty_concurrent_requests_get_only_200_or_503_and_the_upstream_sees_at_most_six() {
+    // The engine itself could run 16: the cap of 6 is the gateway's doing.
+    let fake = fake(16, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 6, 8, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            tokio::spawn(async move {
+                let id = format!("burst-{i}");
+                chat(
+                    addr,
+                    "qwen",
+                    false,
+                    &[("x-fake-hold-ms", "2000"), ("x-request-id", &id)],
+                )
+                .await
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    let mut refused = 0;
+    for task in tasks {
+        let reply = task.await.unwrap();
+        match reply.status.as_u16() {
+            200 => {
+                assert_eq!(reply.json()["object"], "chat.completion");
+                ok += 1;
+            }
+            503 => {
+                reply.assert_problem(503, "queue-full");
+                reply.retry_after();
+                refused += 1;
+            }
+            other => panic!("unexpected status {other}: {}", reply.text()),
+        }
+    }
+    assert_eq!(ok + refused, 40);
+    // 6 running + 8 queued at least; the rest arrived while all 14 places were taken.
+    assert!(ok >= 14, "served {ok}");
+    assert!(refused >= 1, "refused {refused}");
+    assert_eq!(
+        fake.observer().peak_in_flight(),
+        6,
+        "the upstream never saw more than 6"
+    );
+    assert_eq!(
+        fake.observer().snapshot().received,
+        ok,
+        "refused requests never reached it"
+    );
+    let key = authority(fake.addr());
+    assert_eq!(
+        gw.limiter().in_flight(&key, "qwen"),
+        0,
+        "every slot given back"
+    );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+// === client disconnects ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_while_queued_never_reaches_the_upstream_and_frees_its_place() {
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 1, 1, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let key = authority(fake.addr());
+
+    // A holds the only slot.
+    let holder = tokio::spawn(async move {
+        chat(
+            addr,
+            "qwen",
+            false,
+            &[("x-fake-hold-ms", "1500"), ("x-request-id", "holder")],
+        )
+        .await
+    });
+    fake.observer().wait_for_in_flight(1, SOON).await.unwrap();
+
+    // B takes the only place in the queue, then goes away.
+    let leaver = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", false),
+            &[("x-request-id", "leaver")],
+        ),
+    )
+    .await;
+    eventually("B queued", SOON, || gw.limiter().queued(&key, "qwen") == 1).await;
+    leaver.disconnect();
+    eventually("B's place freed", SOON, || {
+        gw.limiter().queued(&key, "qwen") == 0
+    })
+    .await;
+
+    // C can queue in the freed place (with B still there it would get 503 queue-full).
+    let late = chat(addr, "qwen", false, &[("x-request-id", "late")]).await;
+    assert_eq!(late.status, 200, "{}", late.text());
+    assert_eq!(holder.await.unwrap().status, 200);
+
+    let seen: Vec<String> = fake
+        .observer()
+        .requests()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert!(
+        !seen.contains(&"leaver".to_owned()),
+        "B reached the upstream: {seen:?}"
+    );
+    assert!(seen.contains(&"late".to_owned()));
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_mid_stream_frees_the_slot_at_once_and_the_upstream_connection_closes()
+{
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 1, 1, "60s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let key = authority(fake.addr());
+
+    // A streams slowly: 100 tokens, 200 ms apart, 20 s in all.
+    let mut a = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", true),
+            &[
+                ("x-fake-tokens", "100"),
+                ("x-fake-chunk-interval-ms", "200"),
+                ("x-request-id", "a"),
+            ],
+        ),
+    )
+    .await
+    .head()
+    .await;
+    assert_eq!(a.status, 200);
+    assert!(a.next_data().await.unwrap().is_some(), "the stream started");
+
+    // B waits behind A.
+    let b = tokio::spawn(async move { chat(addr, "qwen", false, &[("x-request-id", "b")]).await });
+    eventually("B queued", SOON, || gw.limiter().queued(&key, "qwen") == 1).await;
+
+    a.disconnect();
+    let b = tokio::time::timeout(SOON, b)
+        .await
+        .expect("B is served long before A's 20 s stream would have ended")
+        .unwrap();
+    assert_eq!(b.status, 200);
+
+    // The upstream saw A's client go away (the gateway closed its upstream connection), and B
+    // only started once A had ended.
+    let a_record = fake.observer().wait_for_outcome("a", SOON).await.unwrap();
+    assert_eq!(a_record.outcome, Some(Outcome::ClientGoneMidResponse));
+    assert!(a_record.events_sent < 100, "A was cut short");
+    let b_record = fake.observer().wait_for_outcome("b", SOON).await.unwrap();
+    assert!(b_record.started_at.unwrap() >= a_record.ended_at.unwrap() - Duration::from_millis(50));
+    assert_eq!(gw.limiter().in_flight(&key, "qwen"), 0);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+// === upstream failures ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_dies_mid_stream_ends_the_stream_and_frees_the_slot() {
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let key = authority(fake.addr());
+
+    let mut stream = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", true),
+            &[
+                ("x-fake-fail", "die-after-chunks=3"),
+                ("x-fake-chunk-interval-ms", "20"),
+            ],
+        ),
+    )
+    .await
+    .head()
+    .await;
+    assert_eq!(
+        stream.status, 200,
+        "headers went out before the upstream died"
+    );
+    let cut = stream.rest().await;
+    assert!(
+        cut.is_err(),
+        "the client sees a terminated stream, not a clean end: {cut:?}"
+    );
+    eventually("slot freed", SOON, || {
+        gw.limiter().in_flight(&key, "qwen") == 0
+    })
+    .await;
+
+    // The gateway carries on.
+    assert_eq!(chat(addr, "qwen", false, &[]).await.status, 200);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_refuses_connections_gives_a_problem_and_frees_the_slot() {
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server("health_check_interval = \"3s\""),
+        upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let key = authority(fake.addr());
+    fake.refuse_connections().await.unwrap();
+
+    let reply = chat(addr, "qwen", false, &[]).await;
+    // Nothing was sent, so this is "unavailable, retry" rather than a bad gateway.
+    let doc = reply.assert_problem(503, "upstream-unavailable");
+    assert_eq!(reply.retry_after(), 3, "the health-check interval: {doc}");
+    assert_eq!(gw.limiter().in_flight(&key, "qwen"), 0);
+
+    fake.accept_connections().await.unwrap();
+    assert_eq!(chat(addr, "qwen", false, &[]).await.status, 200);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_hangs_past_the_first_byte_timeout_gives_504_and_frees_the_slot() {
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server("first_byte_timeout = \"500ms\""),
+        upstream("gpu", &fake.url(), "qwen", 1, 1, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let key = authority(fake.addr());
+
+    let reply = chat(
+        addr,
+        "qwen",
+        false,
+        &[("x-fake-fail", "hang"), ("x-request-id", "hung")],
+    )
+    .await;
+    let doc = reply.assert_problem(504, "upstream-timeout");
+    assert_eq!(doc["upstream"], "gpu");
+    assert!(
+        reply.headers.get("retry-after").is_none(),
+        "it may have run: no Retry-After"
+    );
+    assert_eq!(gw.limiter().in_flight(&key, "qwen"), 0);
+    // The gateway dropped the upstream request, so the hung engine slot is told.
+    let record = fake
+        .observer()
+        .wait_for_outcome("hung", SOON)
+        .await
+        .unwrap();
+    assert_eq!(record.outcome, Some(Outcome::ClientGoneMidResponse));
+
+    // The single slot is usable again.
+    assert_eq!(chat(addr, "qwen", false, &[]).await.status, 200);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+// === queueing ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_waits_past_queue_timeout_gets_503_queue_timeout_and_never_runs() {
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 1, 4, "300ms")
+    ))
+    .await;
+    let addr = gw.api_addr();
+
+    let holder = tokio::spawn(async move {
+        chat(
+            addr,
+            "qwen",
+            false,
+            &[("x-fake-hold-ms", "3000"), ("x-request-id", "holder")],
+        )
+        .await
+    });
+    fake.observer().wait_for_in_flight(1, SOON).await.unwrap();
+
+    let reply = chat(addr, "qwen", false, &[("x-request-id", "waiter")]).await;
+    let doc = reply.assert_problem(503, "queue-timeout");
+    reply.retry_after();
+    assert_eq!(doc["model"], "qwen");
+    assert!(
+        fake.observer().request("waiter").is_none(),
+        "it never reached the upstream"
+    );
+    assert_eq!(holder.await.unwrap().status, 200);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_upstream_does_not_delay_requests_to_another() {
+    let busy = fake(4, "big").await;
+    let idle = fake(4, "small").await;
+    let gw = gateway(&format!(
+        "{}{}{}",
+        server(""),
+        upstream("busy", &busy.url(), "big", 1, 20, "60s"),
+        upstream("idle", &idle.url(), "small", 2, 2, "60s"),
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let busy_key = authority(busy.addr());
+
+    let backlog: Vec<_> = (0..6)
+        .map(|_| {
+            tokio::spawn(
+                async move { chat(addr, "big", false, &[("x-fake-hold-ms", "400")]).await },
+            )
+        })
+        .collect();
+    eventually("big's queue filled", SOON, || {
+        gw.limiter().queued(&busy_key, "big") >= 3
+    })
+    .await;
+
+    let small = chat(addr, "small", false, &[]).await;
+    assert_eq!(small.status, 200);
+    // Served while big's backlog was still waiting (its 6 × 400 ms take over 2 s).
+    assert!(
+        gw.limiter().queued(&busy_key, "big") >= 1,
+        "small was not held up behind big"
+    );
+    for task in backlog {
+        assert_eq!(task.await.unwrap().status, 200);
+    }
+    gw.shutdown().await;
+    busy.shutdown().await;
+    idle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_aliases_of_one_model_share_one_cap_and_one_queue() {
+    let fake = fake(4, "llama").await;
+    let gw = gateway(&format!(
+        "{}[aliases]\nfast = \"llama\"\ncheap = \"llama\"\n\n{}",
+        server(""),
+        upstream("gpu", &fake.url(), "llama", 1, 1, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let key = authority(fake.addr());
+
+    let first = tokio::spawn(async move {
+        chat(
+            addr,
+            "fast",
+            false,
+            &[("x-fake-hold-ms", "1500"), ("x-request-id", "via-fast")],
+        )
+        .await
+    });
+    fake.observer().wait_for_in_flight(1, SOON).await.unwrap();
+    let second =
+        tokio::spawn(
+            async move { chat(addr, "cheap", false, &[("x-request-id", "via-cheap")]).await },
+        );
+    eventually("the second alias queued on the same key", SOON, || {
+        gw.limiter().queued(&key, "llama") == 1
+    })
+    .await;
+
+    // One slot, one queue place, both taken through the two aliases: the model's own name is
+    // refused at once.
+    let third = chat(addr, "llama", false, &[]).await;
+    third.assert_problem(503, "queue-full");
+    third.retry_after();
+
+    assert_eq!(first.await.unwrap().status, 200);
+    assert_eq!(second.await.unwrap().status, 200);
+    // The upstream was asked for the model by its own name.
+    for id in ["via-fast", "via-cheap"] {
+        let record = fake.observer().request(id).unwrap();
+        assert_eq!(record.model.as_deref(), Some("llama"), "{id}");
+    }
+    assert_eq!(fake.observer().peak_in_flight(), 1);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_arrives_chunk_by_chunk() {
+    let fake = fake(2, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+
+    let mut stream = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", true),
+            &[
+                ("x-fake-tokens", "10"),
+                ("x-fake-chunk-interval-ms", "300"),
+                ("x-request-id", "sse"),
+            ],
+        ),
+    )
+    .await
+    .head()
+    .await;
+    assert_eq!(stream.status, 200);
+    assert!(
+        stream.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream"),
+        "{:?}",
+        stream.headers
+    );
+    let first = stream.next_data().await.unwrap().expect("a first chunk");
+    assert!(first.starts_with(b"data: "), "{first:?}");
+    // The first chunk is here while the upstream is still generating.
+    let record = fake.observer().request("sse").unwrap();
+    assert!(
+        record.outcome.is_none(),
+        "the upstream had already finished: {record:?}"
+    );
+
+    let rest = stream.rest().await.expect("a clean end");
+    let text = String::from_utf8_lossy(&first).into_owned() + &String::from_utf8_lossy(&rest);
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn falls_through_to_the_next_host_when_the_best_hosts_queue_is_full() {
+    let a = fake(4, "qwen").await;
+    let b = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}{}",
+        server(""),
+        // Equal weights; "a" comes first in configuration order, so it wins every tie.
+        upstream("a", &a.url(), "qwen", 1, 0, "30s"),
+        upstream("b", &b.url(), "qwen", 1, 4, "30s"),
+    ))
+    .await;
+    let addr = gw.api_addr();
+
+    let hold = [("x-fake-hold-ms", "1500")];
+    let first = tokio::spawn(async move { chat(addr, "qwen", false, &hold).await });
+    a.observer().wait_for_in_flight(1, SOON).await.unwrap();
+    let second = tokio::spawn(async move { chat(addr, "qwen", false, &hold).await });
+    b.observer().wait_for_in_flight(1, SOON).await.unwrap();
+
+    // Both busy, nobody queued: "a" ranks first (tie), its queue holds nobody, so the request
+    // falls through to "b" and waits there.
+    let third = chat(addr, "qwen", false, &[("x-request-id", "third")]).await;
+    assert_eq!(third.status, 200, "{}", third.text());
+    assert!(b.observer().request("third").is_some(), "served by b");
+    assert!(a.observer().request("third").is_none());
+    assert_eq!(first.await.unwrap().status, 200);
+    assert_eq!(second.await.unwrap().status, 200);
+    gw.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+// === the rest of the API surface ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_plain_requests_and_refuses_bad_ones_with_problems() {
+    let fake = fake(2, "qwen").await;
+    let gw = gateway(&format!(
+        "{}[aliases]\nchat = \"qwen\"\n\n{}",
+        server("max_body_bytes = 1024"),
+        upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+
+    // A plain answer, with the request id propagated upstream and echoed back.
+    let ok = chat(addr, "qwen", false, &[("x-request-id", "plain-1")]).await;
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    assert_eq!(ok.headers["x-request-id"], "plain-1");
+    assert!(fake.observer().request("plain-1").is_some());
+    // A generated id when the client sends none.
+    let generated = chat(addr, "qwen", false, &[]).await;
+    assert_eq!(generated.headers["x-request-id"].len(), 36);
+
+    // Completions and embeddings are routed the same way.
+    let completion = send(post(
+        addr,
+        "/v1/completions",
+        r#"{"model":"chat","prompt":"hi"}"#.into(),
+        &[],
+    ))
+    .await;
+    assert_eq!(completion.status, 200, "{}", completion.text());
+    let embedding = send(post(
+        addr,
+        "/v1/embeddings",
+        r#"{"model":"qwen","input":"hi"}"#.into(),
+        &[],
+    ))
+    .await;
+    assert_eq!(embedding.status, 200, "{}", embedding.text());
+
+    // The model list, aliases included.
+    let models = get(addr, "/v1/models").await;
+    assert_eq!(models.status, 200);
+    let ids: Vec<String> = models.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids, ["chat", "qwen"]);
+
+    // Refusals, each a problem document.
+    chat(addr, "gpt-4", false, &[])
+        .await
+        .assert_problem(404, "model-not-found");
+    get(addr, "/v2/nothing")
+        .await
+        .assert_problem(404, "not-found");
+    let wrong_method = get(addr, "/v1/chat/completions").await;
+    wrong_method.assert_problem(405, "method-not-allowed");
+    assert_eq!(wrong_method.headers["allow"], "POST");
+    send(post(addr, "/v1/chat/completions", "{not json".into(), &[]))
+        .await
+        .assert_problem(400, "bad-request");
+    send(post(
+        addr,
+        "/v1/chat/completions",
+        r#"{"messages":[]}"#.into(),
+        &[],
+    ))
+    .await
+    .assert_problem(400, "bad-request");
+    let big = format!(r#"{{"model":"qwen","pad":"{}"}}"#, "x".repeat(2048));
+    send(post(addr, "/v1/chat/completions", big, &[]))
+        .await
+        .assert_problem(413, "body-too-large");
+    let mut form = post(addr, "/v1/chat/completions", chat_body("qwen", false), &[]);
+    form.headers_mut().insert(
+        "content-type",
+        "application/x-www-form-urlencoded".parse().unwrap(),
+    );
+    send(form)
+        .await
+        .assert_problem(415, "unsupported-media-type");
+
+    // Nothing refused reached the upstream: 2 chats + 1 completion + 1 embedding.
+    assert_eq!(fake.observer().snapshot().received, 4);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listener_serves_probes_and_metrics() {
+    let fake = fake(2, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 2, 3, "30s")
+    ))
+    .await;
+    let admin = gw.admin_addr().expect("admin listener configured");
+    assert_eq!(chat(gw.api_addr(), "qwen", false, &[]).await.status, 200);
+
+    assert_eq!(get(admin, "/healthz").await.status, 200);
+    assert_eq!(get(admin, "/readyz").await.status, 200);
+    let metrics = get(admin, "/metrics").await;
+    assert_eq!(metrics.status, 200);
+    let text = metrics.text();
+    for line in [
+        r#"slotgate_slots_capacity{upstream="gpu",model="qwen"} 2"#,
+        r#"slotgate_queue_capacity{upstream="gpu",model="qwen"} 3"#,
+        r#"slotgate_slots_in_use{upstream="gpu",model="qwen"} 0"#,
+        r#"slotgate_requests_total{upstream="gpu",model="qwen",outcome="completed"} 1"#,
+        r#"slotgate_rejections_total{model="qwen",reason="queue_full"} 0"#,
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+    assert!(
+        text.contains("slotgate_queue_wait_seconds_bucket"),
+        "{text}"
+    );
+    get(admin, "/nope").await.assert_problem(404, "not-found");
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_an_in_flight_stream_finish() {
+    let fake = fake(2, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server("drain_grace = \"20s\""),
+        upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+
+    let mut stream = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", true),
+            &[("x-fake-tokens", "10"), ("x-fake-chunk-interval-ms", "100")],
+        ),
+    )
+    .await
+    .head()
+    .await;
+    assert!(stream.next_data().await.unwrap().is_some());
+    let stopping = tokio::spawn(gw.shutdown());
+    let rest = stream.rest().await.expect("the stream ends cleanly");
+    assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+    tokio::time::timeout(SOON, stopping)
+        .await
+        .expect("shutdown completes")
+        .unwrap();
+    // The listener is gone.
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    fake.shutdown().await;
+}

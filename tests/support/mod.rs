@@ -1,0 +1,278 @@
+//! Helpers for the end-to-end tests: start the real gateway in-process in front of fake
+//! upstreams, and talk to it over loopback like a client would.
+
+#![allow(dead_code, unreachable_pub)] // each test binary uses a different subset
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::Value;
+use slotgate_config::Config;
+use slotgate_gateway::Gateway;
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+
+/// Generous bound for anything that should happen "soon" on a loaded 2-core machine.
+pub const SOON: Duration = Duration::from_secs(10);
+
+/// A gateway built from `toml` (listen addresses should use port 0).
+pub async fn gateway(toml: &str) -> Gateway {
+    let config =
+        Config::from_toml_str(toml).unwrap_or_else(|e| panic!("bad test config: {e}\n{toml}"));
+    Gateway::bind(&config).await.expect("gateway starts")
+}
+
+/// The `[server]` table every test starts from, plus `extra` lines.
+pub fn server(extra: &str) -> String {
+    format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{extra}\n")
+}
+
+/// An `[upstreams.NAME]` table with one model.
+pub fn upstream(
+    name: &str,
+    url: &str,
+    model: &str,
+    parallel: usize,
+    queue: usize,
+    queue_timeout: &str,
+) -> String {
+    format!(
+        "[upstreams.{name}]\nurl = \"{url}\"\nkind = \"llama-server\"\n\n\
+         [upstreams.{name}.models.{model}]\nparallel = {parallel}\nqueue = {queue}\nqueue_timeout = \"{queue_timeout}\"\n"
+    )
+}
+
+/// The limiter key of a fake upstream: its authority as the config crate spells it.
+pub fn authority(addr: SocketAddr) -> String {
+    format!("http://{addr}")
+}
+
+/// A chat completion body.
+pub fn chat_body(model: &str, stream: bool) -> String {
+    serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "hello there"}],
+        "stream": stream,
+    })
+    .to_string()
+}
+
+/// A POST of `body` to `path` with JSON content type and extra headers.
+pub fn post(
+    addr: SocketAddr,
+    path: &str,
+    body: String,
+    headers: &[(&str, &str)],
+) -> Request<Full<Bytes>> {
+    let mut builder =
+        Request::post(format!("http://{addr}{path}")).header("content-type", "application/json");
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    builder.body(Full::new(Bytes::from(body))).unwrap()
+}
+
+/// A complete answer.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// Asserts this is a problem document of type `slug` with `status`; returns the document.
+    pub fn assert_problem(&self, status: u16, slug: &str) -> Value {
+        assert_eq!(self.status.as_u16(), status, "status of {self:?}");
+        assert_eq!(
+            self.headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok()),
+            Some("application/problem+json"),
+            "content type of {self:?}"
+        );
+        let doc = self.json();
+        let kind = doc["type"].as_str().unwrap_or_default();
+        assert!(
+            kind.ends_with(&format!("/{slug}")),
+            "type {kind:?} is not {slug}: {doc}"
+        );
+        assert_eq!(doc["status"], status, "{doc}");
+        assert!(
+            doc["error"]["message"].is_string(),
+            "OpenAI error member: {doc}"
+        );
+        assert!(
+            self.headers.contains_key("x-request-id"),
+            "request id echoed"
+        );
+        doc
+    }
+
+    /// The `Retry-After` in seconds; asserts it is there and within the documented clamp.
+    pub fn retry_after(&self) -> u64 {
+        let value = self
+            .headers
+            .get("retry-after")
+            .unwrap_or_else(|| panic!("no Retry-After on {self:?}"))
+            .to_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap();
+        assert!(
+            (1..=60).contains(&value),
+            "Retry-After {value} outside 1..=60"
+        );
+        value
+    }
+}
+
+/// A pooled client, like an application would use.
+pub fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
+/// Sends `req` and reads the whole answer.
+pub async fn send(req: Request<Full<Bytes>>) -> Reply {
+    let response = client().request(req).await.expect("the gateway answers");
+    let (head, body) = response.into_parts();
+    let body = body
+        .collect()
+        .await
+        .expect("the whole body arrives")
+        .to_bytes();
+    Reply {
+        status: head.status,
+        headers: head.headers,
+        body,
+    }
+}
+
+/// `POST /v1/chat/completions` for `model`.
+pub async fn chat(addr: SocketAddr, model: &str, stream: bool, headers: &[(&str, &str)]) -> Reply {
+    send(post(
+        addr,
+        "/v1/chat/completions",
+        chat_body(model, stream),
+        headers,
+    ))
+    .await
+}
+
+/// `GET path`.
+pub async fn get(addr: SocketAddr, path: &str) -> Reply {
+    let req = Request::get(format!("http://{addr}{path}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    send(req).await
+}
+
+/// A request on its own connection, whose answer has not necessarily arrived: the client can
+/// go away at any moment by dropping the connection.
+pub struct Open {
+    conn: JoinHandle<()>,
+    response: JoinHandle<Result<Response<Incoming>, hyper::Error>>,
+}
+
+/// Sends `req` on a fresh HTTP/1.1 connection and returns at once.
+pub async fn open(addr: SocketAddr, req: Request<Full<Bytes>>) -> Open {
+    let stream = TcpStream::connect(addr)
+        .await
+        .expect("connect to the gateway");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    let conn = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let response = tokio::spawn(sender.send_request(req));
+    Open { conn, response }
+}
+
+impl Open {
+    /// Waits for the response head.
+    pub async fn head(self) -> Streaming {
+        let response = self.response.await.expect("task").expect("response head");
+        let (head, body) = response.into_parts();
+        Streaming {
+            status: head.status,
+            headers: head.headers,
+            body,
+            conn: self.conn,
+        }
+    }
+
+    /// The client goes away: the connection is closed.
+    pub fn disconnect(self) {
+        self.response.abort();
+        self.conn.abort();
+    }
+}
+
+/// A response whose body is read frame by frame.
+pub struct Streaming {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    body: Incoming,
+    conn: JoinHandle<()>,
+}
+
+impl Streaming {
+    /// The next data frame; `Ok(None)` at the end, `Err` if the stream broke.
+    pub async fn next_data(&mut self) -> Result<Option<Bytes>, hyper::Error> {
+        loop {
+            match self.body.frame().await {
+                None => return Ok(None),
+                Some(Err(e)) => return Err(e),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        return Ok(Some(data));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads to the end: everything, or the error that cut it.
+    pub async fn rest(&mut self) -> Result<Bytes, hyper::Error> {
+        let mut all = Vec::new();
+        while let Some(data) = self.next_data().await? {
+            all.extend_from_slice(&data);
+        }
+        Ok(Bytes::from(all))
+    }
+
+    /// The client goes away mid-answer.
+    pub fn disconnect(self) {
+        self.conn.abort();
+        drop(self.body);
+    }
+}
+
+/// Polls `check` every 10 ms until it holds, panicking after `timeout` with `what`.
+pub async fn eventually(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
