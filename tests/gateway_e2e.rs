@@ -697,3 +697,67 @@ async fn shutdown_lets_an_in_flight_stream_finish() {
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
     fake.shutdown().await;
 }
+
+// === HTTP/2 ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2c_streams_share_the_cap_and_a_reset_stream_frees_its_slot() {
+    use http_body_util::BodyExt;
+
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 1, 1, "60s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let key = authority(fake.addr());
+    let mut conn = support::h2(addr).await;
+
+    // A plain answer over h2c.
+    let (head, body) = conn
+        .send(post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", false),
+            &[],
+        ))
+        .await;
+    assert_eq!(head.status, 200);
+    assert_eq!(head.version, http::Version::HTTP_2);
+    let body = body.collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("chat.completion"));
+
+    // A slow stream on the same connection, cut by the client (RST_STREAM) after one chunk.
+    let (head, mut body) = conn
+        .send(post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", true),
+            &[
+                ("x-fake-tokens", "100"),
+                ("x-fake-chunk-interval-ms", "200"),
+                ("x-request-id", "h2-a"),
+            ],
+        ))
+        .await;
+    assert_eq!(head.status, 200);
+    assert!(body.frame().await.is_some());
+    assert_eq!(gw.limiter().in_flight(&key, "qwen"), 1);
+    drop(body);
+
+    let record = fake
+        .observer()
+        .wait_for_outcome("h2-a", SOON)
+        .await
+        .unwrap();
+    assert_eq!(record.outcome, Some(Outcome::ClientGoneMidResponse));
+    eventually("slot freed", SOON, || {
+        gw.limiter().in_flight(&key, "qwen") == 0
+    })
+    .await;
+    conn.close();
+    gw.shutdown().await;
+    fake.shutdown().await;
+}

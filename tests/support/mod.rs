@@ -276,3 +276,44 @@ pub async fn eventually(what: &str, timeout: Duration, mut check: impl FnMut() -
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// An HTTP/2 (prior knowledge, h2c) connection to the gateway.
+pub struct H2 {
+    sender: hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    conn: JoinHandle<()>,
+}
+
+/// Opens an h2c connection.
+pub async fn h2(addr: SocketAddr) -> H2 {
+    let stream = TcpStream::connect(addr)
+        .await
+        .expect("connect to the gateway");
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2c handshake");
+    let conn = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    H2 { sender, conn }
+}
+
+impl H2 {
+    /// Sends `req` as a stream of this connection and waits for the head.
+    pub async fn send(&mut self, req: Request<Full<Bytes>>) -> (http::response::Parts, Incoming) {
+        self.sender.ready().await.expect("connection ready");
+        let mut req = req;
+        // HTTP/2 carries the authority in `:authority`; the URI must be absolute, which it is.
+        *req.version_mut() = http::Version::HTTP_2;
+        self.sender
+            .send_request(req)
+            .await
+            .expect("response head")
+            .into_parts()
+    }
+
+    /// Closes the connection.
+    pub fn close(self) {
+        self.conn.abort();
+    }
+}

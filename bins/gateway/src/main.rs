@@ -22,7 +22,7 @@ const EX_CONFIG: u8 = 64;
 
 /// An OpenAI-compatible gateway that caps and queues requests per (upstream, model).
 #[derive(Debug, Parser)]
-#[command(name = "slotgate", version, about)]
+#[command(name = "slotgate", version)]
 struct Cli {
     /// Log format (the level comes from `RUST_LOG`, default `info`).
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]

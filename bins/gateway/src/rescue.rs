@@ -235,3 +235,161 @@ fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http::{HeaderValue, Method, Response};
+
+    use super::{Error, respond};
+
+    fn every_error() -> Vec<(Error, u16, &'static str, bool)> {
+        let io = || Box::new(std::io::Error::other("connection reset")) as super::BoxError;
+        vec![
+            (
+                Error::NotFound { path: "/x".into() },
+                404,
+                "not-found",
+                false,
+            ),
+            (
+                Error::MethodNotAllowed {
+                    method: Method::GET,
+                    path: "/v1/embeddings".into(),
+                    allow: &[Method::POST],
+                },
+                405,
+                "method-not-allowed",
+                false,
+            ),
+            (
+                Error::ModelNotFound { model: "m".into() },
+                404,
+                "model-not-found",
+                false,
+            ),
+            (
+                Error::BadRequest("no model".into()),
+                400,
+                "bad-request",
+                false,
+            ),
+            (Error::BodyRead(io()), 400, "bad-request", false),
+            (
+                Error::BodyTooLarge { limit: 10 },
+                413,
+                "body-too-large",
+                false,
+            ),
+            (
+                Error::UnsupportedMediaType { got: None },
+                415,
+                "unsupported-media-type",
+                false,
+            ),
+            (Error::Unauthorized, 401, "unauthorized", false),
+            (
+                Error::QueueFull {
+                    upstream: "gpu".into(),
+                    model: "m".into(),
+                    retry_after: Duration::from_secs(3),
+                },
+                503,
+                "queue-full",
+                true,
+            ),
+            (
+                Error::QueueTimeout {
+                    upstream: "gpu".into(),
+                    model: "m".into(),
+                    waited: Duration::from_secs(30),
+                    retry_after: Duration::from_secs(5),
+                },
+                503,
+                "queue-timeout",
+                true,
+            ),
+            (
+                Error::UpstreamUnavailable {
+                    model: "m".into(),
+                    retry_after: Duration::from_secs(5),
+                    source: Some(io()),
+                },
+                503,
+                "upstream-unavailable",
+                true,
+            ),
+            (
+                Error::UpstreamFailed {
+                    upstream: "gpu".into(),
+                    model: "m".into(),
+                    source: io(),
+                },
+                502,
+                "upstream-bad-response",
+                false,
+            ),
+            (
+                Error::UpstreamTimeout {
+                    upstream: "gpu".into(),
+                    model: "m".into(),
+                    after: Duration::from_secs(1),
+                },
+                504,
+                "upstream-timeout",
+                false,
+            ),
+            (
+                Error::ShuttingDown {
+                    retry_after: Duration::from_secs(30),
+                },
+                503,
+                "shutting-down",
+                true,
+            ),
+            (Error::Internal("oops".into()), 500, "internal", false),
+        ]
+    }
+
+    #[test]
+    fn every_error_becomes_its_problem_document() {
+        let id = HeaderValue::from_static("req-1");
+        for (error, status, slug, retry) in every_error() {
+            let response: Response<Bytes> = respond(&error, &id);
+            assert_eq!(response.status().as_u16(), status, "{error:?}");
+            assert_eq!(
+                response.headers()["content-type"],
+                "application/problem+json",
+                "{error:?}"
+            );
+            assert_eq!(
+                response.headers().contains_key("retry-after"),
+                retry,
+                "{error:?}"
+            );
+            let doc: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+            assert!(
+                doc["type"].as_str().unwrap().ends_with(slug),
+                "{error:?}: {doc}"
+            );
+            assert_eq!(doc["request_id"], "req-1");
+            assert!(doc["error"]["message"].is_string());
+        }
+    }
+
+    #[test]
+    fn an_upstream_failure_names_its_cause() {
+        let error = Error::UpstreamFailed {
+            upstream: "gpu".into(),
+            model: "m".into(),
+            source: Box::new(std::io::Error::other("connection reset")),
+        };
+        let doc = error.to_problem();
+        assert!(
+            doc.detail().unwrap().contains("connection reset"),
+            "{doc:?}"
+        );
+    }
+}

@@ -1,0 +1,145 @@
+//! The `slotgate` binary's command line: `check` and `serve`, run as a user would.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const GOOD: &str = r#"
+[server]
+listen = "127.0.0.1:0"
+
+[aliases]
+chat = "qwen"
+
+[upstreams.gpu]
+url = "http://127.0.0.1:9"
+kind = "llama-server"
+
+[upstreams.gpu.models.qwen]
+parallel = 2
+queue = 4
+queue_timeout = "30s"
+"#;
+
+/// Two mistakes at once: a missing `queue_timeout` and an alias to nothing.
+const BAD: &str = r#"
+[server]
+listen = "127.0.0.1:0"
+
+[aliases]
+chat = "nothing"
+
+[upstreams.gpu]
+url = "http://127.0.0.1:9"
+kind = "llama-server"
+
+[upstreams.gpu.models.qwen]
+parallel = 2
+queue = 4
+"#;
+
+fn write(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("slotgate-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn slotgate() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_slotgate"));
+    // The environment overrides the file; keep the tests' environment out of it.
+    for (key, _) in std::env::vars() {
+        if key.starts_with("SLOTGATE_") {
+            command.env_remove(key);
+        }
+    }
+    command
+}
+
+#[test]
+fn check_prints_the_effective_config() {
+    let path = write("good.toml", GOOD);
+    let out = slotgate()
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    // Defaults made visible.
+    assert!(stdout.contains("first_byte_timeout"), "{stdout}");
+    assert!(stdout.contains("max_body_bytes"), "{stdout}");
+    assert!(stdout.contains("qwen"), "{stdout}");
+}
+
+#[test]
+fn check_lists_every_problem_and_exits_64() {
+    let path = write("bad.toml", BAD);
+    let out = slotgate()
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(
+        stderr.contains("upstreams.gpu.models.qwen.queue_timeout"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("aliases.chat"), "{stderr}");
+    assert!(out.stdout.is_empty());
+
+    let missing = slotgate()
+        .args(["check", "--config", "/nonexistent/slotgate.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(64), "{missing:?}");
+}
+
+#[test]
+fn check_refuses_an_upstream_this_gateway_cannot_reach() {
+    let path = write(
+        "https.toml",
+        &GOOD.replace("http://127.0.0.1:9", "https://127.0.0.1:9"),
+    );
+    let out = slotgate()
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("upstreams.gpu.url"));
+}
+
+#[cfg(unix)]
+#[test]
+fn serve_stops_cleanly_on_sigterm() {
+    let path = write("serve.toml", GOOD);
+    let mut child = slotgate()
+        .args(["serve", "--log-format", "json", "--config"])
+        .arg(&path)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(Instant::now() < deadline, "no 'API listening' log line");
+        let line = lines.next().expect("the gateway logs").unwrap();
+        if line.contains("API listening") {
+            assert!(line.starts_with('{'), "JSON logs: {line}");
+            break;
+        }
+    }
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = child.wait().unwrap();
+    assert!(exit.success(), "{exit:?}");
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(rest.iter().any(|l| l.contains("SIGTERM")), "{rest:?}");
+}
