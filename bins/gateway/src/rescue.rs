@@ -245,6 +245,7 @@ mod tests {
 
     use super::{Error, respond};
 
+    #[expect(clippy::too_many_lines, reason = "one entry per variant, written out")]
     fn every_error() -> Vec<(Error, u16, &'static str, bool)> {
         let io = || Box::new(std::io::Error::other("connection reset")) as super::BoxError;
         vec![
