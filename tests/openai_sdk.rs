@@ -1,0 +1,85 @@
+//! The official OpenAI Python SDK against the gateway: plain and streamed chats, the model list,
+//! and a 404 and a 503 surfacing as the SDK's own error types.
+//!
+//! The test makes a virtualenv under Cargo's target tmp dir and `pip install`s a pinned `openai`
+//! into it (once; later runs reuse it), then runs `tests/openai_sdk/check.py` against a gateway
+//! and a fake llama-server started in-process. It needs `python3` with `venv` and access to
+//! PyPI. Set `SKIP_OPENAI_SDK_TEST=1` to skip it where neither is available.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use fake_upstream::{FakeConfig, FakeUpstream};
+use support::{gateway, server, upstream};
+
+/// The SDK version the test pins.
+const OPENAI_SDK: &str = "openai==3.57.0";
+
+fn venv() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("openai-sdk-venv");
+    let python = dir.join("bin/python");
+    let marker = dir.join(format!("{OPENAI_SDK}.installed"));
+    if marker.exists() {
+        return python;
+    }
+    let status = Command::new("python3")
+        .args(["-m", "venv", "--clear"])
+        .arg(&dir)
+        .status()
+        .expect("python3 runs (install python3 and python3-venv, or set SKIP_OPENAI_SDK_TEST=1)");
+    assert!(status.success(), "python3 -m venv failed");
+    let status = Command::new(dir.join("bin/pip"))
+        .args([
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            OPENAI_SDK,
+        ])
+        .status()
+        .expect("pip runs");
+    assert!(
+        status.success(),
+        "pip install {OPENAI_SDK} failed (needs PyPI)"
+    );
+    std::fs::write(&marker, "").unwrap();
+    python
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_python_sdk_works_through_the_gateway() {
+    if std::env::var_os("SKIP_OPENAI_SDK_TEST").is_some() {
+        eprintln!("SKIP_OPENAI_SDK_TEST is set: skipping the OpenAI SDK test");
+        return;
+    }
+    let python = tokio::task::spawn_blocking(venv).await.unwrap();
+
+    let fake = FakeUpstream::start(FakeConfig::llama_server(4).model("qwen"))
+        .await
+        .unwrap();
+    let gw = gateway(&format!(
+        "{}[aliases]\nchat = \"qwen\"\n\n{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 1, 0, "30s")
+    ))
+    .await;
+    let base_url = format!("http://{}/v1", gw.api_addr());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_sdk/check.py");
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(python).arg(script).arg(base_url).output()
+    })
+    .await
+    .unwrap()
+    .expect("the SDK script runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the SDK script failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    assert!(stdout.contains("all OpenAI SDK checks passed"), "{stdout}");
+    eprintln!("{stdout}");
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
