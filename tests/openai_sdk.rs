@@ -4,7 +4,7 @@
 //! The test makes a virtualenv under Cargo's target tmp dir and `pip install`s a pinned `openai`
 //! into it (once; later runs reuse it), then runs `tests/openai_sdk/check.py` against a gateway
 //! and a fake llama-server started in-process. It needs `python3` with `venv` and access to
-//! PyPI. Set `SKIP_OPENAI_SDK_TEST=1` to skip it where neither is available.
+//! the Python Package Index. Set `SKIP_OPENAI_SDK_TEST=1` to skip it where neither is available.
 
 mod support;
 
@@ -41,7 +41,7 @@ fn venv() -> PathBuf {
         .expect("pip runs");
     assert!(
         status.success(),
-        "pip install {OPENAI_SDK} failed (needs PyPI)"
+        "pip install {OPENAI_SDK} failed (needs the Python Package Index)"
     );
     std::fs::write(&marker, "").unwrap();
     python
