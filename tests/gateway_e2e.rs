@@ -761,3 +761,151 @@ async fn h2c_streams_share_the_cap_and_a_reset_stream_frees_its_slot() {
     gw.shutdown().await;
     fake.shutdown().await;
 }
+
+// === connections, authentication, unlimited models ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_is_closed_after_the_header_read_timeout() {
+    use tokio::io::AsyncReadExt;
+
+    let fake = fake(1, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server("header_read_timeout = \"300ms\""),
+        upstream("gpu", &fake.url(), "qwen", 1, 0, "30s")
+    ))
+    .await;
+    let mut silent = tokio::net::TcpStream::connect(gw.api_addr()).await.unwrap();
+    let mut buf = [0_u8; 64];
+    let read = tokio::time::timeout(SOON, silent.read(&mut buf))
+        .await
+        .expect("the gateway closes the connection");
+    assert!(
+        matches!(read, Ok(0) | Err(_)),
+        "closed without an answer: {read:?}"
+    );
+
+    // A client that starts a head and stalls is cut too.
+    let mut stalled = tokio::net::TcpStream::connect(gw.api_addr()).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stalled, b"POST /v1/chat/completions HTTP/1.1\r\nHo")
+        .await
+        .unwrap();
+    let read = tokio::time::timeout(SOON, async {
+        let mut all = Vec::new();
+        loop {
+            match stalled.read(&mut buf).await {
+                Ok(0) | Err(_) => return all,
+                Ok(n) => all.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .expect("the gateway closes the stalled connection");
+    // hyper may answer 408 before closing; it must not have waited forever.
+    let text = String::from_utf8_lossy(&read);
+    assert!(
+        read.is_empty() || text.starts_with("HTTP/1.1 408"),
+        "{text}"
+    );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_max_connections_new_connections_wait_for_a_free_one() {
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server("max_connections = 1"),
+        upstream("gpu", &fake.url(), "qwen", 4, 0, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+
+    // The only connection: a request on it is in flight.
+    let first = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", false),
+            &[("x-fake-hold-ms", "1000")],
+        ),
+    )
+    .await;
+    fake.observer().wait_for_in_flight(1, SOON).await.unwrap();
+    // A second connection is not served while the first is open...
+    let second =
+        tokio::spawn(async move { chat(addr, "qwen", false, &[("x-request-id", "second")]).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        fake.observer().request("second").is_none(),
+        "served past the connection limit"
+    );
+    // ...and is served once the first closes.
+    first.disconnect();
+    let second = tokio::time::timeout(SOON, second)
+        .await
+        .expect("served after")
+        .unwrap();
+    assert_eq!(second.status, 200);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_keys_are_required_when_configured() {
+    let fake = fake(2, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server("api_keys = [\"sk-test-1\"]"),
+        upstream("gpu", &fake.url(), "qwen", 2, 0, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let none = chat(addr, "qwen", false, &[]).await;
+    none.assert_problem(401, "unauthorized");
+    assert_eq!(none.headers["www-authenticate"], "Bearer");
+    chat(addr, "qwen", false, &[("authorization", "Bearer sk-wrong")])
+        .await
+        .assert_problem(401, "unauthorized");
+    let ok = chat(
+        addr,
+        "qwen",
+        false,
+        &[("authorization", "Bearer sk-test-1")],
+    )
+    .await;
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    get(addr, "/v1/models")
+        .await
+        .assert_problem(401, "unauthorized");
+    assert_eq!(fake.observer().snapshot().received, 1);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlimited_model_is_never_queued_or_refused() {
+    let fake = fake(16, "qwen").await;
+    let gw = gateway(&format!(
+        "{}[upstreams.gpu]\nurl = \"{}\"\nkind = \"vllm\"\n\n[upstreams.gpu.models.qwen]\nparallel = \"unlimited\"\n",
+        server(""),
+        fake.url()
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let tasks: Vec<_> = (0..12)
+        .map(|_| {
+            tokio::spawn(
+                async move { chat(addr, "qwen", false, &[("x-fake-hold-ms", "500")]).await },
+            )
+        })
+        .collect();
+    for task in tasks {
+        assert_eq!(task.await.unwrap().status, 200);
+    }
+    assert!(fake.observer().peak_in_flight() > 1);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
