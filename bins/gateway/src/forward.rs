@@ -146,6 +146,9 @@ impl Forwarder {
         // have been rewritten for an alias).
         headers.remove(header::HOST);
         headers.remove(header::CONTENT_LENGTH);
+        // The whole body has been read already: there is nothing left to wait for a
+        // `100 Continue` about.
+        headers.remove(header::EXPECT);
         if let Some(authorization) = authorization {
             headers.insert(header::AUTHORIZATION, authorization.clone());
         }
