@@ -909,3 +909,50 @@ async fn an_unlimited_model_is_never_queued_or_refused() {
     gw.shutdown().await;
     fake.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_while_the_upstream_is_silent_is_noticed_without_a_write() {
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 1, 1, "60s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let key = authority(fake.addr());
+
+    // The role chunk comes at once, the first token only after 60 s (a long prefill).
+    let mut a = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", true),
+            &[
+                ("x-fake-tokens", "2"),
+                ("x-fake-chunk-interval-ms", "60000"),
+                ("x-request-id", "silent"),
+            ],
+        ),
+    )
+    .await
+    .head()
+    .await;
+    assert!(a.next_data().await.unwrap().is_some());
+    assert_eq!(gw.limiter().in_flight(&key, "qwen"), 1);
+    a.disconnect();
+    // Freed long before the upstream writes again: hyper saw the client's FIN while idle.
+    eventually("slot freed", SOON, || {
+        gw.limiter().in_flight(&key, "qwen") == 0
+    })
+    .await;
+    let record = fake
+        .observer()
+        .wait_for_outcome("silent", SOON)
+        .await
+        .unwrap();
+    assert_eq!(record.outcome, Some(Outcome::ClientGoneMidResponse));
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
