@@ -209,8 +209,9 @@ impl Error {
     }
 }
 
-/// The response for `error`, carrying the request id (as the `request_id` member; the caller
-/// sets the `x-request-id` header on every response).
+/// The response for `error`, carrying the request id: as the `request_id` member, and as
+/// `instance` (`urn:uuid:…`) when it is a UUID. The caller sets the `x-request-id` header on
+/// every response.
 pub fn respond<B: From<Bytes>>(error: &Error, request_id: &HeaderValue) -> Response<B> {
     let id = request_id.to_str().unwrap_or_default();
     if error.is_fault() {
@@ -218,10 +219,12 @@ pub fn respond<B: From<Bytes>>(error: &Error, request_id: &HeaderValue) -> Respo
     } else {
         debug!(request_id = id, error = %chain(error), "request refused");
     }
-    error
-        .to_problem()
-        .with_extension("request_id", id)
-        .to_response()
+    let mut problem = error.to_problem().with_extension("request_id", id);
+    // A generated id is a UUID, which makes a valid `instance` URI; a client's own id may not be.
+    if let Ok(uuid) = uuid::Uuid::try_parse(id) {
+        problem = problem.with_instance(format!("urn:uuid:{}", uuid.hyphenated()));
+    }
+    problem.to_response()
 }
 
 /// An error and its sources, `: `-separated, for logs and details.
@@ -376,8 +379,20 @@ mod tests {
                 "{error:?}: {doc}"
             );
             assert_eq!(doc["request_id"], "req-1");
+            assert!(doc.get("instance").is_none(), "not a UUID: no instance");
             assert!(doc["error"]["message"].is_string());
         }
+    }
+
+    #[test]
+    fn a_uuid_request_id_becomes_the_instance() {
+        let id = HeaderValue::from_static("0b7c6f3e-1d2a-4c5b-9e8f-7a6b5c4d3e2f");
+        let response: Response<Bytes> = respond(&Error::Unauthorized, &id);
+        let doc: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+        assert_eq!(
+            doc["instance"],
+            "urn:uuid:0b7c6f3e-1d2a-4c5b-9e8f-7a6b5c4d3e2f"
+        );
     }
 
     #[test]
