@@ -17,6 +17,13 @@ fn post(content_type: Option<&str>, body: &'static str) -> Request<Full<Bytes>> 
         .unwrap()
 }
 
+fn post_bytes(body: Bytes) -> Request<Full<Bytes>> {
+    Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Full::new(body))
+        .unwrap()
+}
+
 #[tokio::test]
 async fn finds_model_and_stream_and_keeps_the_bytes() {
     let body = r#"{"messages":[{"role":"user","content":"hi"}],"model":"qwen","temperature":0.70,"stream":true}"#;
@@ -136,4 +143,50 @@ async fn refuses_bad_bodies_with_400() {
         read(req, 100).await.unwrap_err(),
         Error::BadRequest(_)
     ));
+}
+
+mod properties {
+    use bytes::Bytes;
+    use proptest::prelude::*;
+
+    use super::super::parse;
+    use super::post_bytes;
+
+    fn block_on<F: std::future::Future>(future: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(future)
+    }
+
+    proptest! {
+        /// Any bytes at all: an answer or a refusal, never a panic.
+        #[test]
+        fn any_body_is_read_or_refused(body in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = parse(&body);
+            let _ = block_on(super::super::read(post_bytes(Bytes::from(body)), 128));
+        }
+
+        /// Renaming the model changes that value and nothing else.
+        #[test]
+        fn renaming_the_model_keeps_every_other_member(
+            model in "[a-zA-Z0-9:._/-]{1,20}",
+            upstream in "\\PC{0,20}",
+            extra in proptest::collection::btree_map("[a-z]{1,8}", any::<i64>(), 0..5),
+            spaces in "[ \n\t]{0,3}",
+        ) {
+            let mut object = serde_json::Map::new();
+            for (key, value) in &extra {
+                object.insert(key.clone(), (*value).into());
+            }
+            object.insert("model".into(), model.clone().into());
+            let text = format!("{spaces}{}{spaces}", serde_json::Value::Object(object.clone()));
+            let req = block_on(super::super::read(post_bytes(Bytes::from(text.clone())), 4096)).unwrap();
+            prop_assert_eq!(&req.model, &model);
+            prop_assert_eq!(req.body_for(&model), Bytes::from(text));
+            let renamed: serde_json::Value = serde_json::from_slice(&req.body_for(&upstream)).unwrap();
+            object.insert("model".into(), upstream.clone().into());
+            prop_assert_eq!(renamed, serde_json::Value::Object(object));
+        }
+    }
 }
