@@ -2,7 +2,9 @@
 //!
 //! - HTTP/1.1 and h2c (prior knowledge) on the same port, via hyper-util's `auto::Builder`.
 //! - A header-read timeout: a connection that sends no bytes at all within it is closed before
-//!   the protocol is even sniffed, and an HTTP/1 request head must be complete within it.
+//!   the protocol is even sniffed, and an HTTP/1 request head must be complete within it. hyper
+//!   also starts that timer while a keep-alive connection waits for its next request, so idle
+//!   HTTP/1 connections close after it too and cannot hold connection slots forever.
 //! - A connection limit: at `max_connections` open connections the accept loop stops accepting
 //!   (new connections wait in the kernel's backlog) until one closes.
 //! - Graceful shutdown: on the shutdown signal the listener is closed, every connection is told
