@@ -956,3 +956,31 @@ async fn a_client_that_leaves_while_the_upstream_is_silent_is_noticed_without_a_
     gw.shutdown().await;
     fake.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_fails_over_to_the_next_host() {
+    let a = fake(4, "qwen").await;
+    let b = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}{}",
+        server(""),
+        upstream("a", &a.url(), "qwen", 2, 2, "30s"),
+        upstream("b", &b.url(), "qwen", 2, 2, "30s"),
+    ))
+    .await;
+    a.refuse_connections().await.unwrap();
+
+    // "a" ranks first (configuration order breaks the tie) but refuses: nothing was sent, so
+    // the request goes to "b".
+    let reply = chat(gw.api_addr(), "qwen", false, &[("x-request-id", "moved")]).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert!(b.observer().request("moved").is_some());
+    assert_eq!(
+        gw.limiter().in_flight(&authority(a.addr()), "qwen"),
+        0,
+        "a's slot given back"
+    );
+    gw.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
