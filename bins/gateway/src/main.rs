@@ -117,6 +117,7 @@ fn serve(path: &Path) -> ExitCode {
         }
     };
     runtime.block_on(async {
+        let stop = stop_signal();
         let gateway = match Gateway::bind(&config).await {
             Ok(gateway) => gateway,
             Err(StartError::Config(problem)) => {
@@ -128,34 +129,42 @@ fn serve(path: &Path) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let signal = stop_signal().await;
+        let signal = stop.await;
         info!(signal, "stop requested");
         gateway.shutdown().await;
         ExitCode::SUCCESS
     })
 }
 
-/// Resolves on Ctrl-C (SIGINT) or, on Unix, SIGTERM; names the signal.
-async fn stop_signal() -> &'static str {
+/// Listens for Ctrl-C (SIGINT) and, on Unix, SIGTERM from now on; the returned future resolves
+/// with the signal's name. The handlers are installed before the future is first polled, so a
+/// signal that arrives while the gateway is still starting is not lost (nor fatal).
+fn stop_signal() -> impl Future<Output = &'static str> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => tokio::select! {
-                _ = tokio::signal::ctrl_c() => "SIGINT",
-                _ = term.recv() => "SIGTERM",
-            },
-            Err(error) => {
-                error!(%error, "cannot listen for SIGTERM; only Ctrl-C stops the gateway");
-                let _ = tokio::signal::ctrl_c().await;
-                "SIGINT"
+        let interrupt = signal(SignalKind::interrupt());
+        let terminate = signal(SignalKind::terminate());
+        async move {
+            match (interrupt, terminate) {
+                (Ok(mut interrupt), Ok(mut terminate)) => tokio::select! {
+                    _ = interrupt.recv() => "SIGINT",
+                    _ = terminate.recv() => "SIGTERM",
+                },
+                (Err(error), _) | (_, Err(error)) => {
+                    error!(%error, "cannot listen for signals; falling back to Ctrl-C only");
+                    let _ = tokio::signal::ctrl_c().await;
+                    "SIGINT"
+                }
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
-        "Ctrl-C"
+        async {
+            let _ = tokio::signal::ctrl_c().await;
+            "Ctrl-C"
+        }
     }
 }
 
