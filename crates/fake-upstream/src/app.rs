@@ -1,0 +1,627 @@
+//! Request handling shared by every kind. One request, in order:
+//!
+//! 1. [`App::handle`] records it with the observer and (llama-server only) answers 503 while the
+//!    model is still loading.
+//! 2. Inference paths go to [`App::inference`]: read the `x-fake-*` headers and the body, work
+//!    out the [`Plan`], resolve the model the kind's way, check the context size.
+//! 3. [`App::admit`]: take a slot at once, or wait for one (and for the model to load) in FIFO
+//!    order; Ollama refuses past its queue bound.
+//! 4. [`App::generate`]: apply the injected failures, then answer as JSON after the generation
+//!    time or as an SSE stream paced token by token.
+//!
+//! Everything else (probes, listings, residency endpoints) goes to the kind's own `route`.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::body::{Emit, ResponseBody};
+use crate::config::{FakeConfig, Kind, Pacing};
+use crate::control::{Overrides, Plan, headers};
+use crate::failure::{Failure, FailurePlan};
+use crate::kinds::{self, llama, ollama, vllm};
+use crate::models::{Model, Registry, Residency};
+use crate::observer::{ConnectionState, Observer, Outcome, Tracker};
+use crate::openai::{self, Answer, Endpoint, InferenceRequest};
+use crate::slots::{CollapseSignal, Lease, QueueBound, SlotPool};
+use crate::sse;
+
+/// Request bodies larger than this are refused; no test needs more.
+const MAX_BODY: usize = 16 * 1024 * 1024;
+
+/// The defaults that can change while the server runs.
+#[derive(Clone, Debug)]
+pub(crate) struct Behaviour {
+    pub(crate) tokens: u32,
+    pub(crate) pacing: Pacing,
+    pub(crate) failures: Vec<Failure>,
+}
+
+/// The state of one fake server.
+#[derive(Debug)]
+pub(crate) struct App {
+    pub(crate) config: FakeConfig,
+    pub(crate) observer: Observer,
+    pub(crate) registry: Registry,
+    pub(crate) queue_bound: QueueBound,
+    pub(crate) behaviour: Mutex<Behaviour>,
+    /// When the server is ready (llama-server stops answering "Loading model").
+    pub(crate) ready_at: Instant,
+    /// Process start, for `created` and `Process-Start-Time-Unix`.
+    pub(crate) started_unix: u64,
+    answer_ids: AtomicU64,
+}
+
+/// A refusal before any slot is taken: status, message, and the `param` vLLM names.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    pub(crate) status: u16,
+    pub(crate) message: String,
+    pub(crate) param: Option<&'static str>,
+}
+
+impl Refusal {
+    pub(crate) fn new(status: u16, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            param: None,
+        }
+    }
+}
+
+impl App {
+    pub(crate) fn new(config: FakeConfig, observer: Observer) -> Self {
+        Self {
+            registry: Registry::new(&config),
+            queue_bound: QueueBound::new(config.max_queue),
+            behaviour: Mutex::new(Behaviour {
+                tokens: config.tokens,
+                pacing: config.pacing,
+                failures: config.failures.clone(),
+            }),
+            ready_at: Instant::now() + config.startup_delay,
+            started_unix: openai::unix_now(),
+            answer_ids: AtomicU64::new(0),
+            observer,
+            config,
+        }
+    }
+
+    pub(crate) fn kind(&self) -> Kind {
+        self.config.kind
+    }
+
+    /// Serves one request. Never fails: every problem is an HTTP answer.
+    pub(crate) async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        connection: Arc<ConnectionState>,
+    ) -> Result<Response<ResponseBody>, Infallible> {
+        let request_id = req
+            .headers()
+            .get(headers::REQUEST_ID)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let tracker = self.observer.track(
+            request_id,
+            req.method().as_str(),
+            req.uri().path(),
+            connection,
+        );
+        let echo = HeaderValue::from_str(tracker.id()).ok();
+        let mut response = self.dispatch(req, tracker).await;
+        if let Some(id) = echo {
+            response.headers_mut().insert(headers::REQUEST_ID, id);
+        }
+        Ok(response)
+    }
+
+    async fn dispatch(
+        self: &Arc<Self>,
+        req: Request<Incoming>,
+        tracker: Tracker,
+    ) -> Response<ResponseBody> {
+        let kind = self.kind();
+        if kind == Kind::LlamaServer && Instant::now() < self.ready_at {
+            // llama-server's pre-routing middleware answers every path while the model loads.
+            return self.reject(tracker, &Refusal::new(503, "Loading model"));
+        }
+        if req.method() == Method::POST {
+            let bare = kind == Kind::LlamaServer;
+            if let Some(endpoint) = Endpoint::from_path(req.uri().path(), bare) {
+                return self.inference(endpoint, req, tracker).await;
+            }
+        }
+        let (response, outcome) = match kind {
+            Kind::LlamaServer => llama::route(self, req).await,
+            Kind::Vllm => vllm::route(self, &req),
+            Kind::Ollama => ollama::route(self, &req),
+        };
+        finish(tracker, response, outcome)
+    }
+
+    // === inference ===
+
+    async fn inference(
+        self: &Arc<Self>,
+        endpoint: Endpoint,
+        req: Request<Incoming>,
+        mut tracker: Tracker,
+    ) -> Response<ResponseBody> {
+        let overrides = match Overrides::from_headers(req.headers()) {
+            Ok(overrides) => overrides,
+            Err(message) => return self.reject(tracker, &Refusal::new(400, message)),
+        };
+        let Ok(body) = Limited::new(req.into_body(), MAX_BODY).collect().await else {
+            return self.reject(
+                tracker,
+                &Refusal::new(400, "could not read the request body"),
+            );
+        };
+        let request: InferenceRequest = match serde_json::from_slice(&body.to_bytes()) {
+            Ok(request) => request,
+            Err(e) => {
+                return self.reject(tracker, &Refusal::new(400, format!("invalid JSON: {e}")));
+            }
+        };
+        let plan = {
+            let behaviour = self.behaviour.lock();
+            Plan::new(
+                behaviour.tokens,
+                behaviour.pacing,
+                &behaviour.failures,
+                overrides,
+                request.max_tokens(),
+                request.count_prompt_tokens(endpoint),
+            )
+        };
+        let stream = request.is_stream() && endpoint != Endpoint::Embeddings;
+        tracker.describe(request.model.as_deref(), stream, &plan.failure_list);
+
+        if request.required(endpoint).is_none() {
+            let field = endpoint.required_field();
+            let refusal = Refusal {
+                param: Some(field),
+                ..Refusal::new(400, format!("'{field}' is required"))
+            };
+            return self.reject(tracker, &refusal);
+        }
+        let model = match self.resolve(request.model.as_deref()) {
+            Ok(model) => model,
+            Err(refusal) => return self.reject(tracker, &refusal),
+        };
+        tracker.set_model_key(&model.name);
+        if let Some(response) = self.check_context(endpoint, plan.prompt_tokens) {
+            return finish(tracker, response, Outcome::Rejected(400));
+        }
+        let lease = match self.admit(&model, &mut tracker, plan.prompt_tokens).await {
+            Ok(lease) => lease,
+            Err(refusal) => return self.reject(tracker, &refusal),
+        };
+        model.touch();
+        let signal = lease.signal();
+        let pool = Arc::clone(lease.pool());
+        tracker.start(lease);
+
+        let answer = Answer {
+            kind: self.kind(),
+            endpoint,
+            id: self.answer_id(endpoint),
+            created: openai::unix_now(),
+            model: request.model.as_deref().unwrap_or(&model.name),
+            plan: &plan,
+            include_usage: request.include_usage(),
+        };
+        let generation = Generation {
+            answer,
+            request: &request,
+            signal,
+            pool,
+        };
+        self.generate(generation, stream, tracker).await
+    }
+
+    /// Finds the model a request names, the kind's way.
+    fn resolve(&self, requested: Option<&str>) -> Result<Arc<Model>, Refusal> {
+        let requested = requested.filter(|name| !name.is_empty());
+        match self.kind() {
+            // A single-model llama-server ignores the model field.
+            Kind::LlamaServer if !self.config.router => Ok(Arc::clone(self.registry.primary())),
+            Kind::LlamaServer => {
+                let name = requested
+                    .ok_or_else(|| Refusal::new(400, "model name is missing from the request"))?;
+                self.router_model(name)
+            }
+            Kind::Vllm => match requested {
+                None => Ok(Arc::clone(self.registry.primary())),
+                Some(name) => self.registry.get(name).cloned().ok_or_else(|| Refusal {
+                    param: Some("model"),
+                    ..Refusal::new(404, format!("The model `{name}` does not exist."))
+                }),
+            },
+            Kind::Ollama => {
+                let name = requested.ok_or_else(|| Refusal::new(400, "model is required"))?;
+                self.registry.get(name).cloned().ok_or_else(|| {
+                    Refusal::new(
+                        404,
+                        format!("model \"{name}\" not found, try pulling it first"),
+                    )
+                })
+            }
+        }
+    }
+
+    /// A router model by name: unknown → 400, not running with autoload off → 400.
+    pub(crate) fn router_model(&self, name: &str) -> Result<Arc<Model>, Refusal> {
+        let model = self
+            .registry
+            .get(name)
+            .ok_or_else(|| Refusal::new(400, format!("model '{name}' not found")))?;
+        if !self.config.autoload && model.residency() == Residency::Unloaded {
+            return Err(Refusal::new(400, "model is not loaded"));
+        }
+        Ok(Arc::clone(model))
+    }
+
+    /// The kind's 400 for a prompt that does not fit the context.
+    fn check_context(&self, endpoint: Endpoint, prompt: u32) -> Option<Response<ResponseBody>> {
+        let n_ctx = self.config.n_ctx;
+        if prompt < n_ctx {
+            return None;
+        }
+        match self.kind() {
+            Kind::LlamaServer => Some(json_response(
+                400,
+                &llama::context_exceeded(endpoint, prompt, n_ctx),
+            )),
+            Kind::Vllm => Some(json_response(
+                400,
+                &vllm::error_json(
+                    400,
+                    &format!(
+                        "This model's maximum context length is {n_ctx} tokens. However, your \
+                         request has {prompt} input tokens. Please reduce the length of the \
+                         input messages."
+                    ),
+                    Some("input_tokens"),
+                ),
+            )),
+            // Ollama truncates the prompt instead.
+            Kind::Ollama => None,
+        }
+    }
+
+    /// Takes a slot, waiting for the model and the slot if need be.
+    async fn admit(
+        &self,
+        model: &Arc<Model>,
+        tracker: &mut Tracker,
+        prompt_tokens: u32,
+    ) -> Result<Lease, Refusal> {
+        if model.is_loaded()
+            && let Some(lease) = model.pool.try_acquire(prompt_tokens)
+        {
+            return Ok(lease);
+        }
+        // Ollama's scheduler bounds what may wait, for a load or a slot, across all models.
+        let _pending = match self.kind() {
+            Kind::Ollama => Some(
+                self.queue_bound
+                    .try_enter()
+                    .ok_or_else(|| Refusal::new(503, ollama::SERVER_BUSY))?,
+            ),
+            _ => None,
+        };
+        tracker.queued();
+        self.registry.ensure_loaded(model).await;
+        Ok(model.pool.acquire(prompt_tokens).await)
+    }
+
+    // === answering ===
+
+    async fn generate(
+        &self,
+        mut generation: Generation<'_>,
+        stream: bool,
+        tracker: Tracker,
+    ) -> Response<ResponseBody> {
+        let failures = generation.answer.plan.failures;
+        if let Some(delay) = failures.slow_first_byte {
+            tokio::time::sleep(delay).await;
+        }
+        if let Some(status) = failures.status {
+            let response = self.error(status, &format!("injected failure: status {status}"), None);
+            return finish(
+                tracker,
+                response,
+                Outcome::Injected(Failure::Status(status)),
+            );
+        }
+        if failures.hang {
+            // Holds the slot until the client gives up (the tracker records that on drop).
+            std::future::pending::<()>().await;
+        }
+        if generation.signal.is_collapsed() {
+            // The first result is an error: a plain error response, not a stream.
+            return finish(tracker, self.collapse_error(), Outcome::Failed(500));
+        }
+        if stream {
+            return self.stream(generation, tracker);
+        }
+
+        let plan = generation.answer.plan;
+        tokio::select! {
+            () = tokio::time::sleep(plan.total()) => {}
+            () = generation.signal.collapsed() => {
+                return finish(tracker, self.collapse_error(), Outcome::Failed(500));
+            }
+        }
+        generation.pool.add_predicted(plan.tokens);
+        if let Some(n) = failures.error_after {
+            let response = self.error(500, "injected failure: error after generation", None);
+            return finish(
+                tracker,
+                response,
+                Outcome::Injected(Failure::ErrorAfterChunks(n)),
+            );
+        }
+        let body = match generation.answer.endpoint {
+            Endpoint::Embeddings => openai::embeddings(
+                generation.answer.model,
+                generation.request.embedding_inputs(),
+                plan.prompt_tokens,
+            ),
+            _ => generation.answer.full(),
+        };
+        if let Some(n) = failures.die_after {
+            return truncated_json(&body, n, tracker);
+        }
+        finish(tracker, json_response(200, &body), Outcome::Completed)
+    }
+
+    /// The SSE answer: the role chunk at once, one chunk per token `interval` apart, the closing
+    /// chunks, `[DONE]`; with the injected failures and the collapse applied on the way.
+    fn stream(&self, generation: Generation<'_>, mut tracker: Tracker) -> Response<ResponseBody> {
+        let answer = &generation.answer;
+        let plan = answer.plan;
+        // Counted up front: the stream owns no pool handle, and the figure is only a metric.
+        generation.pool.add_predicted(plan.tokens);
+        let content = answer.content_chunks();
+        let first_token = usize::from(answer.endpoint == Endpoint::Chat);
+        let mut events: VecDeque<(Duration, Bytes)> = content
+            .iter()
+            .enumerate()
+            .map(|(i, chunk)| {
+                let gap = if i < first_token {
+                    Duration::ZERO
+                } else {
+                    plan.interval
+                };
+                (gap, sse::event(chunk))
+            })
+            .collect();
+        events.extend(
+            answer
+                .closing_chunks()
+                .iter()
+                .map(|chunk| (Duration::ZERO, sse::event(chunk))),
+        );
+        events.push_back((Duration::ZERO, Bytes::from_static(sse::DONE)));
+
+        let script = Script {
+            kind: self.kind(),
+            events,
+            tail: VecDeque::new(),
+            failures: plan.failures,
+            signal: generation.signal,
+            sent: 0,
+            done: false,
+        };
+        tracker.status(200);
+        let body = ResponseBody::stream(
+            futures::stream::unfold(script, Script::next).boxed(),
+            tracker,
+        );
+        event_stream_response(body)
+    }
+
+    fn answer_id(&self, endpoint: Endpoint) -> String {
+        let n = self.answer_ids.fetch_add(1, Ordering::Relaxed);
+        match endpoint {
+            Endpoint::Chat => format!("chatcmpl-fake{n}"),
+            Endpoint::Completions => format!("cmpl-fake{n}"),
+            Endpoint::Embeddings => format!("embd-fake{n}"),
+        }
+    }
+
+    // === errors ===
+
+    /// An error response in the kind's own envelope.
+    pub(crate) fn error(
+        &self,
+        status: u16,
+        message: &str,
+        param: Option<&str>,
+    ) -> Response<ResponseBody> {
+        json_response(
+            status,
+            &kinds::error_json(self.kind(), status, message, param),
+        )
+    }
+
+    /// Ends `tracker` with a refusal in the kind's envelope.
+    pub(crate) fn reject(&self, tracker: Tracker, refusal: &Refusal) -> Response<ResponseBody> {
+        let response = self.error(refusal.status, &refusal.message, refusal.param);
+        finish(tracker, response, Outcome::Rejected(refusal.status))
+    }
+
+    fn collapse_error(&self) -> Response<ResponseBody> {
+        self.error(500, llama::CONTEXT_EXCEEDED, None)
+    }
+}
+
+/// What `generate` needs besides the app.
+struct Generation<'a> {
+    answer: Answer<'a>,
+    request: &'a InferenceRequest,
+    signal: CollapseSignal,
+    /// For the token counters of `/metrics`.
+    pool: Arc<SlotPool>,
+}
+
+/// The state of a streamed answer, advanced one [`Emit`] at a time.
+struct Script {
+    kind: Kind,
+    /// The events still to send, each with the pause before it.
+    events: VecDeque<(Duration, Bytes)>,
+    /// What is left to send once the stream has been cut short by an error.
+    tail: VecDeque<Emit>,
+    failures: FailurePlan,
+    signal: CollapseSignal,
+    sent: u32,
+    done: bool,
+}
+
+impl Script {
+    async fn next(mut self) -> Option<(Emit, Self)> {
+        if let Some(emit) = self.tail.pop_front() {
+            return Some((emit, self));
+        }
+        if self.done {
+            return None;
+        }
+        if self.failures.die_after == Some(self.sent) {
+            self.done = true;
+            let failure = Failure::DieAfterChunks(self.sent);
+            return Some((Emit::Abort(Outcome::Injected(failure)), self));
+        }
+        if let Some(n) = self.failures.error_after.filter(|n| *n == self.sent) {
+            let outcome = Outcome::Injected(Failure::ErrorAfterChunks(n));
+            return self.fail(500, "injected failure: error mid-stream", outcome);
+        }
+        let (gap, event) = self.events.pop_front()?;
+        if gap.is_zero() {
+            if self.signal.is_collapsed() {
+                return self.fail(500, llama::CONTEXT_EXCEEDED, Outcome::Failed(500));
+            }
+        } else {
+            tokio::select! {
+                () = tokio::time::sleep(gap) => {}
+                () = self.signal.collapsed() => {
+                    return self.fail(500, llama::CONTEXT_EXCEEDED, Outcome::Failed(500));
+                }
+            }
+        }
+        self.sent += 1;
+        Some((Emit::Event(event), self))
+    }
+
+    /// Ends the stream with the kind's in-stream error event.
+    fn fail(mut self, status: u16, message: &str, outcome: Outcome) -> Option<(Emit, Self)> {
+        self.done = true;
+        let (error, then_done) = kinds::stream_error(self.kind, status, message);
+        self.tail.push_back(Emit::Event(sse::event(&error)));
+        if then_done {
+            self.tail
+                .push_back(Emit::Event(Bytes::from_static(sse::DONE)));
+        }
+        self.tail.push_back(Emit::End(outcome));
+        let first = self.tail.pop_front()?;
+        Some((first, self))
+    }
+}
+
+/// A non-streaming answer cut in half: headers and half the JSON, then an abort.
+fn truncated_json(body: &Value, n: u32, mut tracker: Tracker) -> Response<ResponseBody> {
+    let bytes = serde_json::to_vec(body).expect("a Value always serialises");
+    let half = bytes.len() / 2;
+    let half = Bytes::from(bytes).slice(..half);
+    tracker.status(200);
+    let emits = vec![
+        Emit::Raw(half),
+        Emit::Abort(Outcome::Injected(Failure::DieAfterChunks(n))),
+    ];
+    let body = ResponseBody::stream(futures::stream::iter(emits).boxed(), tracker);
+    let mut response = Response::new(body);
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// Records the status and outcome, then hands the response on.
+pub(crate) fn finish(
+    mut tracker: Tracker,
+    response: Response<ResponseBody>,
+    outcome: Outcome,
+) -> Response<ResponseBody> {
+    tracker.status(response.status().as_u16());
+    tracker.finish(outcome);
+    response
+}
+
+/// A JSON response.
+pub(crate) fn json_response(status: u16, body: &Value) -> Response<ResponseBody> {
+    let bytes = serde_json::to_vec(body).expect("a Value always serialises");
+    response(status, "application/json", bytes)
+}
+
+/// A response with a body of the given type.
+pub(crate) fn response(
+    status: u16,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<ResponseBody> {
+    let mut response = Response::new(ResponseBody::full(body));
+    *response.status_mut() =
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+fn event_stream_response(body: ResponseBody) -> Response<ResponseBody> {
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache"),
+    );
+    response
+}
+
+/// The `?name=value` pairs of a request, decoded.
+pub(crate) fn query_param(req: &Request<Incoming>, name: &str) -> Option<String> {
+    let query = req.uri().query()?;
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.into_owned())
+}
+
+/// A JSON body of a small POST (router `/models/load`), or `Value::Null` if unreadable.
+pub(crate) async fn read_json(req: Request<Incoming>) -> Value {
+    match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(body) => serde_json::from_slice(&body.to_bytes()).unwrap_or(Value::Null),
+        Err(_) => Value::Null,
+    }
+}
+
+/// `{"success":true}`, the router's answer to a load or unload.
+pub(crate) fn success() -> Value {
+    json!({"success": true})
+}

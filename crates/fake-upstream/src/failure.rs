@@ -1,0 +1,171 @@
+//! Failure injection: the ways a real inference server lets its clients down, written the same way
+//! in [`FakeConfig::failures`](crate::FakeConfig::failures), in the `x-fake-fail` header and on the
+//! command line (`status-500`, `hang`, `die-after-chunks=3`, ...).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// One injected failure. Every failure except [`Failure::SlowFirstByte`] applies once the request
+/// holds a slot, so it counts in the observer's in-flight numbers the way a real stuck or crashing
+/// request would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Failure {
+    /// `status-<code>`: answer at once with this HTTP status and the kind's own error envelope.
+    Status(u16),
+    /// `hang`: take a slot and never answer; the request ends only when the client goes away.
+    Hang,
+    /// `die-after-chunks=N`: send N SSE events, then abort the connection with no terminating
+    /// chunk (HTTP/1.1) or reset the stream (HTTP/2). A non-streaming request sends its headers
+    /// and half of its JSON body before the abort.
+    DieAfterChunks(u32),
+    /// `error-after-chunks=N`: send N SSE events, then the kind's in-stream error event, ended the
+    /// kind's way (llama-server: no `[DONE]`; vLLM: `[DONE]` follows). A non-streaming request
+    /// gets the kind's 500 after its generation time.
+    ErrorAfterChunks(u32),
+    /// `slow-first-byte-ms=N`: wait this long after the slot is granted before the response
+    /// headers (and, for a stream, the first event) go out.
+    SlowFirstByte(Duration),
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Status(code) => write!(f, "status-{code}"),
+            Self::Hang => f.write_str("hang"),
+            Self::DieAfterChunks(n) => write!(f, "die-after-chunks={n}"),
+            Self::ErrorAfterChunks(n) => write!(f, "error-after-chunks={n}"),
+            Self::SlowFirstByte(d) => write!(f, "slow-first-byte-ms={}", d.as_millis()),
+        }
+    }
+}
+
+/// The error for a failure spec that does not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "bad failure spec {0:?} (expected status-<code>, hang, die-after-chunks=<n>, \
+     error-after-chunks=<n>, slow-first-byte-ms=<n> or none)"
+)]
+pub struct BadFailureSpec(String);
+
+impl FromStr for Failure {
+    type Err = BadFailureSpec;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || BadFailureSpec(s.to_owned());
+        let spec = s.trim();
+        if spec == "hang" {
+            return Ok(Self::Hang);
+        }
+        if let Some(code) = spec.strip_prefix("status-") {
+            let code: u16 = code.parse().map_err(|_| bad())?;
+            // Only statuses hyper can put on the wire.
+            return if (100..=999).contains(&code) {
+                Ok(Self::Status(code))
+            } else {
+                Err(bad())
+            };
+        }
+        let (name, value) = spec.split_once('=').ok_or_else(bad)?;
+        let n: u32 = value.trim().parse().map_err(|_| bad())?;
+        match name.trim() {
+            "die-after-chunks" => Ok(Self::DieAfterChunks(n)),
+            "error-after-chunks" => Ok(Self::ErrorAfterChunks(n)),
+            "slow-first-byte-ms" => Ok(Self::SlowFirstByte(Duration::from_millis(n.into()))),
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// Parses a comma-separated list of failures; `none` (or an empty string) is the empty list, so a
+/// request can switch a server-wide failure off for itself.
+pub fn parse_failures(list: &str) -> Result<Vec<Failure>, BadFailureSpec> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && *s != "none")
+        .map(str::parse)
+        .collect()
+}
+
+/// What the failures of one request amount to, in the order the request meets them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FailurePlan {
+    pub(crate) slow_first_byte: Option<Duration>,
+    pub(crate) status: Option<u16>,
+    pub(crate) hang: bool,
+    pub(crate) die_after: Option<u32>,
+    pub(crate) error_after: Option<u32>,
+}
+
+impl FailurePlan {
+    /// Folds a list into a plan. When a list names one kind of failure twice, the last wins.
+    pub(crate) fn from_list(failures: &[Failure]) -> Self {
+        let mut plan = Self::default();
+        for failure in failures {
+            match *failure {
+                Failure::Status(code) => plan.status = Some(code),
+                Failure::Hang => plan.hang = true,
+                Failure::DieAfterChunks(n) => plan.die_after = Some(n),
+                Failure::ErrorAfterChunks(n) => plan.error_after = Some(n),
+                Failure::SlowFirstByte(d) => plan.slow_first_byte = Some(d),
+            }
+        }
+        plan
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spec_round_trips() {
+        let all = [
+            Failure::Status(500),
+            Failure::Status(503),
+            Failure::Hang,
+            Failure::DieAfterChunks(3),
+            Failure::ErrorAfterChunks(0),
+            Failure::SlowFirstByte(Duration::from_millis(250)),
+        ];
+        for failure in all {
+            assert_eq!(failure.to_string().parse::<Failure>(), Ok(failure));
+        }
+    }
+
+    #[test]
+    fn lists_parse() {
+        assert_eq!(
+            parse_failures(" slow-first-byte-ms=10 , die-after-chunks=2"),
+            Ok(vec![
+                Failure::SlowFirstByte(Duration::from_millis(10)),
+                Failure::DieAfterChunks(2)
+            ])
+        );
+        assert_eq!(parse_failures("none"), Ok(vec![]));
+        assert_eq!(parse_failures(""), Ok(vec![]));
+    }
+
+    #[test]
+    fn garbage_is_rejected() {
+        for bad in [
+            "status-",
+            "status-abc",
+            "status-42",
+            "die-after-chunks",
+            "die-after-chunks=x",
+            "explode",
+            "hang=1",
+        ] {
+            assert!(bad.parse::<Failure>().is_err(), "{bad} parsed");
+        }
+    }
+
+    #[test]
+    fn plan_folds_the_list() {
+        let plan = FailurePlan::from_list(&[Failure::Status(500), Failure::Status(502)]);
+        assert_eq!(plan.status, Some(502));
+        assert!(!plan.hang);
+    }
+}

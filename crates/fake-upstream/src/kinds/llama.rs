@@ -1,0 +1,383 @@
+//! llama.cpp's `llama-server` (PROTOCOLS.md §1): `{"error":{"code","message","type"}}` with an
+//! integer code; `/health`, `/slots`, `/props`, `/metrics`; `/v1/models` with its extra Ollama-
+//! style `models` array; and router mode's `/models`, `/models/load`, `/models/unload`, where GET
+//! probes name their model with `?model=`.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use http::{Method, Request, Response};
+use hyper::body::Incoming;
+use serde_json::{Value, json};
+
+use crate::app::{App, Refusal, json_response, query_param, read_json, response, success};
+use crate::body::ResponseBody;
+use crate::models::{Model, Residency};
+use crate::observer::Outcome;
+use crate::openai::Endpoint;
+
+/// The message every running request gets when the unified KV cache overflows.
+pub(crate) const CONTEXT_EXCEEDED: &str = "Context size has been exceeded.";
+
+/// llama-server's error `type` for a status (`format_error_response`).
+fn error_type(status: u16) -> &'static str {
+    match status {
+        400 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        501 => "not_supported_error",
+        503 => "unavailable_error",
+        _ => "server_error",
+    }
+}
+
+/// `{"error":{"code":<int>,"message","type"}}`; no `param`.
+pub(crate) fn error_json(status: u16, message: &str, error_type_override: Option<&str>) -> Value {
+    json!({"error": {
+        "code": status,
+        "message": message,
+        "type": error_type_override.unwrap_or_else(|| error_type(status)),
+    }})
+}
+
+/// The 400 for a prompt that does not fit a slot's context.
+pub(crate) fn context_exceeded(endpoint: Endpoint, prompt: u32, n_ctx: u32) -> Value {
+    let message = if endpoint == Endpoint::Embeddings {
+        format!(
+            "input ({prompt} tokens) is larger than the max context size ({n_ctx} tokens). skipping"
+        )
+    } else {
+        format!(
+            "request ({prompt} tokens) exceeds the available context size ({n_ctx} tokens), \
+             try increasing it"
+        )
+    };
+    let mut error = error_json(400, &message, Some("exceed_context_size_error"));
+    error["error"]["n_prompt_tokens"] = json!(prompt);
+    error["error"]["n_ctx"] = json!(n_ctx);
+    error
+}
+
+type Reply = (Response<ResponseBody>, Outcome);
+
+fn refused(app: &App, refusal: &Refusal) -> Reply {
+    (
+        app.error(refusal.status, &refusal.message, refusal.param),
+        Outcome::Rejected(refusal.status),
+    )
+}
+
+pub(crate) async fn route(app: &App, req: Request<Incoming>) -> Reply {
+    let router = app.config.router;
+    let path = req.uri().path().to_owned();
+    let reply = match (req.method().clone(), path.as_str()) {
+        (Method::GET, "/health" | "/v1/health") => json_response(200, &json!({"status": "ok"})),
+        (Method::GET, "/models" | "/v1/models") => json_response(
+            200,
+            &if router {
+                router_models(app)
+            } else {
+                models(app)
+            },
+        ),
+        (Method::GET, "/slots") => return slots(app, &req).await,
+        (Method::GET, "/props") => match instance(app, &req).await {
+            Ok(model) => json_response(200, &props(app, &model)),
+            Err(refusal) => return refused(app, &refusal),
+        },
+        (Method::GET, "/metrics") => return metrics(app, &req).await,
+        (Method::POST, "/models/load") if router => return load(app, req).await,
+        (Method::POST, "/models/unload") if router => return unload(app, req).await,
+        _ => return refused(app, &Refusal::new(404, "File Not Found")),
+    };
+    (reply, Outcome::Completed)
+}
+
+/// The model instance a GET probe is about: the only one, or the router's `?model=` (loaded on
+/// demand like an inference request).
+async fn instance(app: &App, req: &Request<Incoming>) -> Result<Arc<Model>, Refusal> {
+    if !app.config.router {
+        return Ok(Arc::clone(app.registry.primary()));
+    }
+    let name = query_param(req, "model")
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| Refusal::new(400, "model name is missing from the request"))?;
+    let model = app.router_model(&name)?;
+    app.registry.ensure_loaded(&model).await;
+    Ok(model)
+}
+
+async fn slots(app: &App, req: &Request<Incoming>) -> Reply {
+    if !app.config.slots_endpoint {
+        return refused(
+            app,
+            &Refusal::new(501, "This server does not support slots endpoint."),
+        );
+    }
+    let model = match instance(app, req).await {
+        Ok(model) => model,
+        Err(refusal) => return refused(app, &refusal),
+    };
+    let slots = model.pool.slots();
+    let fail_on_no_slot = query_param(req, "fail_on_no_slot").is_some_and(|v| v == "1");
+    if fail_on_no_slot && slots.iter().all(|s| s.busy) {
+        return refused(app, &Refusal::new(503, "no slot available"));
+    }
+    let n_ctx = app.config.n_ctx;
+    let array: Vec<Value> = slots
+        .iter()
+        .enumerate()
+        .map(|(id, slot)| {
+            let mut entry = json!({
+                "id": id,
+                "n_ctx": n_ctx,
+                "speculative": false,
+                "is_processing": slot.busy,
+            });
+            // These appear only once the slot has had a task (`server_slot::to_json`).
+            if let Some(id_task) = slot.id_task {
+                entry["id_task"] = json!(id_task);
+                entry["n_prompt_tokens"] = json!(slot.n_prompt_tokens);
+                entry["n_prompt_tokens_processed"] = json!(slot.n_prompt_tokens);
+                entry["n_prompt_tokens_cache"] = json!(0);
+                entry["params"] = json!({"n_predict": -1, "stream": false});
+                entry["next_token"] = json!([{
+                    "has_next_token": slot.busy,
+                    "has_new_line": false,
+                    "n_remain": -1,
+                    "n_decoded": 0,
+                }]);
+            }
+            entry
+        })
+        .collect();
+    (json_response(200, &Value::Array(array)), Outcome::Completed)
+}
+
+fn props(app: &App, model: &Model) -> Value {
+    json!({
+        "default_generation_settings": {
+            "id": 0,
+            "id_task": -1,
+            "n_ctx": app.config.n_ctx,
+            "speculative": false,
+            "is_processing": false,
+            "params": {"n_predict": -1, "temperature": 0.8, "top_k": 40, "top_p": 0.95},
+            "prompt": "",
+        },
+        "total_slots": app.config.parallel,
+        "model_alias": model.name,
+        "model_path": format!("/models/{}.gguf", model.name),
+        "modalities": {"vision": false, "video": false, "audio": false},
+        "chat_template": "",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "build_info": "b0000-fake",
+        "is_sleeping": false,
+        "endpoint_slots": app.config.slots_endpoint,
+        "endpoint_props": false,
+        "endpoint_metrics": app.config.metrics,
+    })
+}
+
+/// `/v1/models` of a single-model server: exactly one element, plus the Ollama-style `models`.
+fn models(app: &App) -> Value {
+    let name = &app.registry.primary().name;
+    json!({
+        "object": "list",
+        "models": [{
+            "name": name,
+            "model": name,
+            "modified_at": "",
+            "size": "",
+            "digest": "",
+            "type": "model",
+            "description": "",
+            "tags": [""],
+            "capabilities": ["completion"],
+            "parameters": "",
+            "details": {
+                "parent_model": "",
+                "format": "gguf",
+                "family": "",
+                "families": [""],
+                "parameter_size": "",
+                "quantization_level": "",
+            },
+        }],
+        "data": [{
+            "id": name,
+            "aliases": [name],
+            "tags": [],
+            "object": "model",
+            "created": app.started_unix,
+            "owned_by": "llamacpp",
+            "meta": {
+                "vocab_type": 2,
+                "n_vocab": 128_256,
+                "n_ctx_train": 131_072,
+                "n_ctx": u64::from(app.config.n_ctx) * app.config.parallel as u64,
+                "n_embd": 4096,
+                "n_params": 8_030_261_312_u64,
+                "size": 4_912_898_304_u64,
+            },
+        }],
+    })
+}
+
+/// The router's `/models`: every known model with its `status`.
+fn router_models(app: &App) -> Value {
+    let data: Vec<Value> = app
+        .registry
+        .all()
+        .iter()
+        .map(|m| {
+            let residency = m.residency();
+            let mut status = json!({"value": residency.as_str()});
+            if residency != Residency::Unloaded {
+                status["args"] = json!(["llama-server", "-ctx", app.config.n_ctx.to_string()]);
+            }
+            json!({
+                "id": m.name,
+                "aliases": [],
+                "tags": [],
+                "object": "model",
+                "owned_by": "llamacpp",
+                "created": app.started_unix,
+                "source": "cache",
+                "can_remove": true,
+                "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+                "status": status,
+            })
+        })
+        .collect();
+    json!({"object": "list", "data": data})
+}
+
+async fn load(app: &App, req: Request<Incoming>) -> Reply {
+    let body = read_json(req).await;
+    let Some(name) = body.get("model").and_then(Value::as_str) else {
+        return refused(
+            app,
+            &Refusal::new(400, "model name is missing from the request"),
+        );
+    };
+    let Some(model) = app.registry.get(name) else {
+        return refused(app, &Refusal::new(404, "model is not found"));
+    };
+    if !app.registry.start_load(model) {
+        return refused(app, &Refusal::new(400, "model is already running"));
+    }
+    (json_response(200, &success()), Outcome::Completed)
+}
+
+async fn unload(app: &App, req: Request<Incoming>) -> Reply {
+    let body = read_json(req).await;
+    let Some(name) = body.get("model").and_then(Value::as_str) else {
+        return refused(
+            app,
+            &Refusal::new(400, "model name is missing from the request"),
+        );
+    };
+    let Some(model) = app.registry.get(name) else {
+        return refused(app, &Refusal::new(400, "model is not found"));
+    };
+    if !model.unload() {
+        return refused(app, &Refusal::new(400, "model is not running"));
+    }
+    (json_response(200, &success()), Outcome::Completed)
+}
+
+async fn metrics(app: &App, req: &Request<Incoming>) -> Reply {
+    if !app.config.metrics {
+        return refused(
+            app,
+            &Refusal::new(
+                501,
+                "This server does not support metrics endpoint. Start it with `--metrics`",
+            ),
+        );
+    }
+    let model = match instance(app, req).await {
+        Ok(model) => model,
+        Err(refusal) => return refused(app, &refusal),
+    };
+    let mut reply = response(200, "text/plain; version=0.0.4", metrics_text(&model));
+    reply.headers_mut().insert(
+        "process-start-time-unix",
+        app.started_unix
+            .to_string()
+            .parse()
+            .expect("digits are a valid header"),
+    );
+    (reply, Outcome::Completed)
+}
+
+/// llama-server's metrics text (`server_task_result_metrics::to_metrics`). Written by hand: the
+/// exact `llamacpp:` names and the absence of `OpenMetrics` decorations are the point.
+fn metrics_text(model: &Model) -> String {
+    let pool = &model.pool;
+    let (requests, prompt, predicted) = pool.totals();
+    let rows: [(&str, &str, &str, u64); 10] = [
+        (
+            "prompt_tokens_total",
+            "counter",
+            "Number of prompt tokens processed.",
+            prompt,
+        ),
+        ("prompt_seconds_total", "counter", "Prompt process time", 0),
+        (
+            "tokens_predicted_total",
+            "counter",
+            "Number of generation tokens processed.",
+            predicted,
+        ),
+        (
+            "tokens_predicted_seconds_total",
+            "counter",
+            "Predict process time",
+            0,
+        ),
+        (
+            "n_decode_total",
+            "counter",
+            "Total number of llama_decode() calls",
+            requests,
+        ),
+        ("n_tokens_max", "counter", "Largest observed n_tokens.", 0),
+        (
+            "prompt_tokens_seconds",
+            "gauge",
+            "Average prompt throughput in tokens/s.",
+            0,
+        ),
+        (
+            "predicted_tokens_seconds",
+            "gauge",
+            "Average generation throughput in tokens/s.",
+            0,
+        ),
+        (
+            "requests_processing",
+            "gauge",
+            "Number of requests processing.",
+            pool.running() as u64,
+        ),
+        (
+            "requests_deferred",
+            "gauge",
+            "Number of requests deferred.",
+            pool.waiting() as u64,
+        ),
+    ];
+    let mut out = String::new();
+    for (name, kind, help, value) in rows {
+        // Writing to a String cannot fail.
+        let _ = write!(
+            out,
+            "# HELP llamacpp:{name} {help}\n# TYPE llamacpp:{name} {kind}\nllamacpp:{name} {value}\n"
+        );
+    }
+    out
+}

@@ -1,0 +1,104 @@
+//! A faithful simulator of `llama-server`, vLLM and Ollama for slotgate's end-to-end tests,
+//! benchmarks and demo. It serves the OpenAI-compatible API with each server's own slot limit,
+//! over-capacity behaviour, error envelopes, probes and residency endpoints, as described in
+//! `docs/PROTOCOLS.md`; and it lets a test steer it per request and watch what it did.
+//!
+//! # Use from a test
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use fake_upstream::{FakeConfig, FakeUpstream, Outcome};
+//!
+//! let fake = FakeUpstream::start(FakeConfig::llama_server(4).model("qwen")).await?;
+//! println!("point the gateway at {}", fake.url());
+//! // ... drive traffic through the gateway ...
+//! let observer = fake.observer();
+//! observer.wait_for_in_flight(4, Duration::from_secs(10)).await?;
+//! assert_eq!(observer.queued(), 0, "the gateway held the extra requests back");
+//! let record = observer.wait_for_outcome("req-1", Duration::from_secs(10)).await?;
+//! assert_eq!(record.outcome, Some(Outcome::ClientGoneMidResponse));
+//! fake.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! # Kinds and their behaviour past the slot count
+//!
+//! | kind | slots | past the slots |
+//! |---|---|---|
+//! | `llama-server` | `--parallel` | deferred FIFO without bound; a deferred stream sends no headers until a slot starts it. With [`FakeConfig::collapse`], everything runs at once and more than `parallel` running makes every running request fail with 500 "Context size has been exceeded." (mid-stream: an error event, no `[DONE]`) |
+//! | `vllm` | `max_num_seqs` | waiting FIFO without bound, silently |
+//! | `ollama` | `num_parallel` per model | up to `max_queue` pending, then 503 "server busy, please try again.  maximum pending requests exceeded" |
+//!
+//! Endpoints: `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings` and `GET
+//! /v1/models` everywhere; llama-server adds `/health`, `/slots`, `/props`, `/metrics` and, in
+//! router mode, `/models`, `/models/load`, `/models/unload`; vLLM adds `/health` (empty body) and
+//! `/metrics`; Ollama adds `GET /`, `/api/tags`, `/api/ps` and `/api/version`.
+//!
+//! Generated text is `tok0 tok1 tok2 ...`; streams start with a role chunk (chat), send one chunk
+//! per token, a closing chunk with `finish_reason`, a usage chunk with `choices: []` when
+//! `stream_options.include_usage` is set, and `data: [DONE]`.
+//!
+//! # Control headers
+//!
+//! Each header overrides the server's configuration for one request (constants in [`headers`]):
+//!
+//! | header | value | effect |
+//! |---|---|---|
+//! | `x-fake-tokens` | integer | completion tokens (default: the config's `tokens`, capped by the body's `max_tokens` with `finish_reason: "length"`) |
+//! | `x-fake-hold-ms` | integer | total generation time, spread over the tokens |
+//! | `x-fake-tps` | number | tokens per second |
+//! | `x-fake-chunk-interval-ms` | integer | gap between streamed tokens |
+//! | `x-fake-fail` | list | failures to inject, comma-separated; `none` disables the server's default failures |
+//! | `x-fake-prompt-tokens` | integer | prompt size for `usage` and the context check |
+//! | `x-request-id` | string | the id the observer records; echoed back |
+//!
+//! When several pacing headers are sent, `x-fake-chunk-interval-ms` wins over `x-fake-tps`, which
+//! wins over `x-fake-hold-ms`. A malformed control header gets a 400 in the kind's envelope.
+//!
+//! Failures ([`Failure`]), applied once the request holds a slot:
+//! - `status-<code>`: answer at once with that status in the kind's error envelope;
+//! - `hang`: hold the slot and never answer;
+//! - `die-after-chunks=N`: send N SSE events (the chat role chunk and `[DONE]` count), then abort
+//!   the connection without the terminating chunk; a non-streaming answer is cut half-way;
+//! - `error-after-chunks=N`: send N events, then the kind's in-stream error event;
+//! - `slow-first-byte-ms=N`: wait N ms before the response headers.
+//!
+//! A non-streaming request holds its slot for the whole generation time (embeddings too) and then
+//! answers; a streaming one holds it until its last event is sent.
+//!
+//! # Server-level switches
+//!
+//! [`FakeUpstream::refuse_connections`] / [`FakeUpstream::accept_connections`] make the port
+//! refuse connects and listen again; [`FakeUpstream::drop_connections`] cuts every open
+//! connection; [`FakeUpstream::set_failures`], [`FakeUpstream::set_pacing`] and
+//! [`FakeUpstream::set_tokens`] change the defaults; [`FakeUpstream::load_model`] and
+//! [`FakeUpstream::unload_model`] change residency.
+//!
+//! # Deliberate differences from the real servers
+//!
+//! - `/metrics` is on by default (llama-server needs `--metrics`); `FakeConfig::metrics(false)`
+//!   gives the real default's 501.
+//! - While llama-server loads, `/` answers the JSON 503 like every other path, not the HTML page.
+//! - Ollama's `max_queue` applies to every request that must wait, as older Ollama versions did;
+//!   the version cited in PROTOCOLS.md lets requests for a loaded model skip that queue, so the
+//!   503 may never trigger there.
+
+mod app;
+mod body;
+mod config;
+mod control;
+mod failure;
+mod kinds;
+mod models;
+mod observer;
+mod openai;
+mod server;
+mod slots;
+pub mod sse;
+
+pub use crate::config::{FakeConfig, Kind, ModelSpec, Pacing, UnknownKind};
+pub use crate::control::headers;
+pub use crate::failure::{BadFailureSpec, Failure, parse_failures};
+pub use crate::observer::{ModelCounts, Observer, Outcome, RequestRecord, Snapshot, WaitTimeout};
+pub use crate::server::{FakeUpstream, StartError};

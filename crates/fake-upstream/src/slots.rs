@@ -1,0 +1,332 @@
+//! Slots: the fixed number of sequences one engine (one model instance) runs at once, and what
+//! happens to the requests past that number.
+//!
+//! Two admission modes exist:
+//! - **deferred** (llama-server, vLLM, Ollama): a request waits first-come-first-served for a
+//!   slot, without bound. tokio's [`Semaphore`] is FIFO-fair, which is exactly llama-server's
+//!   deferred `std::deque` and vLLM's waiting queue. Ollama's `max_queue` bound is applied by the
+//!   caller ([`QueueBound`]), because Ollama counts pending requests across all models.
+//! - **collapse** (llama-server with an overcommitted unified KV cache): every request gets a slot
+//!   at once; when more than `parallel` run together, every running request fails. A watch
+//!   channel carries a "collapse epoch" that each lease compares against the one it started in.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+
+/// What one slot looks like to `/slots`.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct SlotInfo {
+    pub(crate) busy: bool,
+    /// The last task the slot ran; `None` until it has run one (llama-server omits the field).
+    pub(crate) id_task: Option<u64>,
+    pub(crate) n_prompt_tokens: u32,
+}
+
+/// The slots of one engine.
+#[derive(Debug)]
+pub(crate) struct SlotPool {
+    parallel: usize,
+    collapse: bool,
+    /// `parallel` permits; deferred mode only.
+    permits: Arc<Semaphore>,
+    slots: Mutex<Vec<SlotInfo>>,
+    collapse_epoch: watch::Sender<u64>,
+    waiting: AtomicUsize,
+    next_task: AtomicU64,
+    prompt_tokens_total: AtomicU64,
+    predicted_tokens_total: AtomicU64,
+    requests_total: AtomicU64,
+}
+
+impl SlotPool {
+    pub(crate) fn new(parallel: usize, collapse: bool) -> Arc<Self> {
+        Arc::new(Self {
+            parallel,
+            collapse,
+            permits: Arc::new(Semaphore::new(parallel)),
+            slots: Mutex::new(vec![SlotInfo::default(); parallel]),
+            collapse_epoch: watch::Sender::new(0),
+            waiting: AtomicUsize::new(0),
+            next_task: AtomicU64::new(0),
+            prompt_tokens_total: AtomicU64::new(0),
+            predicted_tokens_total: AtomicU64::new(0),
+            requests_total: AtomicU64::new(0),
+        })
+    }
+
+    /// Takes a slot if one is free now (always, in collapse mode).
+    pub(crate) fn try_acquire(self: &Arc<Self>, prompt_tokens: u32) -> Option<Lease> {
+        if self.collapse {
+            return Some(self.admit_collapsing(prompt_tokens));
+        }
+        let permit = Arc::clone(&self.permits).try_acquire_owned().ok()?;
+        Some(self.occupy(permit, prompt_tokens))
+    }
+
+    /// Waits first-come-first-served for a slot. Dropping the future leaves the queue.
+    pub(crate) async fn acquire(self: &Arc<Self>, prompt_tokens: u32) -> Lease {
+        if let Some(lease) = self.try_acquire(prompt_tokens) {
+            return lease;
+        }
+        let _waiting = WaitingGuard::new(&self.waiting);
+        let permit = Arc::clone(&self.permits)
+            .acquire_owned()
+            .await
+            .expect("the pool never closes its semaphore");
+        self.occupy(permit, prompt_tokens)
+    }
+
+    fn occupy(self: &Arc<Self>, permit: OwnedSemaphorePermit, prompt_tokens: u32) -> Lease {
+        let mut slots = self.slots.lock();
+        // A permit guarantees an idle slot: permits and slots are one to one.
+        let slot = slots
+            .iter()
+            .position(|s| !s.busy)
+            .expect("a permit is held, so a slot is idle");
+        let lease = self.start_task(&mut slots, slot, prompt_tokens, Some(permit));
+        drop(slots);
+        lease
+    }
+
+    fn admit_collapsing(self: &Arc<Self>, prompt_tokens: u32) -> Lease {
+        let mut slots = self.slots.lock();
+        let slot = slots.iter().position(|s| !s.busy).unwrap_or_else(|| {
+            slots.push(SlotInfo::default());
+            slots.len() - 1
+        });
+        let lease = self.start_task(&mut slots, slot, prompt_tokens, None);
+        let running = slots.iter().filter(|s| s.busy).count();
+        drop(slots);
+        if running > self.parallel {
+            // The new request is one of the busy ones, so it fails too: it captured the epoch
+            // before this bump.
+            self.collapse_epoch.send_modify(|epoch| *epoch += 1);
+        }
+        lease
+    }
+
+    fn start_task(
+        self: &Arc<Self>,
+        slots: &mut [SlotInfo],
+        slot: usize,
+        prompt_tokens: u32,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Lease {
+        let id_task = self.next_task.fetch_add(1, Ordering::Relaxed);
+        slots[slot] = SlotInfo {
+            busy: true,
+            id_task: Some(id_task),
+            n_prompt_tokens: prompt_tokens,
+        };
+        self.requests_total.fetch_add(1, Ordering::Relaxed);
+        self.prompt_tokens_total
+            .fetch_add(prompt_tokens.into(), Ordering::Relaxed);
+        let rx = self.collapse_epoch.subscribe();
+        let epoch = *rx.borrow();
+        Lease {
+            pool: Arc::clone(self),
+            slot,
+            signal: CollapseSignal { rx, epoch },
+            _permit: permit,
+        }
+    }
+
+    /// The configured slot count (`total_slots`, `max_num_seqs`, `num_parallel`).
+    pub(crate) fn parallel(&self) -> usize {
+        self.parallel
+    }
+
+    /// Requests holding a slot now (`requests_processing`, `num_requests_running`).
+    pub(crate) fn running(&self) -> usize {
+        self.slots.lock().iter().filter(|s| s.busy).count()
+    }
+
+    /// Requests waiting for a slot now (`requests_deferred`, `num_requests_waiting`).
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// A copy of the slot table.
+    pub(crate) fn slots(&self) -> Vec<SlotInfo> {
+        self.slots.lock().clone()
+    }
+
+    /// Counts generated tokens for the metrics.
+    pub(crate) fn add_predicted(&self, tokens: u32) {
+        self.predicted_tokens_total
+            .fetch_add(tokens.into(), Ordering::Relaxed);
+    }
+
+    /// Totals for the metrics: (requests, prompt tokens, predicted tokens).
+    pub(crate) fn totals(&self) -> (u64, u64, u64) {
+        (
+            self.requests_total.load(Ordering::Relaxed),
+            self.prompt_tokens_total.load(Ordering::Relaxed),
+            self.predicted_tokens_total.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// A held slot. Dropping it frees the slot and, in deferred mode, hands it to the next waiter.
+#[derive(Debug)]
+pub(crate) struct Lease {
+    pool: Arc<SlotPool>,
+    slot: usize,
+    signal: CollapseSignal,
+    // Dropped after `Drop::drop` has marked the slot idle, so the next waiter finds it free.
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Lease {
+    /// The pool this slot belongs to.
+    pub(crate) fn pool(&self) -> &Arc<SlotPool> {
+        &self.pool
+    }
+
+    /// A handle that tells when the engine collapses under this request.
+    pub(crate) fn signal(&self) -> CollapseSignal {
+        self.signal.clone()
+    }
+}
+
+/// Tells a running request that the engine collapsed under it (collapse mode only).
+#[derive(Clone, Debug)]
+pub(crate) struct CollapseSignal {
+    rx: watch::Receiver<u64>,
+    epoch: u64,
+}
+
+impl CollapseSignal {
+    /// True once the engine has collapsed since the request started.
+    pub(crate) fn is_collapsed(&self) -> bool {
+        *self.rx.borrow() != self.epoch
+    }
+
+    /// Resolves when the engine collapses; never, outside collapse mode.
+    pub(crate) async fn collapsed(&mut self) {
+        let epoch = self.epoch;
+        // The sender lives in the pool, which the lease keeps alive; should the pool go anyway,
+        // nothing can collapse any more.
+        if self.rx.wait_for(|now| *now != epoch).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(slot) = self.pool.slots.lock().get_mut(self.slot) {
+            slot.busy = false;
+        }
+    }
+}
+
+/// Ollama's pending-request bound (`OLLAMA_MAX_QUEUE`), shared by all models of a server.
+#[derive(Debug)]
+pub(crate) struct QueueBound {
+    max: usize,
+    pending: AtomicUsize,
+}
+
+impl QueueBound {
+    pub(crate) fn new(max: usize) -> Self {
+        Self {
+            max,
+            pending: AtomicUsize::new(0),
+        }
+    }
+
+    /// Joins the pending requests, or `None` when `max` are already pending.
+    pub(crate) fn try_enter(&self) -> Option<WaitingGuard<'_>> {
+        self.pending
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| WaitingGuard {
+                count: &self.pending,
+            })
+    }
+}
+
+/// Counts one waiter for as long as it lives.
+#[derive(Debug)]
+pub(crate) struct WaitingGuard<'a> {
+    count: &'a AtomicUsize,
+}
+
+impl<'a> WaitingGuard<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Self { count }
+    }
+}
+
+impl Drop for WaitingGuard<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn deferred_waiters_are_served_in_order() {
+        let pool = SlotPool::new(1, false);
+        let first = pool.try_acquire(1).expect("a free slot");
+        assert!(pool.try_acquire(1).is_none());
+
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for i in 0..3 {
+            let waiter = Arc::clone(&pool);
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let lease = waiter.acquire(1).await;
+                tx.send(i).unwrap();
+                drop(lease);
+            });
+            // Let each waiter reach the queue before the next one.
+            while pool.waiting() != i + 1 {
+                tokio::task::yield_now().await;
+            }
+        }
+        assert_eq!(pool.running(), 1);
+        drop(first);
+        let order = [
+            rx.recv().await.unwrap(),
+            rx.recv().await.unwrap(),
+            rx.recv().await.unwrap(),
+        ];
+        assert_eq!(order, [0, 1, 2]);
+        assert_eq!(pool.waiting(), 0);
+    }
+
+    #[test]
+    fn collapse_fails_everyone_running() {
+        let pool = SlotPool::new(2, true);
+        let a = pool.try_acquire(1).unwrap();
+        let b = pool.try_acquire(1).unwrap();
+        let collapsed = |lease: &Lease| lease.signal().is_collapsed();
+        assert!(!collapsed(&a) && !collapsed(&b));
+        let c = pool.try_acquire(1).unwrap();
+        assert!(collapsed(&a) && collapsed(&b) && collapsed(&c));
+        drop((a, b, c));
+        let d = pool.try_acquire(1).unwrap();
+        assert!(!collapsed(&d), "a fresh request after the collapse runs");
+    }
+
+    #[test]
+    fn queue_bound_counts_and_releases() {
+        let bound = QueueBound::new(1);
+        let first = bound.try_enter();
+        assert!(first.is_some());
+        assert!(bound.try_enter().is_none());
+        drop(first);
+        assert!(bound.try_enter().is_some());
+    }
+}
