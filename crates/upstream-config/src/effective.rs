@@ -83,6 +83,9 @@ struct ServerView {
     max_connections: usize,
     drain_grace: String,
     health_check_interval: String,
+    health_check_timeout: String,
+    eject_after_failures: usize,
+    restore_after_successes: usize,
     api_keys: Vec<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     api_keys_file: Option<String>,
@@ -143,6 +146,9 @@ impl From<&Server> for ServerView {
             max_connections: server.max_connections,
             drain_grace: human(server.drain_grace),
             health_check_interval: human(server.health_check_interval),
+            health_check_timeout: human(server.health_check_timeout),
+            eject_after_failures: server.eject_after_failures,
+            restore_after_successes: server.restore_after_successes,
             api_keys: server.api_keys.iter().map(redact).collect(),
             api_keys_file: server
                 .api_keys_file

@@ -133,6 +133,15 @@ pub struct Server {
     pub drain_grace: Duration,
     /// How often each upstream is health-checked (default 5s).
     pub health_check_interval: Duration,
+    /// How long one health or residency probe may take before it counts as a failure
+    /// (default 2s).
+    pub health_check_timeout: Duration,
+    /// Consecutive failed health checks (or refused connections) that take a healthy upstream
+    /// out of rotation (default 3, at least 1).
+    pub eject_after_failures: usize,
+    /// Consecutive successful health checks that put an ejected upstream back into rotation
+    /// (default 2, at least 1).
+    pub restore_after_successes: usize,
     /// Client API keys accepted as `Authorization: Bearer KEY`. Empty (the default) and no
     /// `api_keys_file`: clients are not authenticated.
     pub api_keys: Vec<Secret>,
@@ -161,6 +170,13 @@ impl Server {
     pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
     /// Default [`Server::health_check_interval`].
     pub const DEFAULT_HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+    /// Default [`Server::health_check_timeout`].
+    pub const DEFAULT_HEALTH_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+    /// Default [`Server::eject_after_failures`]: one lost probe is not an outage.
+    pub const DEFAULT_EJECT_AFTER_FAILURES: usize = 3;
+    /// Default [`Server::restore_after_successes`]: a flapping engine has to answer twice in a
+    /// row before it gets traffic again.
+    pub const DEFAULT_RESTORE_AFTER_SUCCESSES: usize = 2;
 }
 
 // ===== Upstream =====

@@ -30,6 +30,9 @@ const SERVER_KEYS: &[&str] = &[
     "max_connections",
     "drain_grace",
     "health_check_interval",
+    "health_check_timeout",
+    "eject_after_failures",
+    "restore_after_successes",
     "api_keys",
     "api_keys_file",
     "admin_token",
@@ -147,6 +150,12 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         false,
         r,
     );
+    let health_check_timeout = duration(
+        "health_check_timeout",
+        Server::DEFAULT_HEALTH_CHECK_TIMEOUT,
+        false,
+        r,
+    );
 
     let max_body_bytes = optional(
         r,
@@ -162,6 +171,23 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         path,
         "max_connections",
         Server::DEFAULT_MAX_CONNECTIONS,
+        |r, p, v| r.count(p, v, 1),
+    );
+
+    let eject_after_failures = optional(
+        r,
+        t,
+        path,
+        "eject_after_failures",
+        Server::DEFAULT_EJECT_AFTER_FAILURES,
+        |r, p, v| r.count(p, v, 1),
+    );
+    let restore_after_successes = optional(
+        r,
+        t,
+        path,
+        "restore_after_successes",
+        Server::DEFAULT_RESTORE_AFTER_SUCCESSES,
         |r, p, v| r.count(p, v, 1),
     );
 
@@ -189,6 +215,9 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         max_connections: max_connections?,
         drain_grace: drain_grace?,
         health_check_interval: health_check_interval?,
+        health_check_timeout: health_check_timeout?,
+        eject_after_failures: eject_after_failures?,
+        restore_after_successes: restore_after_successes?,
         api_keys: api_keys?,
         api_keys_file: api_keys_file?,
         admin_token: admin_token?,

@@ -20,6 +20,9 @@ fn defaults_fill_every_optional_key() {
     assert_eq!(server.max_connections, 1024);
     assert_eq!(server.drain_grace, Duration::from_secs(30));
     assert_eq!(server.health_check_interval, Duration::from_secs(5));
+    assert_eq!(server.health_check_timeout, Duration::from_secs(2));
+    assert_eq!(server.eject_after_failures, 3);
+    assert_eq!(server.restore_after_successes, 2);
     assert!(server.api_keys.is_empty());
     assert_eq!(server.api_keys_file, None);
     assert_eq!(server.admin_token, None);
@@ -40,6 +43,9 @@ fn every_key_can_be_set() {
         max_connections = 64
         drain_grace = "0s"
         health_check_interval = "1s"
+        health_check_timeout = "750ms"
+        eject_after_failures = 1
+        restore_after_successes = 5
         api_keys = ["key-one", "key-two"]
         api_keys_file = "/etc/slotgate/keys"
         admin_token = "admin-secret"
@@ -55,6 +61,9 @@ fn every_key_can_be_set() {
     assert_eq!(server.max_connections, 64);
     assert_eq!(server.drain_grace, Duration::ZERO);
     assert_eq!(server.health_check_interval, Duration::from_secs(1));
+    assert_eq!(server.health_check_timeout, Duration::from_millis(750));
+    assert_eq!(server.eject_after_failures, 1);
+    assert_eq!(server.restore_after_successes, 5);
     let keys: Vec<_> = server.api_keys.iter().map(Secret::expose).collect();
     assert_eq!(keys, ["key-one", "key-two"]);
     assert_eq!(
@@ -167,6 +176,7 @@ fn timeouts_must_be_positive_but_drain_grace_may_be_zero() {
         "first_byte_timeout",
         "idle_timeout",
         "health_check_interval",
+        "health_check_timeout",
     ] {
         assert_only_issue(
             &with_server(&format!("{base}\n{key} = \"0s\"")),
@@ -180,7 +190,12 @@ fn timeouts_must_be_positive_but_drain_grace_may_be_zero() {
 #[test]
 fn limits_must_be_positive_integers() {
     let base = r#"listen = "127.0.0.1:8080""#;
-    for key in ["max_body_bytes", "max_connections"] {
+    for key in [
+        "max_body_bytes",
+        "max_connections",
+        "eject_after_failures",
+        "restore_after_successes",
+    ] {
         let path = format!("server.{key}");
         assert_only_issue(
             &with_server(&format!("{base}\n{key} = 0")),
