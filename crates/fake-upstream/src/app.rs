@@ -505,6 +505,7 @@ impl Script {
         }
         if self.failures.die_after == Some(self.sent) {
             self.done = true;
+            before_abort().await;
             let failure = Failure::DieAfterChunks(self.sent);
             return Some((Emit::Abort(Outcome::Injected(failure)), self));
         }
@@ -550,16 +551,24 @@ fn truncated_json(body: &Value, n: u32, mut tracker: Tracker) -> Response<Respon
     let half = bytes.len() / 2;
     let half = Bytes::from(bytes).slice(..half);
     tracker.status(200);
-    let emits = vec![
-        Emit::Raw(half),
-        Emit::Abort(Outcome::Injected(Failure::DieAfterChunks(n))),
-    ];
-    let body = ResponseBody::stream(futures::stream::iter(emits).boxed(), tracker);
+    let abort = async move {
+        before_abort().await;
+        Emit::Abort(Outcome::Injected(Failure::DieAfterChunks(n)))
+    };
+    let emits = futures::stream::iter([Emit::Raw(half)]).chain(futures::stream::once(abort));
+    let body = ResponseBody::stream(emits.boxed(), tracker);
     let mut response = Response::new(body);
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
+}
+
+/// A pause before an injected abort. hyper drops whatever it still buffers when a body fails, so
+/// without it the chunks "sent" before the crash (even the response head) might never leave; a
+/// real server that dies after N chunks has written them out first.
+async fn before_abort() {
+    tokio::time::sleep(Duration::from_millis(20)).await;
 }
 
 /// Records the status and outcome, then hands the response on.
