@@ -14,7 +14,7 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -61,6 +61,8 @@ pub(crate) struct App {
     pub(crate) ready_at: Instant,
     /// Process start, for `created` and `Process-Start-Time-Unix`.
     pub(crate) started_unix: u64,
+    /// Set by `FakeUpstream::set_healthy(false)`.
+    pub(crate) unhealthy: AtomicBool,
     answer_ids: AtomicU64,
 }
 
@@ -94,6 +96,7 @@ impl App {
             }),
             ready_at: Instant::now() + config.startup_delay,
             started_unix: openai::unix_now(),
+            unhealthy: AtomicBool::new(false),
             answer_ids: AtomicU64::new(0),
             observer,
             config,
@@ -135,7 +138,8 @@ impl App {
         tracker: Tracker,
     ) -> Response<ResponseBody> {
         let kind = self.kind();
-        if kind == Kind::LlamaServer && Instant::now() < self.ready_at {
+        let loading = Instant::now() < self.ready_at || self.unhealthy.load(Ordering::Relaxed);
+        if kind == Kind::LlamaServer && loading {
             // llama-server's pre-routing middleware answers every path while the model loads.
             return self.reject(tracker, &Refusal::new(503, "Loading model"));
         }

@@ -71,7 +71,8 @@
 //!
 //! [`FakeUpstream::refuse_connections`] / [`FakeUpstream::accept_connections`] make the port
 //! refuse connects and listen again; [`FakeUpstream::drop_connections`] cuts every open
-//! connection; [`FakeUpstream::set_failures`], [`FakeUpstream::set_pacing`] and
+//! connection; [`FakeUpstream::set_healthy`] fails the health probe the kind's way;
+//! [`FakeUpstream::set_failures`], [`FakeUpstream::set_pacing`] and
 //! [`FakeUpstream::set_tokens`] change the defaults; [`FakeUpstream::load_model`] and
 //! [`FakeUpstream::unload_model`] change residency.
 //!

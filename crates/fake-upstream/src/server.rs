@@ -183,6 +183,17 @@ impl FakeUpstream {
         self.app.behaviour.lock().tokens = tokens;
     }
 
+    /// Makes the health probe fail (`false`) or pass again (`true`), the way each kind can:
+    /// llama-server goes back to answering every path with 503 "Loading model"; vLLM's `/health`
+    /// answers 503 with an empty body (a dead engine) while requests are still served; Ollama has
+    /// no unhealthy answer, so this changes nothing there (use
+    /// [`refuse_connections`](Self::refuse_connections)).
+    pub fn set_healthy(&self, healthy: bool) {
+        self.app
+            .unhealthy
+            .store(!healthy, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Whether a model is resident: `None` for an unknown model, `Some(false)` while loading.
     pub fn is_loaded(&self, model: &str) -> Option<bool> {
         self.app.registry.get(model).map(|m| m.is_loaded())

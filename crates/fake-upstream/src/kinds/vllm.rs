@@ -3,6 +3,7 @@
 //! types, and `FastAPI`'s `{"detail":"Not Found"}` for unknown routes.
 
 use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
 
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
@@ -36,6 +37,10 @@ pub(crate) fn error_json(status: u16, message: &str, param: Option<&str>) -> Val
 pub(crate) fn route(app: &App, req: &Request<Incoming>) -> (Response<ResponseBody>, Outcome) {
     let done = |r| (r, Outcome::Completed);
     match (req.method(), req.uri().path()) {
+        // `EngineDeadError` is the only thing that makes vLLM's health check fail.
+        (&Method::GET, "/health") if app.unhealthy.load(Ordering::Relaxed) => {
+            (response(503, "application/json", ""), Outcome::Completed)
+        }
         (&Method::GET, "/health") => done(response(200, "application/json", "")),
         (&Method::GET, "/v1/models") => done(json_response(200, &models(app))),
         (&Method::GET, "/metrics") if app.config.metrics => done(response(

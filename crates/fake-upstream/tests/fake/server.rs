@@ -74,3 +74,22 @@ async fn contradictory_configs_do_not_start() {
     let err = FakeUpstream::start(FakeConfig::vllm(0)).await.unwrap_err();
     assert!(err.to_string().contains("parallel"));
 }
+
+#[tokio::test]
+async fn health_can_be_failed_and_restored() {
+    let llama = FakeUpstream::start(FakeConfig::llama_server(1))
+        .await
+        .unwrap();
+    let vllm = FakeUpstream::start(FakeConfig::vllm(1)).await.unwrap();
+    llama.set_healthy(false);
+    vllm.set_healthy(false);
+    let (status, _, body) = get(llama.addr(), "/health").await;
+    assert_eq!(status, 503);
+    assert!(body.contains("Loading model"));
+    let (status, _, body) = get(vllm.addr(), "/health").await;
+    assert_eq!((status, body.as_str()), (503, ""));
+    llama.set_healthy(true);
+    vllm.set_healthy(true);
+    assert_eq!(get(llama.addr(), "/health").await.0, 200);
+    assert_eq!(get(vllm.addr(), "/health").await.0, 200);
+}
