@@ -58,11 +58,19 @@ apt_install() {
   command -v apt-get >/dev/null 2>&1 || die "missing $*, and no apt-get to install it with"
   if [ "$apt_updated" = 0 ]; then
     log "apt-get update"
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+    if ! as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q >>"$APT_LOG" 2>&1; then
+      log "apt-get update failed; last lines of $APT_LOG:"
+      tail -n 30 "$APT_LOG" >&2
+      exit 1
+    fi
     apt_updated=1
   fi
-  log "apt-get install -y $*"
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
+  log "apt-get install -y $* (log: $APT_LOG)"
+  if ! as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >>"$APT_LOG" 2>&1; then
+    log "apt-get install failed; last lines of $APT_LOG:"
+    tail -n 30 "$APT_LOG" >&2
+    exit 1
+  fi
 }
 
 T0=$(now)
@@ -86,6 +94,7 @@ VENV="$CACHE/venv"
 SRC="$CACHE/src/llama_cpp_python-$VERSION"
 BUILD="$CACHE/build/llama_cpp_python-$VERSION"
 BUILD_LOG="$CACHE/logs/build.log"
+APT_LOG="$CACHE/logs/apt.log"
 
 want_server_stamp="llama-cpp-python==$VERSION ${CMAKE_FLAGS[*]}"
 want_model_stamp="$(sha256sum "$HERE/make_tiny_model.py" | cut -d' ' -f1) $GGUF_REQ llama-cpp-python==$VERSION"
@@ -136,7 +145,7 @@ ensure_src() {
   tar -xzf "$tarball" -C "$tmp"
   rm -rf "$SRC"
   mv "$tmp/llama_cpp_python-$VERSION" "$SRC"
-  rm -rf "$tmp"
+  rm -rf "$tmp" "$tarball"   # the unpacked tree is all that is used from here on
   [ -f "$SRC/vendor/llama.cpp/CMakeLists.txt" ] || die "$SRC has no vendor/llama.cpp"
 }
 
