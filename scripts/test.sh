@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
+step() { printf '\n==> [%4ds] %s\n' "$SECONDS" "$*"; }
 
 step "tools"
 if ! command -v cargo-deny >/dev/null 2>&1; then
@@ -42,4 +42,4 @@ step "benches compile"
 cargo bench --workspace --no-run --locked
 
 echo
-echo "all checks passed"
+echo "all checks passed in ${SECONDS}s"
