@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, btree_map::Entry};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use figment::value::{Dict, Value};
 use url::Url;
@@ -144,18 +145,7 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
     let idle_timeout = duration("idle_timeout", Server::DEFAULT_IDLE_TIMEOUT, false, r);
     // Zero is meaningful here: stop without waiting for in-flight requests.
     let drain_grace = duration("drain_grace", Server::DEFAULT_DRAIN_GRACE, true, r);
-    let health_check_interval = duration(
-        "health_check_interval",
-        Server::DEFAULT_HEALTH_CHECK_INTERVAL,
-        false,
-        r,
-    );
-    let health_check_timeout = duration(
-        "health_check_timeout",
-        Server::DEFAULT_HEALTH_CHECK_TIMEOUT,
-        false,
-        r,
-    );
+    let health = health_keys(r, t, path);
 
     let max_body_bytes = optional(
         r,
@@ -171,23 +161,6 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         path,
         "max_connections",
         Server::DEFAULT_MAX_CONNECTIONS,
-        |r, p, v| r.count(p, v, 1),
-    );
-
-    let eject_after_failures = optional(
-        r,
-        t,
-        path,
-        "eject_after_failures",
-        Server::DEFAULT_EJECT_AFTER_FAILURES,
-        |r, p, v| r.count(p, v, 1),
-    );
-    let restore_after_successes = optional(
-        r,
-        t,
-        path,
-        "restore_after_successes",
-        Server::DEFAULT_RESTORE_AFTER_SUCCESSES,
         |r, p, v| r.count(p, v, 1),
     );
 
@@ -214,14 +187,61 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         idle_timeout: idle_timeout?,
         max_connections: max_connections?,
         drain_grace: drain_grace?,
-        health_check_interval: health_check_interval?,
-        health_check_timeout: health_check_timeout?,
-        eject_after_failures: eject_after_failures?,
-        restore_after_successes: restore_after_successes?,
+        health_check_interval: health.interval?,
+        health_check_timeout: health.timeout?,
+        eject_after_failures: health.eject_after?,
+        restore_after_successes: health.restore_after?,
         api_keys: api_keys?,
         api_keys_file: api_keys_file?,
         admin_token: admin_token?,
     })
+}
+
+/// The health-check keys of `[server]`, each `None` when present but wrong.
+struct HealthKeys {
+    interval: Option<Duration>,
+    timeout: Option<Duration>,
+    eject_after: Option<usize>,
+    restore_after: Option<usize>,
+}
+
+fn health_keys(r: &mut Reader<'_>, t: &Dict, path: &KeyPath) -> HealthKeys {
+    let positive = |r: &mut Reader<'_>, p: &KeyPath, v: &Value| r.duration(p, v, false);
+    let at_least_one = |r: &mut Reader<'_>, p: &KeyPath, v: &Value| r.count(p, v, 1);
+    HealthKeys {
+        interval: optional(
+            r,
+            t,
+            path,
+            "health_check_interval",
+            Server::DEFAULT_HEALTH_CHECK_INTERVAL,
+            positive,
+        ),
+        timeout: optional(
+            r,
+            t,
+            path,
+            "health_check_timeout",
+            Server::DEFAULT_HEALTH_CHECK_TIMEOUT,
+            positive,
+        ),
+        eject_after: optional(
+            r,
+            t,
+            path,
+            "eject_after_failures",
+            Server::DEFAULT_EJECT_AFTER_FAILURES,
+            at_least_one,
+        ),
+        restore_after: optional(
+            r,
+            t,
+            path,
+            "restore_after_successes",
+            Server::DEFAULT_RESTORE_AFTER_SUCCESSES,
+            at_least_one,
+        ),
+    }
 }
 
 /// Whether two listeners cannot both bind: same port (0 asks the OS for a fresh one, so it never
