@@ -22,6 +22,7 @@ use crate::body::{Completion, SlotGuard};
 use crate::hold::HoldStats;
 use crate::metrics::{TargetMetrics, observe};
 use crate::route::Target;
+use crate::server::ShutdownSignal;
 
 /// Why no slot was had on a target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,8 +31,11 @@ pub enum Refused {
     Full,
     /// Waited `queue_timeout` without a slot.
     Timeout(Duration),
-    /// The key was removed while waiting (a reload): try elsewhere.
+    /// The key was removed while waiting (a reload removed the model from the upstream).
     Closed,
+    /// The gateway started shutting down while the request waited: only requests already
+    /// running get the drain grace period.
+    ShuttingDown,
 }
 
 /// A held slot on one target.
@@ -43,19 +47,28 @@ pub struct Slot {
     metrics: Arc<TargetMetrics>,
 }
 
-/// Takes a slot on `target`, waiting up to its `queue_timeout`.
-pub async fn enter(target: &Target) -> Result<Slot, Refused> {
+/// Takes a slot on `target`, waiting up to its `queue_timeout`, or until `stop` fires.
+pub async fn enter(target: &Target, stop: &mut ShutdownSignal) -> Result<Slot, Refused> {
+    if stop.is_fired() {
+        return Err(Refused::ShuttingDown);
+    }
     let acquire = target.key.acquire();
     let outcome = match target.queue_timeout {
         Some(limit) if acquire.is_queued() => {
             // Counts the client leaving while queued: this future is then dropped mid-await,
             // and the guard with it, still armed.
             let mut waiting = QueuedGuard(Some(&target.metrics));
-            let outcome = tokio::time::timeout(limit, acquire).await;
+            let outcome = tokio::select! {
+                biased;
+                () = stop.fired() => None,
+                outcome = tokio::time::timeout(limit, acquire) => Some(outcome),
+            };
             waiting.0 = None;
             match outcome {
-                Ok(outcome) => outcome,
-                Err(_elapsed) => return Err(Refused::Timeout(limit)),
+                // The acquire future is dropped here: the place in the queue is given up.
+                None => return Err(Refused::ShuttingDown),
+                Some(Ok(outcome)) => outcome,
+                Some(Err(_elapsed)) => return Err(Refused::Timeout(limit)),
             }
         }
         // Granted or refused at call time: the first poll answers without waiting.

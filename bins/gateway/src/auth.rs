@@ -4,11 +4,15 @@
 //! lines and lines starting with `#` are skipped). A request must carry one of them as
 //! `Authorization: Bearer KEY`; with no keys configured, every request is let through.
 //!
-//! Keys sit in a `HashSet` with the standard library's randomly keyed `SipHash`: a lookup
-//! compares the candidate against a stored key only when their hashes match, so response timing
-//! reveals nothing about how much of a guessed key was right.
+//! The offered token is compared with *every* accepted key, each comparison in constant time
+//! (`constant_time_eq`), and without stopping at a match: response timing reveals neither how
+//! much of a guessed key was right nor which key matched. Only a key's length can show through
+//! timing, which is public knowledge for generated keys anyway. Keys are never logged: `Debug`
+//! prints how many there are, and a refused request is logged without its header.
+//!
+//! A missing or wrong key is a `401 unauthorized` problem, returned before the body is read or
+//! any upstream is chosen: an unauthenticated request never reaches an engine.
 
-use std::collections::HashSet;
 use std::path::Path;
 
 use http::HeaderMap;
@@ -19,7 +23,7 @@ use crate::rescue::Error;
 /// The accepted client API keys.
 #[derive(Default)]
 pub struct ApiKeys {
-    keys: HashSet<String>,
+    keys: Vec<String>,
 }
 
 impl std::fmt::Debug for ApiKeys {
@@ -37,7 +41,7 @@ impl ApiKeys {
         inline: impl IntoIterator<Item = &'a str>,
         file: Option<&Path>,
     ) -> Result<Self, String> {
-        let mut keys: HashSet<String> = inline.into_iter().map(str::to_owned).collect();
+        let mut keys: Vec<String> = inline.into_iter().map(str::to_owned).collect();
         if let Some(path) = file {
             let text = std::fs::read_to_string(path).map_err(|e| {
                 format!("server.api_keys_file: cannot read {}: {e}", path.display())
@@ -49,6 +53,8 @@ impl ApiKeys {
                     .map(str::to_owned),
             );
         }
+        keys.sort_unstable();
+        keys.dedup();
         Ok(Self { keys })
     }
 
@@ -62,18 +68,27 @@ impl ApiKeys {
         if self.keys.is_empty() {
             return Ok(());
         }
-        let token = headers
-            .get(AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| {
-                let (scheme, token) = value.trim().split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-            });
-        match token {
-            Some(token) if self.keys.contains(token) => Ok(()),
-            _ => Err(Error::Unauthorized),
+        let Some(token) = bearer_token(headers) else {
+            return Err(Error::Unauthorized);
+        };
+        // `fold`, not `any`: every key is compared, whether or not an earlier one matched.
+        let accepted = self.keys.iter().fold(false, |accepted, key| {
+            constant_time_eq::constant_time_eq(key.as_bytes(), token.as_bytes()) | accepted
+        });
+        if accepted {
+            Ok(())
+        } else {
+            Err(Error::Unauthorized)
         }
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` header (scheme case-insensitive, spaces
+/// around the token ignored).
+pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 #[cfg(test)]

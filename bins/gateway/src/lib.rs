@@ -45,8 +45,17 @@
 //!
 //! Around them: [`hold`] (slot hold times → `Retry-After`), [`metrics`] and [`admin`] (the
 //! admin listener).
+//!
+//! ## Operating it
+//!
+//! - [`live`]: the configuration in force and everything derived from it, swapped as one piece
+//!   by [`reload`] (`SIGHUP`, `POST /admin/reload`).
+//! - [`upstream`]: what is known about each upstream now — [`health`] (active checks and
+//!   passive ejection), [`residency`] (which models are loaded), draining — kept up to date by
+//!   [`monitor`] through [`probe`], the typed client for the engines' own endpoints.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -61,14 +70,24 @@ pub mod admit;
 pub mod auth;
 pub mod body;
 pub mod forward;
+pub mod health;
 pub mod hold;
+pub mod live;
 pub mod metrics;
+pub mod monitor;
+pub mod probe;
+pub mod reload;
 pub mod request;
 pub mod rescue;
+pub mod residency;
 pub mod route;
 pub mod server;
 pub mod service;
+pub mod upstream;
 
+use crate::live::{Generation, Live};
+use crate::probe::Prober;
+use crate::reload::{ReloadError, Reloaded, Reloader};
 use crate::server::{ServerSettings, ShutdownTrigger, shutdown_pair};
 
 /// Why the gateway could not start.
@@ -90,7 +109,8 @@ pub enum StartError {
     },
 }
 
-/// A running gateway: the API listener, the admin listener if configured, and their state.
+/// A running gateway: the API listener, the admin listener if configured, the background
+/// health checks, and their state.
 ///
 /// Dropping it starts a shutdown too, without waiting for it; prefer [`Gateway::shutdown`].
 #[derive(Debug)]
@@ -98,26 +118,35 @@ pub struct Gateway {
     api_addr: SocketAddr,
     admin_addr: Option<SocketAddr>,
     limiter: Limiter,
+    live: Arc<Live>,
+    reloader: Arc<Reloader>,
     api_trigger: ShutdownTrigger,
     admin_trigger: ShutdownTrigger,
+    monitor_trigger: ShutdownTrigger,
     api_task: JoinHandle<()>,
     admin_task: Option<JoinHandle<()>>,
+    monitor_task: JoinHandle<()>,
 }
 
 impl Gateway {
-    /// Binds the listeners and starts serving. Needs a multi-threaded Tokio runtime (or any
-    /// Tokio runtime, for tests).
+    /// Binds the listeners and starts serving `config`. [`Gateway::reload`] is refused: there
+    /// is no file to read again (see [`Gateway::bind_file`]). Needs a Tokio runtime.
     pub async fn bind(config: &Config) -> Result<Self, StartError> {
-        let server = &config.server;
+        Self::start(config.clone(), None).await
+    }
+
+    /// Like [`Gateway::bind`], remembering that `config` came from `path`: a reload (`SIGHUP`
+    /// in the binary, `POST /admin/reload`, [`Gateway::reload`]) reads that file again.
+    pub async fn bind_file(config: &Config, path: impl Into<PathBuf>) -> Result<Self, StartError> {
+        Self::start(config.clone(), Some(path.into())).await
+    }
+
+    async fn start(config: Config, source: Option<PathBuf>) -> Result<Self, StartError> {
         let limiter = Limiter::new();
         let metrics = metrics::Metrics::new();
-        let routes =
-            Arc::new(route::Routes::build(config, &limiter, &metrics).map_err(StartError::Config)?);
-        let api_keys = auth::ApiKeys::load(
-            server.api_keys.iter().map(slotgate_config::Secret::expose),
-            server.api_keys_file.as_deref(),
-        )
-        .map_err(StartError::Config)?;
+        let generation = Generation::build(config, None, &limiter, &metrics)
+            .map_err(|problems| StartError::Config(problems.join("; ")))?;
+        let server = generation.config.server.clone();
 
         let api_listener = bind(server.listen).await?;
         let api_addr = local_addr(&api_listener, server.listen)?;
@@ -130,20 +159,40 @@ impl Gateway {
             _ => None,
         };
 
+        // One round of checks before the first request, so requests only go to upstreams
+        // that answered (connections arriving meanwhile wait in the listen backlog).
+        let prober = Prober::new(generation.policy.timeout);
+        monitor::round(
+            generation.upstreams.iter().cloned().collect(),
+            &prober,
+            generation.policy,
+        )
+        .await;
+        let upstream_count = generation.upstreams.len();
+        let names = generation.routes.names().len();
+        let live = Arc::new(Live::new(generation));
+        let reloader = Arc::new(Reloader::new(
+            source,
+            Arc::clone(&live),
+            limiter.clone(),
+            metrics.clone(),
+            prober.clone(),
+        ));
+
         let (api_trigger, api_signal) = shutdown_pair();
         let (admin_trigger, admin_signal) = shutdown_pair();
+        let (monitor_trigger, monitor_signal) = shutdown_pair();
+        let monitor_task = tokio::spawn(monitor::run(Arc::clone(&live), prober, monitor_signal));
+
         // Clients told "shutting down" should come back once a restart is likely done.
         let shutdown_retry_after = server.drain_grace.max(Duration::from_secs(1));
         let app = Arc::new(service::App {
-            routes: Arc::clone(&routes),
+            live: Arc::clone(&live),
             forwarder: forward::Forwarder::new(forward::ClientSettings {
                 connect_timeout: server.connect_timeout,
                 first_byte_timeout: server.first_byte_timeout,
                 pool_idle_timeout: server.idle_timeout,
             }),
-            api_keys,
-            max_body_bytes: server.max_body_bytes,
-            unavailable_retry_after: server.health_check_interval,
             shutdown_retry_after,
             shutdown: api_signal.clone(),
             started: SystemTime::now(),
@@ -160,30 +209,17 @@ impl Gateway {
             move |req, _peer| Arc::clone(&app).handle(req),
             api_signal.clone(),
         ));
-        info!(%api_addr, upstreams = config.upstreams.len(), models = routes.names().len(), "API listening");
+        info!(%api_addr, upstreams = upstream_count, models = names, "API listening");
 
         let admin_task = admin_listener.map(|listener| {
-            let admin = Arc::new(admin::Admin {
-                registry: metrics.registry(Arc::clone(&routes)),
-                draining: api_signal,
-                retry_after: shutdown_retry_after,
-            });
-            let settings = ServerSettings {
-                // Probes and scrapes are small; a modest cap keeps them from crowding the API.
-                max_connections: 64,
-                drain_timeout: Duration::from_secs(1),
-                ..settings
+            let admin = admin::Admin {
+                registry: metrics.registry(Arc::clone(&live)),
+                live: Arc::clone(&live),
+                reloader: Arc::clone(&reloader),
+                shutdown: api_signal,
+                retry_after: server.health_check_interval,
             };
-            tokio::spawn(server::serve(
-                "admin",
-                listener,
-                settings,
-                move |req, _peer| {
-                    let admin = Arc::clone(&admin);
-                    async move { admin.handle(&req) }
-                },
-                admin_signal,
-            ))
+            spawn_admin(admin, listener, settings, admin_signal)
         });
         if let Some(addr) = admin_addr {
             info!(admin_addr = %addr, "admin listening");
@@ -193,10 +229,14 @@ impl Gateway {
             api_addr,
             admin_addr,
             limiter,
+            live,
+            reloader,
             api_trigger,
             admin_trigger,
+            monitor_trigger,
             api_task,
             admin_task,
+            monitor_task,
         })
     }
 
@@ -215,15 +255,30 @@ impl Gateway {
         &self.limiter
     }
 
-    /// Stops gracefully: stop accepting, answer new requests on open connections with
-    /// `503 shutting-down`, let in-flight requests finish within `server.drain_grace`, then
-    /// close what is left. `/readyz` turns `503` as soon as this starts; the admin listener
-    /// stops last.
+    /// The configuration in force and the upstreams' state, for inspection.
+    pub fn live(&self) -> &Arc<Live> {
+        &self.live
+    }
+
+    /// Reads the configuration file again and puts it in force without dropping requests (see
+    /// [`reload`]). Refused, with the running configuration kept, when the new one is invalid
+    /// or the gateway was not started from a file.
+    pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
+        self.reloader.reload().await
+    }
+
+    /// Stops gracefully: stop accepting, answer new requests on open connections and
+    /// requests still waiting in a queue with `503 shutting-down`, let requests already running
+    /// (streams included) finish within `server.drain_grace`, then close what is left.
+    /// `/readyz` turns `503` as soon as this starts; the health checks and the admin listener
+    /// stop last.
     pub async fn shutdown(self) {
         info!("shutting down");
         self.api_trigger.fire();
         // A panicked serve task has nothing left to drain; carry on stopping the rest.
         let _ = self.api_task.await;
+        self.monitor_trigger.fire();
+        let _ = self.monitor_task.await;
         self.admin_trigger.fire();
         if let Some(task) = self.admin_task {
             let _ = task.await;
@@ -236,18 +291,33 @@ impl Gateway {
 /// accepted (an upstream URL this gateway cannot use, an unreadable API keys file), without
 /// binding anything. `slotgate check` runs it.
 pub fn check(config: &Config) -> Result<(), StartError> {
-    route::Routes::build(config, &Limiter::new(), &metrics::Metrics::new())
-        .map_err(StartError::Config)?;
-    auth::ApiKeys::load(
-        config
-            .server
-            .api_keys
-            .iter()
-            .map(slotgate_config::Secret::expose),
-        config.server.api_keys_file.as_deref(),
-    )
-    .map_err(StartError::Config)?;
-    Ok(())
+    Generation::check(config).map_err(|problems| StartError::Config(problems.join("; ")))
+}
+
+/// Serves the admin endpoints on `listener` until `stop` fires.
+fn spawn_admin(
+    admin: admin::Admin,
+    listener: TcpListener,
+    api_settings: ServerSettings,
+    stop: server::ShutdownSignal,
+) -> JoinHandle<()> {
+    let admin = Arc::new(admin);
+    let settings = ServerSettings {
+        // Probes and scrapes are small; a modest cap keeps them from crowding the API.
+        max_connections: 64,
+        drain_timeout: Duration::from_secs(1),
+        ..api_settings
+    };
+    tokio::spawn(server::serve(
+        "admin",
+        listener,
+        settings,
+        move |req, _peer| {
+            let admin = Arc::clone(&admin);
+            async move { admin.handle(req).await }
+        },
+        stop,
+    ))
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {

@@ -12,10 +12,16 @@
 //! | `slotgate_client_disconnects_total` | counter | upstream, model, phase | clients that left while `queued` or while `streaming` |
 //! | `slotgate_time_to_first_byte_seconds` | histogram | upstream, model | from sending upstream to its response head |
 //! | `slotgate_request_duration_seconds` | histogram | upstream, model | from the slot grant to the end of the response |
+//! | `slotgate_upstream_healthy` | gauge | upstream | 1 while the upstream passes its health checks (or has not been checked yet), 0 while ejected |
+//! | `slotgate_upstream_draining` | gauge | upstream | 1 while an operator drains the upstream |
+//! | `slotgate_model_loaded` | gauge | upstream, model | 1 when the last residency discovery listed the configured model as resident |
 //!
-//! The gauges are read from the limiter at scrape time (a [`Collector`]), so they are never
-//! stale. Counters and histograms are resolved per (upstream, model) once, when the routing
-//! table is built: the request path increments pre-resolved handles and never hashes labels.
+//! `docs/metrics.md` is the operator's version of this table.
+//!
+//! The gauges are read from the limiter and the upstream states at scrape time (a
+//! [`Collector`] over the configuration in force), so they are never stale and follow reloads.
+//! Counters and histograms are resolved per (upstream, model) once, when the routing table is
+//! built: the request path increments pre-resolved handles and never hashes labels.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +34,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::route::Routes;
+use crate::live::Live;
+use crate::upstream::UpstreamState;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TargetLabels {
@@ -169,8 +176,45 @@ impl Metrics {
         }
     }
 
-    /// A registry with every family, plus the limiter gauges read from `routes` at scrape time.
-    pub fn registry(&self, routes: Arc<Routes>) -> Registry {
+    /// Drops the series of one (upstream, model) that a reload removed, so scrapes stop
+    /// reporting it.
+    pub fn forget_target(&self, upstream: &str, model: &str) {
+        let labels = TargetLabels {
+            upstream: upstream.to_owned(),
+            model: model.to_owned(),
+        };
+        self.queue_wait.remove(&labels);
+        self.first_byte.remove(&labels);
+        self.duration.remove(&labels);
+        for outcome in ["completed", "upstream_error", "client_gone"] {
+            self.requests.remove(&OutcomeLabels {
+                upstream: upstream.to_owned(),
+                model: model.to_owned(),
+                outcome,
+            });
+        }
+        for phase in ["queued", "streaming"] {
+            self.disconnects.remove(&DisconnectLabels {
+                upstream: upstream.to_owned(),
+                model: model.to_owned(),
+                phase,
+            });
+        }
+    }
+
+    /// Drops the rejection series of a model that a reload removed from every upstream.
+    pub fn forget_model(&self, model: &str) {
+        for reason in ["queue_full", "queue_timeout"] {
+            self.rejections.remove(&RejectionLabels {
+                model: model.to_owned(),
+                reason,
+            });
+        }
+    }
+
+    /// A registry with every family, plus the gauges read from the configuration in force at
+    /// scrape time.
+    pub fn registry(&self, live: Arc<Live>) -> Registry {
         let mut registry = Registry::with_prefix("slotgate");
         registry.register(
             "requests",
@@ -202,7 +246,7 @@ impl Metrics {
             "Time from getting a slot to the end of the response",
             self.duration.clone(),
         );
-        registry.register_collector(Box::new(LimiterGauges { routes }));
+        registry.register_collector(Box::new(LiveGauges { live }));
         registry
     }
 }
@@ -212,14 +256,23 @@ pub fn observe(histogram: &Histogram, elapsed: Duration) {
     histogram.observe(elapsed.as_secs_f64());
 }
 
-/// Reads every key's state from the limiter at scrape time.
+/// Reads every key's state from the limiter, and every upstream's health, draining and
+/// residency, at scrape time.
 #[derive(Debug)]
-struct LimiterGauges {
-    routes: Arc<Routes>,
+struct LiveGauges {
+    live: Arc<Live>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpstreamLabels {
+    upstream: String,
 }
 
 /// Picks one gauge's value out of a [`Reading`].
 type Pick = fn(&Reading) -> Option<usize>;
+
+/// Picks one per-upstream gauge's value.
+type UpstreamPick = fn(&UpstreamState) -> bool;
 
 /// One key's state, read once per scrape so the four gauges of a key agree.
 struct Reading {
@@ -228,19 +281,25 @@ struct Reading {
     in_use: usize,
     queued: usize,
     queue_capacity: usize,
+    loaded: bool,
 }
 
-impl Collector for LimiterGauges {
+impl Collector for LiveGauges {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let readings: Vec<Reading> = self
+        let generation = self.live.current();
+        let readings: Vec<Reading> = generation
             .routes
             .routes()
             .flat_map(|route| {
                 route.targets.iter().map(|target| Reading {
                     labels: TargetLabels {
-                        upstream: target.upstream.clone(),
+                        upstream: target.upstream.name.clone(),
                         model: route.model.clone(),
                     },
+                    loaded: target
+                        .upstream
+                        .residency
+                        .is_loaded(target.upstream.kind, &route.model),
                     capacity: target.parallel,
                     in_use: target.key.in_flight(),
                     queued: target.key.queued(),
@@ -248,7 +307,7 @@ impl Collector for LimiterGauges {
                 })
             })
             .collect();
-        let gauges: [(&str, &str, Pick); 4] = [
+        let gauges: [(&str, &str, Pick); 5] = [
             ("slots_in_use", "Slots held now", |r| Some(r.in_use)),
             ("slots_capacity", "Slots configured (parallel)", |r| {
                 r.capacity
@@ -259,6 +318,11 @@ impl Collector for LimiterGauges {
             ("queue_capacity", "Requests allowed to wait (queue)", |r| {
                 Some(r.queue_capacity)
             }),
+            (
+                "model_loaded",
+                "1 when the model is resident on the upstream (last discovery)",
+                |r| Some(usize::from(r.loaded)),
+            ),
         ];
         for (name, help, pick) in gauges {
             let mut metric = encoder.encode_descriptor(
@@ -272,6 +336,34 @@ impl Collector for LimiterGauges {
                     let value = i64::try_from(value).unwrap_or(i64::MAX);
                     ConstGauge::new(value).encode(metric.encode_family(&reading.labels)?)?;
                 }
+            }
+        }
+
+        let per_upstream: [(&str, &str, UpstreamPick); 2] = [
+            (
+                "upstream_healthy",
+                "1 while the upstream passes its health checks (or is not checked yet), 0 while ejected",
+                |u| u.health.is_routable(),
+            ),
+            (
+                "upstream_draining",
+                "1 while an operator drains the upstream",
+                UpstreamState::is_draining,
+            ),
+        ];
+        for (name, help, pick) in per_upstream {
+            let mut metric = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                ConstGauge::new(0_i64).metric_type(),
+            )?;
+            for upstream in generation.upstreams.iter() {
+                let labels = UpstreamLabels {
+                    upstream: upstream.name.clone(),
+                };
+                ConstGauge::new(i64::from(pick(upstream)))
+                    .encode(metric.encode_family(&labels)?)?;
             }
         }
         Ok(())

@@ -228,7 +228,7 @@ pub fn respond<B: From<Bytes>>(error: &Error, request_id: &HeaderValue) -> Respo
 }
 
 /// An error and its sources, `: `-separated, for logs and details.
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -10,21 +10,26 @@
 //!   the model's limits (`parallel = "unlimited"` becomes an unlimited key, which counts requests
 //!   in flight but never refuses or queues).
 //!
-//! [`Route::ranked`] asks `slotgate-choose` for the order to try the targets in. The score uses
-//! the free slots *of the key*: it is the key's cap that decides whether this request waits.
+//! [`Route::ranked`] asks `slotgate-choose` for the order to try the targets in, from what the
+//! gateway knows about each upstream right now ([`UpstreamState`]): an unhealthy or draining
+//! upstream is not eligible; one with the model resident ranks before one that would have to
+//! load it. The score uses the free slots *of the key*: it is the key's cap that decides whether
+//! this request waits.
+//!
+//! A reload builds a new table; [`Routes::build`] carries each key's hold-time statistics over
+//! from the previous one, so `Retry-After` estimates survive it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::HeaderValue;
 use slotgate_choose::Info;
 use slotgate_config::{Config, ModelLimits};
 use slotgate_limiter::{KeyHandle, Limiter};
 
-use crate::forward::Base;
 use crate::hold::HoldStats;
 use crate::metrics::{Metrics, RejectionMetrics, TargetMetrics};
+use crate::upstream::{UpstreamState, Upstreams};
 
 /// The routing table.
 #[derive(Debug)]
@@ -48,14 +53,12 @@ pub struct Route {
 /// One upstream's offer of one model.
 #[derive(Debug)]
 pub struct Target {
-    /// The upstream's name in the configuration.
-    pub upstream: String,
-    /// The limiter's host key (`scheme://host:port`).
-    pub authority: String,
-    /// Where to send requests.
-    pub base: Base,
+    /// The upstream: where it is, and its health, draining and residency.
+    pub upstream: Arc<UpstreamState>,
     /// The model's limiter key on this upstream.
     pub key: KeyHandle,
+    /// The configured limits.
+    pub limits: ModelLimits,
     /// The slot count; `None` when unlimited.
     pub parallel: Option<usize>,
     /// The longest wait for a slot; `None` when unlimited (never waits).
@@ -64,38 +67,41 @@ pub struct Target {
     pub weight: f64,
     /// Observed slot hold times, for `Retry-After`.
     pub hold: Arc<HoldStats>,
-    /// `Authorization` to send upstream instead of the client's, if the upstream has a key.
-    pub authorization: Option<HeaderValue>,
     /// This target's metric handles.
     pub metrics: Arc<TargetMetrics>,
 }
 
 impl Routes {
-    /// Builds the table, configures `limiter` with every (upstream, model) key and creates each
-    /// key's metrics.
-    ///
-    /// Fails on what the configuration crate accepts but this gateway cannot do yet (an `https`
-    /// upstream), naming the upstream.
-    pub fn build(config: &Config, limiter: &Limiter, metrics: &Metrics) -> Result<Self, String> {
+    /// Builds the table for `config`, configures `limiter` with every (upstream, model) key
+    /// (live: a changed limit applies to requests already waiting) and creates each key's
+    /// metrics. `upstreams` must have been built from the same `config`; hold-time statistics
+    /// are carried over from `previous`.
+    pub fn build(
+        config: &Config,
+        upstreams: &Upstreams,
+        limiter: &Limiter,
+        metrics: &Metrics,
+        previous: Option<&Routes>,
+    ) -> Self {
+        let holds: HashMap<(&str, &str), &Arc<HoldStats>> = previous
+            .into_iter()
+            .flat_map(Routes::routes)
+            .flat_map(|route| {
+                route.targets.iter().map(|target| {
+                    (
+                        (target.upstream.authority.as_str(), route.model.as_str()),
+                        &target.hold,
+                    )
+                })
+            })
+            .collect();
         let mut routes: HashMap<String, Route> = HashMap::new();
         for upstream in config.upstreams.values() {
-            let base = Base::parse(upstream.url.as_str())
-                .map_err(|e| format!("upstreams.{}.url: {e}", upstream.name))?;
-            let authority = upstream.authority();
-            let authorization = match &upstream.api_key {
-                Some(key) => {
-                    let mut value = HeaderValue::try_from(format!("Bearer {}", key.expose()))
-                        .map_err(|_| {
-                            format!(
-                                "upstreams.{}.api_key: not a valid header value",
-                                upstream.name
-                            )
-                        })?;
-                    value.set_sensitive(true);
-                    Some(value)
-                }
-                None => None,
+            // `Upstreams::build` made one state per configured upstream.
+            let Some(state) = upstreams.get(&upstream.name) else {
+                continue;
             };
+            let authority = state.authority.as_str();
             for (model, limits) in &upstream.models {
                 let (parallel, queue, queue_timeout) = match *limits {
                     ModelLimits::Limited {
@@ -107,21 +113,22 @@ impl Routes {
                     ModelLimits::Unlimited => (None, 0, None),
                 };
                 limiter.configure(
-                    authority.as_str(),
+                    authority,
                     model.as_str(),
                     parallel.unwrap_or(usize::MAX),
                     queue,
                 );
+                let hold = holds
+                    .get(&(authority, model.as_str()))
+                    .map_or_else(Arc::default, |hold| Arc::clone(hold));
                 let target = Target {
-                    upstream: upstream.name.clone(),
-                    authority: authority.clone(),
-                    base: base.clone(),
-                    key: limiter.handle(authority.as_str(), model.as_str()),
+                    upstream: Arc::clone(state),
+                    key: limiter.handle(authority, model.as_str()),
+                    limits: *limits,
                     parallel,
                     queue_timeout,
                     weight: upstream.weight,
-                    hold: Arc::default(),
-                    authorization: authorization.clone(),
+                    hold,
                     metrics: Arc::new(metrics.target(&upstream.name, model)),
                 };
                 routes
@@ -146,10 +153,10 @@ impl Routes {
             }
         }
         let names: BTreeSet<String> = by_name.keys().cloned().collect();
-        Ok(Self {
+        Self {
             by_name,
             names: names.into_iter().collect(),
-        })
+        }
     }
 
     /// The route for a client-supplied model name (a model or an alias).
@@ -162,32 +169,51 @@ impl Routes {
         &self.names
     }
 
-    /// Every route once (aliases not repeated).
+    /// Every route once (aliases not repeated), in model-name order.
     pub fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
         let mut seen = BTreeSet::new();
-        self.by_name
-            .values()
+        self.names
+            .iter()
+            .filter_map(|name| self.by_name.get(name))
             .filter(move |route| seen.insert(route.model.as_str()))
+    }
+
+    /// Every limiter key of the table: (upstream authority, model).
+    pub fn keys(&self) -> BTreeSet<(String, String)> {
+        self.routes()
+            .flat_map(|route| {
+                route
+                    .targets
+                    .iter()
+                    .map(|t| (t.upstream.authority.clone(), route.model.clone()))
+            })
+            .collect()
     }
 }
 
 impl Route {
-    /// The targets to try, best first (see `slotgate-choose` for the rules).
+    /// The targets to try, best first (see `slotgate-choose` for the rules). Unhealthy and
+    /// draining upstreams are left out.
     pub fn ranked(&self) -> Vec<&Target> {
-        slotgate_choose::ranked(&self.targets, |target| Some(target.info()))
+        slotgate_choose::ranked(&self.targets, |target| Some(target.info(&self.model)))
+    }
+
+    /// Whether any target may take new requests now (healthy and not draining).
+    pub fn is_available(&self) -> bool {
+        self.targets.iter().any(|t| t.upstream.is_available())
     }
 }
 
 impl Target {
-    /// What `slotgate-choose` needs to know about this target now.
-    fn info(&self) -> Info {
+    /// What `slotgate-choose` needs to know about this target for `model` now.
+    fn info(&self, model: &str) -> Info {
         let limits = self.key.limits();
         Info {
-            // Health checks and residency discovery are not wired yet: every configured
-            // upstream counts as healthy and as having the model loaded.
-            healthy: true,
-            draining: false,
-            loaded: true,
+            healthy: self.upstream.health.is_routable(),
+            draining: self.upstream.is_draining(),
+            loaded: self.upstream.residency.is_loaded(self.upstream.kind, model),
+            // Configured here, so it can be served here (loading it first if need be); see
+            // the `residency` module.
             can_serve: true,
             free: limits.parallel.saturating_sub(self.key.in_flight()),
             queued: self.key.queued(),

@@ -3,6 +3,9 @@
 //! [`App::handle`] answers every request (it cannot fail): it dispatches on the path, runs the
 //! steps of a model-routed request, and hands any error to [`rescue`]. Every response carries
 //! `x-request-id`.
+//!
+//! A request reads the configuration in force when it arrives ([`Live::current`]) and keeps it
+//! to the end, so a reload never changes the rules under it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -15,14 +18,14 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use tracing::{debug, warn};
 
-use crate::admit::{self, Refused};
-use crate::auth::ApiKeys;
+use crate::admit::{self, Refused, Slot};
 use crate::body::SlotBody;
 use crate::forward::{self, ForwardError, Forwarder, REQUEST_ID};
+use crate::live::{Generation, Live};
 use crate::metrics::observe;
 use crate::request;
 use crate::rescue::{self, BoxError, Error};
-use crate::route::Routes;
+use crate::route::Target;
 use crate::server::ShutdownSignal;
 
 /// The body of every API response: a buffered document (a problem, the model list), or an
@@ -37,17 +40,11 @@ const GET_ONLY: &[Method] = &[Method::GET, Method::HEAD];
 /// What the request path needs, shared by every connection.
 #[derive(Debug)]
 pub struct App {
-    /// The routing table (and, through it, the limiter keys).
-    pub routes: Arc<Routes>,
+    /// The configuration in force: routing table (and, through it, the limiter keys and the
+    /// upstreams' state), API keys, body limit.
+    pub live: Arc<Live>,
     /// The pooled upstream client.
     pub forwarder: Forwarder,
-    /// Client API keys; empty: no authentication.
-    pub api_keys: ApiKeys,
-    /// Largest request body accepted.
-    pub max_body_bytes: usize,
-    /// `Retry-After` when no upstream is reachable (the health-check interval: when the picture
-    /// may have changed).
-    pub unavailable_retry_after: Duration,
     /// `Retry-After` while shutting down.
     pub shutdown_retry_after: Duration,
     /// Fired when the gateway starts shutting down.
@@ -64,7 +61,8 @@ impl App {
         B::Error: Into<BoxError>,
     {
         let request_id = forward::request_id(req.headers());
-        let mut response = match self.dispatch(req, &request_id).await {
+        let generation = self.live.current();
+        let mut response = match self.dispatch(req, &generation, &request_id).await {
             Ok(response) => response,
             Err(error) => rescue::respond::<Full<Bytes>>(&error, &request_id).map(Either::Left),
         };
@@ -75,6 +73,7 @@ impl App {
     async fn dispatch<B>(
         &self,
         req: Request<B>,
+        generation: &Generation,
         request_id: &HeaderValue,
     ) -> Result<Response<ResponseBody>, Error>
     where
@@ -86,15 +85,15 @@ impl App {
             if req.method() != Method::POST {
                 return Err(method_not_allowed(&req, POST_ONLY));
             }
-            self.api_keys.check(req.headers())?;
-            return self.proxy(req, request_id).await;
+            generation.api_keys.check(req.headers())?;
+            return self.proxy(req, generation, request_id).await;
         }
         if path == "/v1/models" {
             if !GET_ONLY.contains(req.method()) {
                 return Err(method_not_allowed(&req, GET_ONLY));
             }
-            self.api_keys.check(req.headers())?;
-            return Ok(self.models());
+            generation.api_keys.check(req.headers())?;
+            return Ok(self.models(generation));
         }
         Err(Error::NotFound {
             path: path.chars().take(200).collect(),
@@ -105,6 +104,7 @@ impl App {
     async fn proxy<B>(
         &self,
         req: Request<B>,
+        generation: &Generation,
         request_id: &HeaderValue,
     ) -> Result<Response<ResponseBody>, Error>
     where
@@ -117,9 +117,10 @@ impl App {
             });
         }
         // Step 3: the body, under the limit; `model` and `stream` without re-serialising.
-        let api = request::read(req, self.max_body_bytes).await?;
+        let server = &generation.config.server;
+        let api = request::read(req, server.max_body_bytes).await?;
         // Step 4: the model's route (an alias shares its target's route).
-        let Some(route) = self.routes.resolve(&api.model) else {
+        let Some(route) = generation.routes.resolve(&api.model) else {
             return Err(Error::ModelNotFound { model: api.model });
         };
         let model = route.model.as_str();
@@ -134,23 +135,38 @@ impl App {
 
         let mut full_on: Option<(&str, Duration)> = None;
         let mut connect_error: Option<BoxError> = None;
+        let mut stopping = self.shutdown.clone();
         for target in ranked {
             // Steps 5 and 6: a slot on this target, or on to the next when its queue is full.
-            let slot = match admit::enter(target).await {
+            // A shutdown ends the wait: only requests already running get the grace period.
+            let slot = match admit::enter(target, &mut stopping).await {
                 Ok(slot) => slot,
-                Err(Refused::Full | Refused::Closed) => {
+                Err(Refused::ShuttingDown) => {
+                    return Err(Error::ShuttingDown {
+                        retry_after: self.shutdown_retry_after,
+                    });
+                }
+                Err(Refused::Closed) => {
+                    // A reload removed this model from this upstream while the request waited.
+                    return Err(removed_by_reload(
+                        target,
+                        model,
+                        server.health_check_interval,
+                    ));
+                }
+                Err(Refused::Full) => {
                     let retry_after = target.retry_after();
                     full_on = Some(match full_on {
                         // Name the best-ranked upstream; retry when the soonest may have room.
                         Some((first, earlier)) => (first, earlier.min(retry_after)),
-                        None => (target.upstream.as_str(), retry_after),
+                        None => (target.upstream.name.as_str(), retry_after),
                     });
                     continue;
                 }
                 Err(Refused::Timeout(waited)) => {
                     route.rejections.queue_timeout.inc();
                     return Err(Error::QueueTimeout {
-                        upstream: target.upstream.clone(),
+                        upstream: target.upstream.name.clone(),
                         model: model.to_owned(),
                         waited,
                         retry_after: target.retry_after(),
@@ -163,8 +179,8 @@ impl App {
             let outcome = self
                 .forwarder
                 .send(
-                    &target.base,
-                    target.authorization.as_ref(),
+                    &target.upstream.base,
+                    target.upstream.authorization.as_ref(),
                     &api.parts,
                     api.body_for(model),
                     request_id,
@@ -173,35 +189,22 @@ impl App {
             match outcome {
                 Ok(response) => {
                     observe(&slot.metrics().first_byte, sent.elapsed());
+                    target.upstream.health.record_answer();
                     // Step 8: the slot rides in the body until the answer is over.
                     return Ok(response.map(|body| Either::Right(SlotBody::new(body, slot))));
                 }
                 Err(ForwardError::Connect(error)) => {
-                    // Nothing was sent: safe to try the next host.
-                    warn!(upstream = %target.upstream, %error, "connect failed; trying the next host");
+                    // Nothing was sent: safe to try the next host. Enough of these in a row
+                    // eject the upstream (passive health checking).
+                    let reason = rescue::chain(&*error);
+                    warn!(upstream = %target.upstream.name, error = %reason, "connect failed; trying the next host");
+                    target
+                        .upstream
+                        .record_connect_error(reason, &generation.policy);
                     slot.abandon();
                     connect_error = Some(error);
                 }
-                Err(ForwardError::Timeout(after)) => {
-                    slot.fail();
-                    return Err(Error::UpstreamTimeout {
-                        upstream: target.upstream.clone(),
-                        model: model.to_owned(),
-                        after,
-                    });
-                }
-                Err(ForwardError::Failed(source)) => {
-                    slot.fail();
-                    return Err(Error::UpstreamFailed {
-                        upstream: target.upstream.clone(),
-                        model: model.to_owned(),
-                        source,
-                    });
-                }
-                Err(ForwardError::Internal(detail)) => {
-                    slot.abandon();
-                    return Err(Error::Internal(detail));
-                }
+                Err(failure) => return Err(failed_after_connect(failure, target, model, slot)),
             }
         }
 
@@ -217,21 +220,29 @@ impl App {
         }
         Err(Error::UpstreamUnavailable {
             model: model.to_owned(),
-            retry_after: self.unavailable_retry_after,
+            retry_after: server.health_check_interval,
             source: connect_error,
         })
     }
 
-    /// `GET /v1/models`: every configured model and alias, in the OpenAI list shape.
-    fn models(&self) -> Response<ResponseBody> {
+    /// `GET /v1/models`: every model (and alias) that some healthy, undrained upstream
+    /// serves, in the OpenAI list shape. A model whose every upstream is down or draining is
+    /// left out: asking for it now would only get a 503.
+    fn models(&self, generation: &Generation) -> Response<ResponseBody> {
         let created = self
             .started
             .duration_since(UNIX_EPOCH)
             .map_or(0, |since| since.as_secs());
-        let data: Vec<serde_json::Value> = self
+        let data: Vec<serde_json::Value> = generation
             .routes
             .names()
             .iter()
+            .filter(|name| {
+                generation
+                    .routes
+                    .resolve(name)
+                    .is_some_and(|route| route.is_available())
+            })
             .map(|name| {
                 serde_json::json!({
                     "id": name,
@@ -243,6 +254,54 @@ impl App {
             .collect();
         let body = serde_json::json!({ "object": "list", "data": data }).to_string();
         json_response(StatusCode::OK, body)
+    }
+}
+
+/// The error for a request whose queue a reload removed while it waited.
+fn removed_by_reload(target: &Target, model: &str, retry_after: Duration) -> Error {
+    let why = format!(
+        "model {model:?} was removed from upstream {} by a configuration reload while the \
+         request waited",
+        target.upstream.name
+    );
+    Error::UpstreamUnavailable {
+        model: model.to_owned(),
+        retry_after,
+        source: Some(why.into()),
+    }
+}
+
+/// The error for a forward that failed after connecting (the request may have run): the slot
+/// is given back, counted as an upstream error unless the gateway itself failed.
+fn failed_after_connect(failure: ForwardError, target: &Target, model: &str, slot: Slot) -> Error {
+    let upstream = target.upstream.name.clone();
+    let model = model.to_owned();
+    match failure {
+        ForwardError::Timeout(after) => {
+            slot.fail();
+            Error::UpstreamTimeout {
+                upstream,
+                model,
+                after,
+            }
+        }
+        ForwardError::Failed(source) => {
+            slot.fail();
+            Error::UpstreamFailed {
+                upstream,
+                model,
+                source,
+            }
+        }
+        // `Connect` is handled by the caller (it may fail over); counted like a bug if not.
+        ForwardError::Internal(detail) => {
+            slot.abandon();
+            Error::Internal(detail)
+        }
+        ForwardError::Connect(error) => {
+            slot.abandon();
+            Error::Internal(format!("unhandled connect error: {error}"))
+        }
     }
 }
 

@@ -1,0 +1,294 @@
+//! End-to-end tests of what an operator relies on: health checks and passive ejection, model
+//! residency, draining and shutdown, hot reload, the admin API and the metrics.
+//!
+//! Like `gateway_e2e.rs`: the real gateway in-process, `fake-upstream` behind it, loopback
+//! sockets only. Health checks run every 100–200 ms here so that state changes are quick, and
+//! every wait on one polls with a generous deadline instead of sleeping a fixed time.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use fake_upstream::{FakeConfig, FakeUpstream};
+use serde_json::Value;
+use support::{chat, gateway, get, server};
+
+/// Long enough for anything on a loaded 2-core machine; only reached when a test fails.
+const PATIENT: Duration = Duration::from_secs(30);
+
+/// An `[upstreams.NAME]` table of `kind` with one limited model.
+fn upstream_of(
+    kind: &str,
+    name: &str,
+    url: &str,
+    model: &str,
+    parallel: usize,
+    queue: usize,
+) -> String {
+    format!(
+        "[upstreams.{name}]\nurl = \"{url}\"\nkind = \"{kind}\"\n\n\
+         [upstreams.{name}.models.\"{model}\"]\nparallel = {parallel}\nqueue = {queue}\nqueue_timeout = \"30s\"\n"
+    )
+}
+
+/// `GET /admin/upstreams`, parsed.
+async fn status(admin: SocketAddr) -> Value {
+    let reply = get(admin, "/admin/upstreams").await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    reply.json()
+}
+
+/// The status document of one upstream.
+async fn upstream_status(admin: SocketAddr, name: &str) -> Value {
+    let all = status(admin).await;
+    all["upstreams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == name)
+        .unwrap_or_else(|| panic!("no upstream {name} in {all}"))
+        .clone()
+}
+
+/// Polls the admin API until `check` holds for the upstream's status.
+async fn wait_for_upstream(
+    admin: SocketAddr,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = tokio::time::Instant::now() + PATIENT;
+    loop {
+        let doc = upstream_status(admin, name).await;
+        if check(&doc) {
+            return doc;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {name}: {what}; last status: {doc}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn wait_for_health(admin: SocketAddr, name: &str, health: &str) -> Value {
+    wait_for_upstream(admin, name, health, |u| u["health"]["status"] == health).await
+}
+
+/// The value of one sample line of `/metrics` (exact name and labels), if present.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+        value.parse().ok()
+    })
+}
+
+async fn metrics_text(admin: SocketAddr) -> String {
+    let reply = get(admin, "/metrics").await;
+    assert_eq!(reply.status, 200);
+    reply.text()
+}
+
+/// The ids `GET /v1/models` lists.
+async fn model_ids(addr: SocketAddr) -> Vec<String> {
+    let reply = get(addr, "/v1/models").await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    reply.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+// === health ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loading_llama_server_gets_no_requests_until_it_is_healthy() {
+    // llama-server answers every path with 503 "Loading model" while it loads.
+    let fake = FakeUpstream::start(
+        FakeConfig::llama_server(2)
+            .model("qwen")
+            .startup_delay(Duration::from_secs(6)),
+    )
+    .await
+    .unwrap();
+    let gw = gateway(&format!(
+        "{}{}",
+        server("health_check_interval = \"200ms\""),
+        upstream_of("llama-server", "gpu", &fake.url(), "qwen", 2, 2)
+    ))
+    .await;
+    let admin = gw.admin_addr().unwrap();
+    let addr = gw.api_addr();
+
+    // The gateway checked before serving: the first answer decided.
+    let doc = upstream_status(admin, "gpu").await;
+    assert_eq!(doc["health"]["status"], "unhealthy", "{doc}");
+    assert!(
+        doc["health"]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("Loading model"),
+        "{doc}"
+    );
+    let refused = chat(addr, "qwen", false, &[]).await;
+    refused.assert_problem(503, "upstream-unavailable");
+    assert_eq!(fake.observer().snapshot().received, 0, "nothing forwarded");
+    assert_eq!(get(admin, "/readyz").await.status, 503);
+    assert!(model_ids(addr).await.is_empty(), "no servable model listed");
+    let metrics = metrics_text(admin).await;
+    assert_eq!(
+        sample(&metrics, r#"slotgate_upstream_healthy{upstream="gpu"}"#),
+        Some(0.0)
+    );
+
+    // Loaded: restored after enough good checks, and served.
+    wait_for_health(admin, "gpu", "healthy").await;
+    let ok = chat(addr, "qwen", false, &[]).await;
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    assert_eq!(get(admin, "/readyz").await.status, 200);
+    assert_eq!(model_ids(addr).await, ["qwen"]);
+    let metrics = metrics_text(admin).await;
+    assert_eq!(
+        sample(&metrics, r#"slotgate_upstream_healthy{upstream="gpu"}"#),
+        Some(1.0)
+    );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_stops_answering_is_ejected_and_restored() {
+    let fake = FakeUpstream::start(FakeConfig::vllm(4).model("qwen"))
+        .await
+        .unwrap();
+    let gw = gateway(&format!(
+        "{}{}",
+        server(
+            "health_check_interval = \"100ms\"\neject_after_failures = 2\nrestore_after_successes = 2"
+        ),
+        upstream_of("vllm", "gpu", &fake.url(), "qwen", 2, 2)
+    ))
+    .await;
+    let admin = gw.admin_addr().unwrap();
+    let addr = gw.api_addr();
+    wait_for_health(admin, "gpu", "healthy").await;
+
+    fake.refuse_connections().await.unwrap();
+    let doc = wait_for_health(admin, "gpu", "unhealthy").await;
+    assert!(
+        doc["health"]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("connect"),
+        "{doc}"
+    );
+    chat(addr, "qwen", false, &[])
+        .await
+        .assert_problem(503, "upstream-unavailable");
+
+    fake.accept_connections().await.unwrap();
+    wait_for_health(admin, "gpu", "healthy").await;
+    let ok = chat(addr, "qwen", false, &[]).await;
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connections_eject_an_upstream_between_checks() {
+    let a = FakeUpstream::start(FakeConfig::llama_server(4).model("qwen"))
+        .await
+        .unwrap();
+    let b = FakeUpstream::start(FakeConfig::llama_server(4).model("qwen"))
+        .await
+        .unwrap();
+    // Checks once at start, then not for an hour: only forwarding can eject "a".
+    let gw = gateway(&format!(
+        "{}{}{}",
+        server("health_check_interval = \"1h\"\neject_after_failures = 2"),
+        upstream_of("llama-server", "a", &a.url(), "qwen", 2, 2),
+        upstream_of("llama-server", "b", &b.url(), "qwen", 2, 2),
+    ))
+    .await;
+    let admin = gw.admin_addr().unwrap();
+    let addr = gw.api_addr();
+    a.refuse_connections().await.unwrap();
+
+    // "a" ranks first (configuration order breaks ties); each request fails over to "b".
+    for i in 0..2 {
+        let id = format!("over-{i}");
+        let reply = chat(addr, "qwen", false, &[("x-request-id", &id)]).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert!(b.observer().request(&id).is_some());
+    }
+    let doc = upstream_status(admin, "a").await;
+    assert_eq!(doc["health"]["status"], "unhealthy", "{doc}");
+    assert_eq!(doc["health"]["consecutive_failures"], 2, "{doc}");
+
+    // Ejected: even with "a" listening again, nothing goes there until a check restores it.
+    a.accept_connections().await.unwrap();
+    for i in 0..3 {
+        let reply = chat(
+            addr,
+            "qwen",
+            false,
+            &[("x-request-id", &format!("after-{i}"))],
+        )
+        .await;
+        assert_eq!(reply.status, 200);
+    }
+    assert!(a.observer().inference_requests().is_empty());
+    assert_eq!(b.observer().snapshot().received, 5);
+    gw.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_kind_is_checked_with_its_own_probe() {
+    let llama = FakeUpstream::start(FakeConfig::llama_server(1).model("m1"))
+        .await
+        .unwrap();
+    let vllm = FakeUpstream::start(FakeConfig::vllm(1).model("m2"))
+        .await
+        .unwrap();
+    let ollama = FakeUpstream::start(FakeConfig::ollama(1).model("m3"))
+        .await
+        .unwrap();
+    // Any OpenAI-compatible server: checked with GET /v1/models.
+    let generic = FakeUpstream::start(FakeConfig::vllm(1).model("m4"))
+        .await
+        .unwrap();
+    let gw = gateway(&format!(
+        "{}{}{}{}{}",
+        server("health_check_interval = \"100ms\""),
+        upstream_of("llama-server", "llama", &llama.url(), "m1", 1, 0),
+        upstream_of("vllm", "vllm", &vllm.url(), "m2", 1, 0),
+        upstream_of("ollama", "ollama", &ollama.url(), "m3", 1, 0),
+        upstream_of("openai", "generic", &generic.url(), "m4", 1, 0),
+    ))
+    .await;
+    let admin = gw.admin_addr().unwrap();
+    for name in ["llama", "vllm", "ollama", "generic"] {
+        wait_for_health(admin, name, "healthy").await;
+    }
+    let paths = |fake: &FakeUpstream| -> Vec<String> {
+        fake.observer()
+            .requests()
+            .into_iter()
+            .map(|r| r.path)
+            .collect()
+    };
+    assert!(paths(&llama).contains(&"/health".to_owned()));
+    assert!(paths(&vllm).contains(&"/health".to_owned()));
+    assert!(paths(&ollama).contains(&"/".to_owned()));
+    assert!(paths(&generic).contains(&"/v1/models".to_owned()));
+    assert!(!paths(&generic).contains(&"/health".to_owned()));
+    gw.shutdown().await;
+    for fake in [llama, vllm, ollama, generic] {
+        fake.shutdown().await;
+    }
+}
