@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use fake_upstream::{FakeConfig, FakeUpstream};
 use serde_json::Value;
-use support::{chat, gateway, get, server};
+use support::{SOON, chat, gateway, get, server};
 
 /// Long enough for anything on a loaded 2-core machine; only reached when a test fails.
 const PATIENT: Duration = Duration::from_secs(30);
@@ -289,6 +289,148 @@ async fn each_kind_is_checked_with_its_own_probe() {
     assert!(!paths(&generic).contains(&"/health".to_owned()));
     gw.shutdown().await;
     for fake in [llama, vllm, ollama, generic] {
+        fake.shutdown().await;
+    }
+}
+
+// === model residency ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_go_where_the_model_is_loaded_and_fall_through_only_when_its_queue_is_full() {
+    // Two llama-server routers that can both serve "qwen"; only "b" has it loaded.
+    let a = FakeUpstream::start(
+        FakeConfig::llama_server(4)
+            .router(true)
+            .unloaded_model("qwen"),
+    )
+    .await
+    .unwrap();
+    let b = FakeUpstream::start(FakeConfig::llama_server(4).router(true).model("qwen"))
+        .await
+        .unwrap();
+    let gw = gateway(&format!(
+        "{}{}{}",
+        server("health_check_interval = \"100ms\""),
+        // "a" comes first in configuration order and has more free slots: without residency
+        // it would win every pick.
+        upstream_of("llama-server", "a", &a.url(), "qwen", 2, 1),
+        upstream_of("llama-server", "b", &b.url(), "qwen", 1, 1),
+    ))
+    .await;
+    let admin = gw.admin_addr().unwrap();
+    let addr = gw.api_addr();
+    let doc = upstream_status(admin, "b").await;
+    assert_eq!(doc["loaded"], serde_json::json!(["qwen"]), "{doc}");
+    let doc = upstream_status(admin, "a").await;
+    assert_eq!(doc["loaded"], serde_json::json!([]), "{doc}");
+    assert_eq!(doc["residency"]["resident"], serde_json::json!([]), "{doc}");
+    let metrics = metrics_text(admin).await;
+    assert_eq!(
+        sample(
+            &metrics,
+            r#"slotgate_model_loaded{upstream="b",model="qwen"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            r#"slotgate_model_loaded{upstream="a",model="qwen"}"#
+        ),
+        Some(0.0)
+    );
+
+    // One runs on "b"; the next waits in b's queue rather than going to the cold host.
+    let hold = [("x-fake-hold-ms", "1500")];
+    let first = tokio::spawn(async move {
+        chat(addr, "qwen", false, &[hold[0], ("x-request-id", "first")]).await
+    });
+    b.observer().wait_for_in_flight(1, SOON).await.unwrap();
+    let second = tokio::spawn(async move {
+        chat(addr, "qwen", false, &[hold[0], ("x-request-id", "second")]).await
+    });
+    let key = support::authority(b.addr());
+    support::eventually("second queued on b", SOON, || {
+        gw.limiter().queued(&key, "qwen") == 1
+    })
+    .await;
+    // b's queue is full now: the third falls through to "a", which loads the model.
+    let third = chat(addr, "qwen", false, &[("x-request-id", "third")]).await;
+    assert_eq!(third.status, 200, "{}", third.text());
+    assert_eq!(first.await.unwrap().status, 200);
+    assert_eq!(second.await.unwrap().status, 200);
+    assert!(b.observer().request("first").is_some());
+    assert!(b.observer().request("second").is_some());
+    assert!(a.observer().request("third").is_some());
+    assert_eq!(
+        a.observer().snapshot().received,
+        1,
+        "only the overflow went to a"
+    );
+
+    // "a" loaded it on demand; the next discovery sees that.
+    wait_for_upstream(admin, "a", "qwen loaded", |u| {
+        u["loaded"] == serde_json::json!(["qwen"])
+    })
+    .await;
+    gw.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn residency_follows_each_kinds_own_listing() {
+    // Ollama lists what is resident in /api/ps; a configured name without a tag is `:latest`.
+    let ollama = FakeUpstream::start(
+        FakeConfig::ollama(1)
+            .unloaded_model("llama3")
+            .model("qwen:7b"),
+    )
+    .await
+    .unwrap();
+    // vLLM lists what it serves; a single-model llama-server serves its one model by any name.
+    let vllm = FakeUpstream::start(FakeConfig::vllm(1).model("served"))
+        .await
+        .unwrap();
+    let llama = FakeUpstream::start(FakeConfig::llama_server(1).model("/models/tiny.gguf"))
+        .await
+        .unwrap();
+    let gw = gateway(&format!(
+        "{}{}[upstreams.ollama.models.\"qwen:7b\"]\nparallel = 1\nqueue = 0\nqueue_timeout = \"5s\"\n\n{}[upstreams.vllm.models.other]\nparallel = 1\nqueue = 0\nqueue_timeout = \"5s\"\n\n{}",
+        server("health_check_interval = \"100ms\""),
+        upstream_of("ollama", "ollama", &ollama.url(), "llama3", 1, 0),
+        upstream_of("vllm", "vllm", &vllm.url(), "served", 1, 0),
+        upstream_of("llama-server", "llama", &llama.url(), "tiny", 1, 0),
+    ))
+    .await;
+    let admin = gw.admin_addr().unwrap();
+    let loaded = |names: &[&str]| serde_json::json!(names);
+
+    assert_eq!(
+        upstream_status(admin, "ollama").await["loaded"],
+        loaded(&["qwen:7b"])
+    );
+    assert_eq!(
+        upstream_status(admin, "vllm").await["loaded"],
+        loaded(&["served"])
+    );
+    assert_eq!(
+        upstream_status(admin, "llama").await["loaded"],
+        loaded(&["tiny"])
+    );
+
+    assert!(ollama.load_model("llama3").await);
+    wait_for_upstream(admin, "ollama", "llama3 loaded", |u| {
+        u["loaded"] == loaded(&["llama3", "qwen:7b"])
+    })
+    .await;
+    assert!(ollama.unload_model("qwen:7b"));
+    wait_for_upstream(admin, "ollama", "qwen:7b unloaded", |u| {
+        u["loaded"] == loaded(&["llama3"])
+    })
+    .await;
+    gw.shutdown().await;
+    for fake in [ollama, vllm, llama] {
         fake.shutdown().await;
     }
 }
