@@ -10,9 +10,12 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use bytes::Bytes;
 use fake_upstream::{FakeConfig, FakeUpstream};
+use http::Request;
+use http_body_util::Full;
 use serde_json::Value;
-use support::{SOON, chat, gateway, get, server};
+use support::{Reply, SOON, chat, chat_body, gateway, get, open, post, send, server};
 
 /// Long enough for anything on a loaded 2-core machine; only reached when a test fails.
 const PATIENT: Duration = Duration::from_secs(30);
@@ -30,6 +33,17 @@ fn upstream_of(
         "[upstreams.{name}]\nurl = \"{url}\"\nkind = \"{kind}\"\n\n\
          [upstreams.{name}.models.\"{model}\"]\nparallel = {parallel}\nqueue = {queue}\nqueue_timeout = \"30s\"\n"
     )
+}
+
+/// A request to the admin listener, with an optional bearer token.
+async fn admin_request(admin: SocketAddr, method: &str, path: &str, token: Option<&str>) -> Reply {
+    let mut builder = Request::builder()
+        .method(method)
+        .uri(format!("http://{admin}{path}"));
+    if let Some(token) = token {
+        builder = builder.header("authorization", format!("Bearer {token}"));
+    }
+    send(builder.body(Full::new(Bytes::new())).unwrap()).await
 }
 
 /// `GET /admin/upstreams`, parsed.
@@ -433,4 +447,183 @@ async fn residency_follows_each_kinds_own_listing() {
     for fake in [ollama, vllm, llama] {
         fake.shutdown().await;
     }
+}
+
+// === draining and shutdown ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_upstream_gets_no_new_requests_and_its_running_ones_finish() {
+    let a = FakeUpstream::start(FakeConfig::llama_server(4).model("qwen"))
+        .await
+        .unwrap();
+    let b = FakeUpstream::start(FakeConfig::llama_server(4).model("qwen"))
+        .await
+        .unwrap();
+    let gw = gateway(&format!(
+        "{}{}{}",
+        server("admin_token = \"let-me-in\""),
+        upstream_of("llama-server", "a", &a.url(), "qwen", 2, 2),
+        upstream_of("llama-server", "b", &b.url(), "qwen", 2, 2),
+    ))
+    .await;
+    let admin = gw.admin_addr().unwrap();
+    let addr = gw.api_addr();
+    let token = Some("let-me-in");
+
+    // A stream runs on "a" (first in configuration order).
+    let mut running = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", true),
+            &[
+                ("x-fake-tokens", "10"),
+                ("x-fake-chunk-interval-ms", "150"),
+                ("x-request-id", "running"),
+            ],
+        ),
+    )
+    .await
+    .head()
+    .await;
+    assert_eq!(running.status, 200);
+    assert!(running.next_data().await.unwrap().is_some());
+    assert!(a.observer().request("running").is_some());
+
+    // The admin API wants the token; probes and metrics do not.
+    admin_request(admin, "POST", "/admin/upstreams/a/drain", None)
+        .await
+        .assert_problem(401, "unauthorized");
+    admin_request(
+        admin,
+        "POST",
+        "/admin/upstreams/a/drain",
+        Some("let-me-out"),
+    )
+    .await
+    .assert_problem(401, "unauthorized");
+    admin_request(admin, "GET", "/admin/upstreams", None)
+        .await
+        .assert_problem(401, "unauthorized");
+    assert_eq!(get(admin, "/readyz").await.status, 200);
+    assert_eq!(get(admin, "/metrics").await.status, 200);
+    admin_request(admin, "POST", "/admin/upstreams/nope/drain", token)
+        .await
+        .assert_problem(404, "not-found");
+    admin_request(admin, "GET", "/admin/upstreams/a/drain", token)
+        .await
+        .assert_problem(405, "method-not-allowed");
+
+    let drained = admin_request(admin, "POST", "/admin/upstreams/a/drain", token).await;
+    assert_eq!(drained.status, 200, "{}", drained.text());
+    let doc = drained.json();
+    assert_eq!(doc["draining"], true, "{doc}");
+    assert_eq!(doc["models"][0]["in_flight"], 1, "{doc}");
+    let metrics = metrics_text(admin).await;
+    assert_eq!(
+        sample(&metrics, r#"slotgate_upstream_draining{upstream="a"}"#),
+        Some(1.0)
+    );
+
+    // New requests go to "b"; the stream on "a" runs to its end.
+    for i in 0..3 {
+        let id = format!("new-{i}");
+        let reply = chat(addr, "qwen", false, &[("x-request-id", &id)]).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert!(b.observer().request(&id).is_some(), "{id} went to b");
+    }
+    let rest = running.rest().await.expect("the stream ends cleanly");
+    assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+    assert_eq!(a.observer().snapshot().received, 1);
+
+    // Draining every upstream: nothing can be served, and the gateway is not ready.
+    let drained = admin_request(admin, "POST", "/admin/upstreams/b/drain", token).await;
+    assert_eq!(drained.status, 200);
+    chat(addr, "qwen", false, &[])
+        .await
+        .assert_problem(503, "upstream-unavailable");
+    assert_eq!(get(admin, "/readyz").await.status, 503);
+    assert!(model_ids(addr).await.is_empty());
+
+    // Undrained: "a" takes requests again.
+    for name in ["a", "b"] {
+        let reply = admin_request(
+            admin,
+            "POST",
+            &format!("/admin/upstreams/{name}/undrain"),
+            token,
+        )
+        .await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.json()["draining"], false);
+    }
+    let back = chat(addr, "qwen", false, &[("x-request-id", "back")]).await;
+    assert_eq!(back.status, 200);
+    assert!(a.observer().request("back").is_some());
+    assert_eq!(get(admin, "/readyz").await.status, 200);
+    gw.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_running_requests_finish_and_refuses_queued_ones() {
+    let fake = FakeUpstream::start(FakeConfig::llama_server(4).model("qwen"))
+        .await
+        .unwrap();
+    let gw = gateway(&format!(
+        "{}{}",
+        server("drain_grace = \"20s\""),
+        upstream_of("llama-server", "gpu", &fake.url(), "qwen", 1, 2),
+    ))
+    .await;
+    let admin = gw.admin_addr().unwrap();
+    let addr = gw.api_addr();
+    let key = support::authority(fake.addr());
+
+    // One stream holds the only slot; one request waits behind it.
+    let mut running = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", true),
+            &[("x-fake-tokens", "20"), ("x-fake-chunk-interval-ms", "150")],
+        ),
+    )
+    .await
+    .head()
+    .await;
+    assert!(running.next_data().await.unwrap().is_some());
+    let queued =
+        tokio::spawn(async move { chat(addr, "qwen", false, &[("x-request-id", "queued")]).await });
+    support::eventually("one queued", SOON, || {
+        gw.limiter().queued(&key, "qwen") == 1
+    })
+    .await;
+    assert_eq!(get(admin, "/readyz").await.status, 200);
+
+    let stopping = tokio::spawn(gw.shutdown());
+    // The waiting request is told at once, long before the stream (3 s) ends.
+    let refused = tokio::time::timeout(SOON, queued)
+        .await
+        .expect("the queued request is answered")
+        .unwrap();
+    let doc = refused.assert_problem(503, "shutting-down");
+    refused.retry_after();
+    assert!(fake.observer().request("queued").is_none(), "{doc}");
+    // Not ready while draining (the admin listener stops last).
+    let readyz = get(admin, "/readyz").await;
+    assert_eq!(readyz.status, 503);
+    assert_eq!(readyz.json()["shutting_down"], true);
+
+    let rest = running.rest().await.expect("the stream ends cleanly");
+    assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+    tokio::time::timeout(SOON, stopping)
+        .await
+        .expect("shutdown completes")
+        .unwrap();
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    fake.shutdown().await;
 }
