@@ -491,30 +491,6 @@ async fn a_drained_upstream_gets_no_new_requests_and_its_running_ones_finish() {
     assert!(running.next_data().await.unwrap().is_some());
     assert!(a.observer().request("running").is_some());
 
-    // The admin API wants the token; probes and metrics do not.
-    admin_request(admin, "POST", "/admin/upstreams/a/drain", None)
-        .await
-        .assert_problem(401, "unauthorized");
-    admin_request(
-        admin,
-        "POST",
-        "/admin/upstreams/a/drain",
-        Some("let-me-out"),
-    )
-    .await
-    .assert_problem(401, "unauthorized");
-    admin_request(admin, "GET", "/admin/upstreams", None)
-        .await
-        .assert_problem(401, "unauthorized");
-    assert_eq!(get(admin, "/readyz").await.status, 200);
-    assert_eq!(get(admin, "/metrics").await.status, 200);
-    admin_request(admin, "POST", "/admin/upstreams/nope/drain", token)
-        .await
-        .assert_problem(404, "not-found");
-    admin_request(admin, "GET", "/admin/upstreams/a/drain", token)
-        .await
-        .assert_problem(405, "method-not-allowed");
-
     let drained = admin_request(admin, "POST", "/admin/upstreams/a/drain", token).await;
     assert_eq!(drained.status, 200, "{}", drained.text());
     let doc = drained.json();
@@ -626,4 +602,64 @@ async fn shutdown_lets_running_requests_finish_and_refuses_queued_ones() {
         .unwrap();
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
     fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_wants_its_token_and_answers_mistakes_with_problems() {
+    let fake = FakeUpstream::start(FakeConfig::llama_server(1).model("qwen"))
+        .await
+        .unwrap();
+    let gw = gateway(&format!(
+        "{}{}",
+        server("admin_token = \"let-me-in\""),
+        upstream_of("llama-server", "a", &fake.url(), "qwen", 1, 0),
+    ))
+    .await;
+    let admin = gw.admin_addr().unwrap();
+    let token = Some("let-me-in");
+    // The admin API wants the token; probes and metrics do not.
+    for (method, path) in [
+        ("POST", "/admin/upstreams/a/drain"),
+        ("GET", "/admin/upstreams"),
+        ("POST", "/admin/reload"),
+    ] {
+        for wrong in [None, Some("let-me-out"), Some("")] {
+            admin_request(admin, method, path, wrong)
+                .await
+                .assert_problem(401, "unauthorized");
+        }
+    }
+    assert!(
+        !upstream_status_with(admin, token).await["draining"]
+            .as_bool()
+            .unwrap()
+    );
+    assert_eq!(get(admin, "/healthz").await.status, 200);
+    assert_eq!(get(admin, "/readyz").await.status, 200);
+    assert_eq!(get(admin, "/metrics").await.status, 200);
+    admin_request(admin, "POST", "/admin/upstreams/nope/drain", token)
+        .await
+        .assert_problem(404, "not-found");
+    admin_request(admin, "GET", "/admin/upstreams/a/drain", token)
+        .await
+        .assert_problem(405, "method-not-allowed");
+    admin_request(admin, "POST", "/admin/upstreams", token)
+        .await
+        .assert_problem(405, "method-not-allowed");
+    admin_request(admin, "GET", "/admin/nothing", token)
+        .await
+        .assert_problem(404, "not-found");
+    // Started from memory, not a file: nothing to reload.
+    let reload = admin_request(admin, "POST", "/admin/reload", token).await;
+    assert_eq!(reload.status, 409, "{}", reload.text());
+    assert_eq!(reload.json()["reloaded"], false);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// The first upstream's status, asked with `token`.
+async fn upstream_status_with(admin: SocketAddr, token: Option<&str>) -> Value {
+    let reply = admin_request(admin, "GET", "/admin/upstreams", token).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    reply.json()["upstreams"][0].clone()
 }
