@@ -663,3 +663,184 @@ async fn upstream_status_with(admin: SocketAddr, token: Option<&str>) -> Value {
     assert_eq!(reply.status, 200, "{}", reply.text());
     reply.json()["upstreams"][0].clone()
 }
+
+// === hot reload ===
+
+/// A gateway started from the file at `path`, so that it can reload it.
+async fn gateway_from_file(path: &std::path::Path) -> slotgate_gateway::Gateway {
+    let config = slotgate_config::Config::load(path).expect("a valid test config");
+    slotgate_gateway::Gateway::bind_file(&config, path)
+        .await
+        .expect("gateway starts")
+}
+
+/// A file of its own for each test, in a directory of its own for the process.
+fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("slotgate-ops-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(clippy::too_many_lines, reason = "one reload scenario, told in order")]
+async fn a_reload_applies_new_upstreams_models_and_limits_without_dropping_requests() {
+    let a = FakeUpstream::start(FakeConfig::llama_server(8).model("qwen"))
+        .await
+        .unwrap();
+    let b = FakeUpstream::start(FakeConfig::llama_server(8).model("old"))
+        .await
+        .unwrap();
+    let c = FakeUpstream::start(FakeConfig::llama_server(8).model("new"))
+        .await
+        .unwrap();
+    let before = format!(
+        "{}{}{}",
+        server(""),
+        upstream_of("llama-server", "a", &a.url(), "qwen", 1, 2),
+        upstream_of("llama-server", "b", &b.url(), "old", 1, 1),
+    );
+    let path = temp_file("reload.toml", &before);
+    let gw = gateway_from_file(&path).await;
+    let admin = gw.admin_addr().unwrap();
+    let addr = gw.api_addr();
+    let key_a = support::authority(a.addr());
+    let key_b = support::authority(b.addr());
+
+    // On "a": a stream holds the only slot, one request waits behind it.
+    let mut stream = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", true),
+            &[("x-fake-tokens", "10"), ("x-fake-chunk-interval-ms", "200")],
+        ),
+    )
+    .await
+    .head()
+    .await;
+    assert!(stream.next_data().await.unwrap().is_some());
+    let waits_on_a = tokio::spawn(async move {
+        chat(
+            addr,
+            "qwen",
+            false,
+            &[("x-fake-hold-ms", "3000"), ("x-request-id", "waits-a")],
+        )
+        .await
+    });
+    // On "b", whose model is about to go: one runs, one waits.
+    let runs_on_b = tokio::spawn(async move {
+        chat(
+            addr,
+            "old",
+            false,
+            &[("x-fake-hold-ms", "1500"), ("x-request-id", "runs-b")],
+        )
+        .await
+    });
+    b.observer().wait_for_in_flight(1, SOON).await.unwrap();
+    let waits_on_b =
+        tokio::spawn(async move { chat(addr, "old", false, &[("x-request-id", "waits-b")]).await });
+    support::eventually("one waiting on each", SOON, || {
+        gw.limiter().queued(&key_a, "qwen") == 1 && gw.limiter().queued(&key_b, "old") == 1
+    })
+    .await;
+
+    // "a" gets a second slot, "b" goes, "c" comes with an alias.
+    let after = format!(
+        "{}[aliases]\nchat = \"new\"\n\n{}{}",
+        server(""),
+        upstream_of("llama-server", "a", &a.url(), "qwen", 2, 2),
+        upstream_of("llama-server", "c", &c.url(), "new", 1, 1),
+    );
+    std::fs::write(&path, &after).unwrap();
+    let reply = admin_request(admin, "POST", "/admin/reload", None).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let doc = reply.json();
+    assert_eq!(doc["added"], serde_json::json!(["c"]), "{doc}");
+    assert_eq!(doc["removed"], serde_json::json!(["b"]), "{doc}");
+    assert_eq!(doc["changed"], serde_json::json!(["a"]), "{doc}");
+    assert_eq!(doc["generation"], 2, "{doc}");
+
+    // The grown limit granted the waiter on "a" at once, beside the running stream.
+    a.observer().wait_for_in_flight(2, SOON).await.unwrap();
+    assert_eq!(gw.limiter().limits(&key_a, "qwen").unwrap().parallel, 2);
+    // The waiter on the removed model is told; the request running there finishes.
+    let told = waits_on_b.await.unwrap();
+    told.assert_problem(503, "upstream-unavailable");
+    assert!(b.observer().request("waits-b").is_none());
+    assert_eq!(runs_on_b.await.unwrap().status, 200);
+    let rest = stream.rest().await.expect("the stream ends cleanly");
+    assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+    assert_eq!(waits_on_a.await.unwrap().status, 200);
+
+    // The new configuration serves.
+    chat(addr, "old", false, &[])
+        .await
+        .assert_problem(404, "model-not-found");
+    let via_alias = chat(addr, "chat", false, &[("x-request-id", "via-alias")]).await;
+    assert_eq!(via_alias.status, 200, "{}", via_alias.text());
+    assert!(c.observer().request("via-alias").is_some());
+    assert_eq!(model_ids(addr).await, ["chat", "new", "qwen"]);
+    let upstreams: Vec<Value> = status(admin).await["upstreams"].as_array().unwrap().clone();
+    let names: Vec<&str> = upstreams
+        .iter()
+        .map(|u| u["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a", "c"]);
+    let metrics = metrics_text(admin).await;
+    assert!(
+        !metrics.contains(r#"upstream="b""#),
+        "b's series are gone:\n{metrics}"
+    );
+    assert_eq!(
+        sample(
+            &metrics,
+            r#"slotgate_slots_capacity{upstream="a",model="qwen"}"#
+        ),
+        Some(2.0)
+    );
+
+    // An invalid file is refused with every problem listed; the running configuration stays.
+    let broken = format!(
+        "{}[aliases]\nchat = \"nothing\"\n\n[upstreams.a]\nurl = \"{}\"\nkind = \"llama-server\"\n\n[upstreams.a.models.qwen]\nparallel = 2\nqueue = 2\n",
+        server(""),
+        a.url()
+    );
+    std::fs::write(&path, broken).unwrap();
+    let reply = admin_request(admin, "POST", "/admin/reload", None).await;
+    assert_eq!(reply.status, 422, "{}", reply.text());
+    let doc = reply.json();
+    assert_eq!(doc["reloaded"], false);
+    let issues: Vec<&str> = doc["issues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_str().unwrap())
+        .collect();
+    assert_eq!(issues.len(), 2, "{doc}");
+    assert!(
+        issues
+            .iter()
+            .any(|i| i.starts_with("upstreams.a.models.qwen.queue_timeout")),
+        "{doc}"
+    );
+    assert!(
+        issues.iter().any(|i| i.starts_with("aliases.chat")),
+        "{doc}"
+    );
+    let error = gw.reload().await.expect_err("still invalid");
+    assert_eq!(error.issues().len(), 2);
+    assert_eq!(status(admin).await["generation"], 2);
+    let still = chat(addr, "chat", false, &[]).await;
+    assert_eq!(still.status, 200, "the old configuration still serves");
+
+    gw.shutdown().await;
+    for fake in [a, b, c] {
+        fake.shutdown().await;
+    }
+    std::fs::remove_file(&path).unwrap();
+}

@@ -2,7 +2,7 @@
 //! starts the gateway. Everything else lives in the `slotgate_gateway` library.
 //!
 //! ```text
-//! slotgate serve --config slotgate.toml   # run until Ctrl-C / SIGTERM
+//! slotgate serve --config slotgate.toml   # run until Ctrl-C / SIGTERM; SIGHUP reloads
 //! slotgate check --config slotgate.toml   # validate; print the effective configuration
 //! ```
 //!
@@ -33,7 +33,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the gateway until Ctrl-C or SIGTERM, then drain and stop.
+    /// Run the gateway until Ctrl-C or SIGTERM, then drain and stop. SIGHUP reloads the
+    /// configuration file.
     Serve {
         /// The TOML configuration file (`SLOTGATE_*` environment variables override it).
         #[arg(long, short)]
@@ -100,7 +101,7 @@ fn load(path: &Path) -> Result<Config, ExitCode> {
     })
 }
 
-/// `slotgate serve`: run until a signal, then shut down gracefully.
+/// `slotgate serve`: run until a stop signal, reloading on SIGHUP, then shut down gracefully.
 fn serve(path: &Path) -> ExitCode {
     let config = match load(path) {
         Ok(config) => config,
@@ -117,8 +118,9 @@ fn serve(path: &Path) -> ExitCode {
         }
     };
     runtime.block_on(async {
-        let stop = stop_signal();
-        let gateway = match Gateway::bind(&config).await {
+        let mut stop = std::pin::pin!(stop_signal());
+        let mut hangup = Hangup::install();
+        let gateway = match Gateway::bind_file(&config, path).await {
             Ok(gateway) => gateway,
             Err(StartError::Config(problem)) => {
                 error!(config = %path.display(), %problem, "invalid configuration");
@@ -129,7 +131,17 @@ fn serve(path: &Path) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let signal = stop.await;
+        let signal = loop {
+            tokio::select! {
+                signal = &mut stop => break signal,
+                () = hangup.recv() => {
+                    info!(config = %path.display(), "SIGHUP: reloading the configuration");
+                    // The outcome is logged by the reload itself; a refused reload keeps the
+                    // running configuration, so the gateway carries on either way.
+                    let _ = gateway.reload().await;
+                }
+            }
+        };
         info!(signal, "stop requested");
         gateway.shutdown().await;
         ExitCode::SUCCESS
@@ -165,6 +177,44 @@ fn stop_signal() -> impl Future<Output = &'static str> {
             let _ = tokio::signal::ctrl_c().await;
             "Ctrl-C"
         }
+    }
+}
+
+/// SIGHUP, where there is such a thing: each one asks for a configuration reload.
+struct Hangup {
+    #[cfg(unix)]
+    signal: Option<tokio::signal::unix::Signal>,
+}
+
+impl Hangup {
+    /// Listens for SIGHUP from now on (before the gateway starts, so an early one is not
+    /// fatal: the default action of SIGHUP is to terminate).
+    fn install() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let signal = signal(SignalKind::hangup())
+                .inspect_err(|error| error!(%error, "cannot listen for SIGHUP; reload with POST /admin/reload"))
+                .ok();
+            Self { signal }
+        }
+        #[cfg(not(unix))]
+        {
+            Self {}
+        }
+    }
+
+    /// Resolves at the next SIGHUP; never, where there is none.
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        if let Some(signal) = &mut self.signal {
+            if signal.recv().await.is_some() {
+                return;
+            }
+            // The signal stream ended (the driver is gone): stop asking.
+            self.signal = None;
+        }
+        std::future::pending::<()>().await;
     }
 }
 

@@ -143,3 +143,52 @@ fn serve_stops_cleanly_on_sigterm() {
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     assert!(rest.iter().any(|l| l.contains("SIGTERM")), "{rest:?}");
 }
+
+#[cfg(unix)]
+#[test]
+fn serve_reloads_on_sighup_and_keeps_running_when_the_new_config_is_invalid() {
+    let path = write("reload.toml", GOOD);
+    let mut child = slotgate()
+        .args(["serve", "--log-format", "json", "--config"])
+        .arg(&path)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut wait_for = |needle: &str| -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            assert!(Instant::now() < deadline, "no {needle:?} log line");
+            let line = lines.next().expect("the gateway logs").unwrap();
+            if line.contains(needle) {
+                return line;
+            }
+        }
+    };
+    let signal = |name: &str| {
+        let status = Command::new("kill")
+            .args([format!("-{name}"), child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    wait_for("API listening");
+
+    std::fs::write(&path, GOOD.replace("chat = \"qwen\"", "talk = \"qwen\"")).unwrap();
+    signal("HUP");
+    let line = wait_for("configuration reloaded");
+    assert!(line.contains("\"generation\":2"), "{line}");
+
+    // Two problems: both are logged, and the gateway keeps serving the old configuration.
+    std::fs::write(&path, BAD).unwrap();
+    signal("HUP");
+    let first = wait_for("configuration reload refused");
+    let second = wait_for("configuration reload refused");
+    let both = format!("{first}\n{second}");
+    assert!(both.contains("queue_timeout"), "{both}");
+    assert!(both.contains("aliases.chat"), "{both}");
+
+    signal("TERM");
+    let exit = child.wait().unwrap();
+    assert!(exit.success(), "{exit:?}");
+}
