@@ -844,3 +844,378 @@ async fn a_reload_applies_new_upstreams_models_and_limits_without_dropping_reque
     }
     std::fs::remove_file(&path).unwrap();
 }
+
+// === /v1/models ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_list_follows_upstream_health_and_includes_aliases() {
+    let a = FakeUpstream::start(FakeConfig::vllm(2).model("only-a").model("both"))
+        .await
+        .unwrap();
+    let b = FakeUpstream::start(FakeConfig::vllm(2).model("both"))
+        .await
+        .unwrap();
+    let gw = gateway(&format!(
+        "{}[aliases]\nalias-a = \"only-a\"\nalias-both = \"both\"\n\n{}[upstreams.a.models.both]\nparallel = 1\nqueue = 0\nqueue_timeout = \"5s\"\n\n{}",
+        server(
+            "health_check_interval = \"100ms\"\neject_after_failures = 1\nrestore_after_successes = 1"
+        ),
+        upstream_of("vllm", "a", &a.url(), "only-a", 1, 0),
+        upstream_of("vllm", "b", &b.url(), "both", 1, 0),
+    ))
+    .await;
+    let admin = gw.admin_addr().unwrap();
+    let addr = gw.api_addr();
+    let all = ["alias-a", "alias-both", "both", "only-a"];
+    assert_eq!(model_ids(addr).await, all);
+    let listed = get(addr, "/v1/models").await.json();
+    assert_eq!(listed["object"], "list");
+    assert_eq!(listed["data"][0]["object"], "model");
+
+    // "a" down: its own model and the alias to it disappear; the shared one stays.
+    a.refuse_connections().await.unwrap();
+    wait_for_health(admin, "a", "unhealthy").await;
+    assert_eq!(model_ids(addr).await, ["alias-both", "both"]);
+
+    a.accept_connections().await.unwrap();
+    wait_for_health(admin, "a", "healthy").await;
+    assert_eq!(model_ids(addr).await, all);
+    gw.shutdown().await;
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+// === metrics and status under load ===
+
+/// One sample of a scrape: the series' name, its labels in order, its value.
+#[derive(Debug)]
+struct Sample {
+    name: String,
+    labels: Vec<(String, String)>,
+    value: f64,
+}
+
+/// Parses the `OpenMetrics` text exposition strictly enough to catch a malformed line: every
+/// line is a `# HELP`/`# TYPE`/`# UNIT` comment, a sample of a declared family, or the final
+/// `# EOF`.
+fn parse_exposition(text: &str) -> Vec<Sample> {
+    fn is_name(name: &str, colon: bool) -> bool {
+        let mut chars = name.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || (colon && c == ':'))
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || (colon && c == ':'))
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.last(), Some(&"# EOF"), "ends with # EOF");
+    let mut families: Vec<(String, String)> = Vec::new();
+    let mut samples = Vec::new();
+    for line in &lines[..lines.len() - 1] {
+        if let Some(comment) = line.strip_prefix("# ") {
+            let mut parts = comment.splitn(3, ' ');
+            let (kind, name) = (parts.next().unwrap(), parts.next().unwrap_or_default());
+            assert!(is_name(name, true), "bad family name in {line:?}");
+            match kind {
+                "TYPE" => {
+                    let metric_type = parts.next().unwrap_or_default();
+                    assert!(
+                        [
+                            "counter",
+                            "gauge",
+                            "histogram",
+                            "summary",
+                            "info",
+                            "stateset",
+                            "unknown"
+                        ]
+                        .contains(&metric_type),
+                        "bad type in {line:?}"
+                    );
+                    families.push((name.to_owned(), metric_type.to_owned()));
+                }
+                "HELP" | "UNIT" => {}
+                other => panic!("unknown comment {other:?} in {line:?}"),
+            }
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("no value in {line:?}"));
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            other => other
+                .parse()
+                .unwrap_or_else(|_| panic!("bad value in {line:?}")),
+        };
+        let (name, labels) = match series.split_once('{') {
+            None => (series, Vec::new()),
+            Some((name, rest)) => {
+                let body = rest
+                    .strip_suffix('}')
+                    .unwrap_or_else(|| panic!("unclosed labels in {line:?}"));
+                (name, parse_labels(body, line))
+            }
+        };
+        assert!(is_name(name, true), "bad metric name in {line:?}");
+        let family = families
+            .iter()
+            .rev()
+            .find(|(family, metric_type)| {
+                let suffixes: &[&str] = match metric_type.as_str() {
+                    "counter" => &["_total", "_created"],
+                    "histogram" => &["_bucket", "_sum", "_count", "_created"],
+                    _ => &[""],
+                };
+                suffixes.iter().any(|s| name == format!("{family}{s}"))
+            })
+            .unwrap_or_else(|| panic!("sample of an undeclared family: {line:?}"));
+        assert_eq!(
+            families.last().map(|f| &f.0),
+            Some(&family.0),
+            "samples of a family are contiguous, after its TYPE: {line:?}"
+        );
+        samples.push(Sample {
+            name: name.to_owned(),
+            labels,
+            value,
+        });
+    }
+    samples
+}
+
+/// `a="1",b="x\"y"`: label names checked, values kept escaped.
+fn parse_labels(body: &str, line: &str) -> Vec<(String, String)> {
+    let mut labels = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        let (label, after) = rest
+            .split_once("=\"")
+            .unwrap_or_else(|| panic!("bad label in {line:?}"));
+        let mut chars = label.chars();
+        assert!(
+            chars
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_'),
+            "bad label name in {line:?}"
+        );
+        // The value runs to the first unescaped quote.
+        let mut end = None;
+        let mut escaped = false;
+        for (i, c) in after.char_indices() {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => {
+                    end = Some(i);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let end = end.unwrap_or_else(|| panic!("unclosed label value in {line:?}"));
+        labels.push((label.to_owned(), after[..end].to_owned()));
+        rest = &after[end + 1..];
+        rest = rest.strip_prefix(',').unwrap_or(rest);
+    }
+    labels
+}
+
+/// The value of the sample `name{labels}`, which must be a whole number; labels in any order.
+fn int_of(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> i64 {
+    let value = value_of(samples, name, labels);
+    assert!(
+        value.fract() == 0.0 && value.abs() < 1e15,
+        "{name}{labels:?} = {value}"
+    );
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "checked to be a small whole number"
+    )]
+    let whole = value as i64;
+    whole
+}
+
+/// The value of the sample `name{labels}`; labels given in any order.
+fn value_of(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .find(|s| {
+            s.name == name
+                && s.labels.len() == labels.len()
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.iter().any(|(sk, sv)| sk == k && sv == v))
+        })
+        .unwrap_or_else(|| panic!("no sample {name}{labels:?}"))
+        .value
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "every series of the issue, checked in one scrape"
+)]
+async fn metrics_and_status_under_held_load_match_what_the_upstream_sees() {
+    let fake = FakeUpstream::start(FakeConfig::llama_server(8).model("qwen"))
+        .await
+        .unwrap();
+    let gw = gateway(&format!(
+        "{}{}capacity = 4\n",
+        server(""),
+        upstream_of("llama-server", "gpu", &fake.url(), "qwen", 2, 3),
+    ))
+    .await;
+    let admin = gw.admin_addr().unwrap();
+    let addr = gw.api_addr();
+    let key = support::authority(fake.addr());
+    let gpu_qwen = [("upstream", "gpu"), ("model", "qwen")];
+
+    // Five held requests: two run, three wait; a sixth is refused (queue full).
+    let held: Vec<_> = (0..5)
+        .map(|i| {
+            tokio::spawn(async move {
+                chat(
+                    addr,
+                    "qwen",
+                    false,
+                    &[
+                        ("x-fake-hold-ms", "2500"),
+                        ("x-request-id", &format!("held-{i}")),
+                    ],
+                )
+                .await
+            })
+        })
+        .collect();
+    fake.observer().wait_for_in_flight(2, SOON).await.unwrap();
+    support::eventually("three queued", SOON, || {
+        gw.limiter().queued(&key, "qwen") == 3
+    })
+    .await;
+    chat(addr, "qwen", false, &[])
+        .await
+        .assert_problem(503, "queue-full");
+
+    let text = metrics_text(admin).await;
+    let samples = parse_exposition(&text);
+    let seen = fake.observer().snapshot();
+    assert_eq!(seen.in_flight, 2);
+    assert_eq!(
+        seen.queued, 0,
+        "the gateway holds the queue, not the engine"
+    );
+    let count = |n: usize| i64::try_from(n).unwrap();
+    assert_eq!(
+        int_of(&samples, "slotgate_slots_in_use", &gpu_qwen),
+        count(seen.in_flight)
+    );
+    assert_eq!(
+        int_of(&samples, "slotgate_queue_depth", &gpu_qwen),
+        count(5 - seen.received),
+        "every request the engine has not seen waits in the gateway's queue"
+    );
+    assert_eq!(int_of(&samples, "slotgate_slots_capacity", &gpu_qwen), 2);
+    assert_eq!(int_of(&samples, "slotgate_queue_capacity", &gpu_qwen), 3);
+    assert_eq!(
+        int_of(
+            &samples,
+            "slotgate_upstream_healthy",
+            &[("upstream", "gpu")]
+        ),
+        1
+    );
+    assert_eq!(
+        int_of(
+            &samples,
+            "slotgate_upstream_draining",
+            &[("upstream", "gpu")]
+        ),
+        0
+    );
+    assert_eq!(int_of(&samples, "slotgate_model_loaded", &gpu_qwen), 1);
+    assert_eq!(
+        int_of(
+            &samples,
+            "slotgate_rejections_total",
+            &[("model", "qwen"), ("reason", "queue_full")]
+        ),
+        1
+    );
+    assert_eq!(
+        int_of(
+            &samples,
+            "slotgate_rejections_total",
+            &[("model", "qwen"), ("reason", "queue_timeout")]
+        ),
+        0
+    );
+    for phase in ["queued", "streaming"] {
+        assert_eq!(
+            int_of(
+                &samples,
+                "slotgate_client_disconnects_total",
+                &[("upstream", "gpu"), ("model", "qwen"), ("phase", phase)]
+            ),
+            0
+        );
+    }
+    assert_eq!(int_of(&samples, "slotgate_config_generation", &[]), 1);
+    assert_eq!(
+        int_of(
+            &samples,
+            "slotgate_config_reloads_total",
+            &[("result", "refused")]
+        ),
+        0
+    );
+
+    // The admin status tells the same story.
+    let doc = upstream_status(admin, "gpu").await;
+    let model = &doc["models"][0];
+    assert_eq!(model["name"], "qwen", "{doc}");
+    assert_eq!(model["in_flight"], 2, "{doc}");
+    assert_eq!(model["queued"], 3, "{doc}");
+    assert_eq!(model["parallel"], 2, "{doc}");
+    assert_eq!(model["queue"], 3, "{doc}");
+    assert_eq!(model["capacity"], 4, "{doc}");
+    assert_eq!(model["queue_timeout"], "30s", "{doc}");
+    assert_eq!(model["loaded"], true, "{doc}");
+    assert_eq!(doc["health"]["status"], "healthy", "{doc}");
+    assert_eq!(doc["draining"], false, "{doc}");
+    assert_eq!(doc["kind"], "llama-server", "{doc}");
+    let ready = get(admin, "/readyz").await;
+    assert_eq!(ready.status, 200);
+    assert_eq!(ready.json()["available_upstreams"], 1);
+
+    for task in held {
+        assert_eq!(task.await.unwrap().status, 200);
+    }
+    let samples = parse_exposition(&metrics_text(admin).await);
+    assert_eq!(int_of(&samples, "slotgate_slots_in_use", &gpu_qwen), 0);
+    assert_eq!(int_of(&samples, "slotgate_queue_depth", &gpu_qwen), 0);
+    assert_eq!(
+        int_of(
+            &samples,
+            "slotgate_requests_total",
+            &[
+                ("upstream", "gpu"),
+                ("model", "qwen"),
+                ("outcome", "completed")
+            ]
+        ),
+        5
+    );
+    for histogram in [
+        "slotgate_queue_wait_seconds_count",
+        "slotgate_time_to_first_byte_seconds_count",
+        "slotgate_request_duration_seconds_count",
+    ] {
+        assert_eq!(int_of(&samples, histogram, &gpu_qwen), 5, "{histogram}");
+    }
+    let waited = value_of(&samples, "slotgate_queue_wait_seconds_sum", &gpu_qwen);
+    assert!(waited > 0.0, "three of them waited");
+    gw.shutdown().await;
+    fake.shutdown().await;
+}

@@ -15,6 +15,8 @@
 //! | `slotgate_upstream_healthy` | gauge | upstream | 1 while the upstream passes its health checks (or has not been checked yet), 0 while ejected |
 //! | `slotgate_upstream_draining` | gauge | upstream | 1 while an operator drains the upstream |
 //! | `slotgate_model_loaded` | gauge | upstream, model | 1 when the last residency discovery listed the configured model as resident |
+//! | `slotgate_config_reloads_total` | counter | result | configuration reloads: `applied`, `refused` |
+//! | `slotgate_config_generation` | gauge | — | the configuration in force: 1 at start, +1 per applied reload |
 //!
 //! `docs/metrics.md` is the operator's version of this table.
 //!
@@ -65,7 +67,7 @@ struct DisconnectLabels {
 
 type HistogramFamily = Family<TargetLabels, Histogram, fn() -> Histogram>;
 
-/// Waits and durations: 5 ms to ~20 min in ×2 steps.
+/// Waits and durations: 5 ms to ~11 min (655.36 s) in ×2 steps.
 fn seconds_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 18))
 }
@@ -79,6 +81,12 @@ pub struct Metrics {
     queue_wait: HistogramFamily,
     first_byte: HistogramFamily,
     duration: HistogramFamily,
+    reloads: Family<ReloadLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    result: &'static str,
 }
 
 /// Pre-resolved handles for one (upstream, model).
@@ -127,7 +135,14 @@ impl Metrics {
             queue_wait: Family::new_with_constructor(seconds_histogram),
             first_byte: Family::new_with_constructor(seconds_histogram),
             duration: Family::new_with_constructor(seconds_histogram),
+            reloads: Family::default(),
         }
+    }
+
+    /// Counts a configuration reload, `applied` or `refused`.
+    pub fn reload(&self, applied: bool) {
+        let result = if applied { "applied" } else { "refused" };
+        self.reloads.get_or_create(&ReloadLabels { result }).inc();
     }
 
     /// The handles for one (upstream, model), created at zero.
@@ -246,6 +261,15 @@ impl Metrics {
             "Time from getting a slot to the end of the response",
             self.duration.clone(),
         );
+        // Both results exist from the start, so an alert on `refused` needs no `absent()`.
+        for result in ["applied", "refused"] {
+            let _ = self.reloads.get_or_create_owned(&ReloadLabels { result });
+        }
+        registry.register(
+            "config_reloads",
+            "Configuration reloads (SIGHUP, POST /admin/reload) by result",
+            self.reloads.clone(),
+        );
         registry.register_collector(Box::new(LiveGauges { live }));
         registry
     }
@@ -351,6 +375,14 @@ impl Collector for LiveGauges {
                 UpstreamState::is_draining,
             ),
         ];
+        let metric = encoder.encode_descriptor(
+            "config_generation",
+            "The configuration in force: 1 at start, +1 per applied reload",
+            None,
+            ConstGauge::new(0_i64).metric_type(),
+        )?;
+        ConstGauge::new(i64::try_from(generation.number).unwrap_or(i64::MAX)).encode(metric)?;
+
         for (name, help, pick) in per_upstream {
             let mut metric = encoder.encode_descriptor(
                 name,

@@ -111,6 +111,7 @@ impl Reloader {
     pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
         let _serial = self.serial.lock().await;
         let result = self.reload_locked().await;
+        self.metrics.reload(result.is_ok());
         match &result {
             Ok(reloaded) => {
                 info!(
