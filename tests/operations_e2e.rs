@@ -1219,3 +1219,124 @@ async fn metrics_and_status_under_held_load_match_what_the_upstream_sees() {
     gw.shutdown().await;
     fake.shutdown().await;
 }
+
+// === API keys ===
+
+/// A bare HTTP/1.1 upstream that records every request head and answers `200 {}`.
+async fn recording_upstream() -> (
+    SocketAddr,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let recorded = std::sync::Arc::clone(&heads);
+    let task = tokio::spawn(async move {
+        let mut connections = tokio::task::JoinSet::new();
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let heads = std::sync::Arc::clone(&recorded);
+            connections.spawn(async move {
+                let mut buffer = Vec::new();
+                let mut chunk = [0_u8; 4096];
+                loop {
+                    // One request per connection is enough: answer with `Connection: close`.
+                    let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buffer[..end]).to_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    while buffer.len() < end + 4 + length {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    heads.lock().unwrap().push(head);
+                    let _ = stream
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                              content-length: 2\r\nconnection: close\r\n\r\n{}",
+                        )
+                        .await;
+                    return;
+                }
+            });
+        }
+    });
+    (addr, heads, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_keys_stay_at_the_gateway_and_each_upstream_gets_its_own() {
+    let (upstream, heads, task) = recording_upstream().await;
+    let gw = gateway(&format!(
+        "{}[upstreams.gpu]\nurl = \"http://{upstream}\"\nkind = \"vllm\"\napi_key = \"sk-upstream\"\n\n\
+         [upstreams.gpu.models.qwen]\nparallel = 1\nqueue = 0\nqueue_timeout = \"5s\"\n",
+        server("api_keys = [\"sk-client-1\", \"sk-client-2\"]"),
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let before = heads.lock().unwrap().len();
+    for wrong in [
+        None,
+        Some("Bearer sk-client-3"),
+        Some("Bearer sk-client"),
+        Some("Basic sk-client-1"),
+    ] {
+        let headers: Vec<(&str, &str)> = wrong.iter().map(|v| ("authorization", *v)).collect();
+        chat(addr, "qwen", false, &headers)
+            .await
+            .assert_problem(401, "unauthorized");
+    }
+    let posts = |heads: &[String]| heads.iter().filter(|h| h.starts_with("post ")).count();
+    assert_eq!(
+        posts(&heads.lock().unwrap()[before..]),
+        0,
+        "no refused request got through"
+    );
+
+    for key in ["sk-client-1", "sk-client-2"] {
+        let reply = chat(
+            addr,
+            "qwen",
+            false,
+            &[("authorization", &format!("Bearer {key}"))],
+        )
+        .await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    let heads = heads.lock().unwrap().clone();
+    let chats: Vec<&String> = heads.iter().filter(|h| h.starts_with("post ")).collect();
+    assert_eq!(chats.len(), 2);
+    for head in &chats {
+        assert!(head.contains("authorization: bearer sk-upstream"), "{head}");
+        assert!(
+            !head.contains("sk-client"),
+            "the client's key stays here: {head}"
+        );
+    }
+    // The probes carry the upstream's key too (vLLM's --api-key guards /v1/models).
+    let probe = heads
+        .iter()
+        .find(|h| h.starts_with("get /v1/models"))
+        .expect("a residency probe");
+    assert!(
+        probe.contains("authorization: bearer sk-upstream"),
+        "{probe}"
+    );
+    gw.shutdown().await;
+    task.abort();
+}
