@@ -29,7 +29,7 @@ use std::time::SystemTime;
 use parking_lot::RwLock;
 use slotgate_config::Kind;
 
-use crate::probe::{ModelList, ProbeError, ProbeTarget, Prober};
+use crate::probe::{ModelCard, ModelList, ProbeError, ProbeTarget, Prober};
 
 /// What a discovery found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,13 +162,15 @@ pub async fn discover(
 /// lists its one model without one.
 fn from_llama(list: &ModelList) -> Resident {
     if list.data.iter().all(|card| card.status.is_none()) {
-        return Resident::Everything {
-            names: list
-                .data
-                .iter()
-                .flat_map(|card| card.names().map(str::to_owned))
-                .collect(),
-        };
+        // A real server repeats its `--alias` in `aliases` (`"id":"tiny","aliases":["tiny"]`):
+        // each name once, in the order reported.
+        let mut names: Vec<String> = Vec::new();
+        for name in list.data.iter().flat_map(ModelCard::names) {
+            if !names.iter().any(|known| known == name) {
+                names.push(name.to_owned());
+            }
+        }
+        return Resident::Everything { names };
     }
     Resident::Names(
         list.data
@@ -248,6 +250,9 @@ mod tests {
         let residency = Residency::new();
         residency.record(Ok(resident));
         assert!(residency.is_loaded(Kind::LlamaServer, "whatever-it-is-called-here"));
+        // As llama-server answers with `--alias tiny`: the alias is listed once.
+        let resident = from_llama(&list(r#"{"data":[{"id":"tiny","aliases":["tiny"]}]}"#));
+        assert_eq!(resident.names(), ["tiny"]);
     }
 
     #[test]
