@@ -1,6 +1,6 @@
 //! The background checks: every `server.health_check_interval`, each upstream's health
-//! ([`health`](crate::health)) and then, if it is healthy, its resident models
-//! ([`residency`](crate::residency)).
+//! ([`crate::health`]) and then, if it is healthy, its resident models
+//! ([`crate::residency`]).
 //!
 //! All upstreams are checked concurrently, each probe bounded by `server.health_check_timeout`,
 //! so one blackholed host never delays the verdict on the others. The next round starts one
