@@ -24,6 +24,12 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo deny (bans licenses sources, offline)"
 cargo deny --offline check bans licenses sources
 
+step "real llama-server for the engine suite (tests/engine/setup.sh; cached, ~8 min cold)"
+# Assigned first: `eval "$(…)"` alone would carry on past a failed setup.
+engine_env=$(tests/engine/setup.sh)
+eval "$engine_env"
+export LLAMA_SERVER TINY_MODEL
+
 step "unit, integration and property tests (nextest)"
 cargo nextest run --workspace --all-targets --locked --no-fail-fast
 

@@ -1,0 +1,336 @@
+//! The engine suite: slotgate in-process in front of a *real* llama.cpp `llama-server` (a tiny
+//! random-weight model, loopback only). The fake upstream proves the gateway's logic; these
+//! tests prove that the gateway is right about the real engine: that it never lets the engine
+//! queue behind its back, that a client leaving frees the engine's slot, that the OpenAI SDK
+//! reads the real engine's stream through it, and that health and residency work against the
+//! real endpoints.
+//!
+//! The engine comes from `LLAMA_SERVER`/`TINY_MODEL` or from `tests/engine/setup.sh` (see
+//! `tests/engine_support`); a missing engine fails the suite, it is never skipped. Every engine
+//! a test starts is stopped when the test ends, failing tests included. How the real server
+//! behaves, and the timings these tests rely on, are in `docs/real-engine-notes.md`.
+//!
+//! Timing: requests are made long (`ignore_eos`, hundreds to thousands of tokens, ~2 ms each)
+//! so that they overlap; assertions are on counts and on the engine's own view, and every wait
+//! polls under a generous deadline.
+
+mod engine_support;
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use engine_support::{Engine, EngineOptions, long_chat, openai_python};
+use serde_json::Value;
+use support::{SOON, authority, eventually, gateway, get, open, post, send, server, upstream};
+
+/// Long enough for anything on a loaded 2-core machine; only reached when a test fails.
+const PATIENT: Duration = Duration::from_secs(60);
+
+/// What a poller saw of the engine during a burst.
+#[derive(Debug, Default, Clone, Copy)]
+struct Peaks {
+    polls: usize,
+    busy_slots: usize,
+    processing: f64,
+    deferred: f64,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_twelve_gets_200_or_503_and_the_engine_never_queues() {
+    let engine = Engine::start(EngineOptions::default()).await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("engine", &engine.url(), "tiny", 2, 4, "300s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+
+    // The engine's own view, polled all through the burst.
+    let api = engine.api();
+    let done = Arc::new(AtomicBool::new(false));
+    let poller = {
+        let done = Arc::clone(&done);
+        tokio::spawn(async move {
+            let mut peaks = Peaks::default();
+            while !done.load(Ordering::Relaxed) {
+                peaks.busy_slots = peaks.busy_slots.max(api.busy_slots().await);
+                peaks.processing = peaks
+                    .processing
+                    .max(api.metric("requests_processing").await);
+                peaks.deferred = peaks.deferred.max(api.metric("requests_deferred").await);
+                peaks.polls += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            peaks
+        })
+    };
+
+    // 12 at once; each holds a slot for ~1000 tokens (a second or more), so all of them arrive
+    // while the first two run: 2 run, 4 wait, 6 are refused at once.
+    let tasks: Vec<_> = (0..12)
+        .map(|i| {
+            tokio::spawn(async move {
+                let id = format!("burst-{i}");
+                send(post(
+                    addr,
+                    "/v1/chat/completions",
+                    long_chat("tiny", 1000, false),
+                    &[("x-request-id", &id)],
+                ))
+                .await
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    let mut refused = 0;
+    for task in tasks {
+        let reply = task.await.unwrap();
+        match reply.status.as_u16() {
+            200 => {
+                let doc = reply.json();
+                assert_eq!(doc["object"], "chat.completion", "{doc}");
+                assert_eq!(doc["usage"]["completion_tokens"], 1000, "{doc}");
+                ok += 1;
+            }
+            503 => {
+                reply.assert_problem(503, "queue-full");
+                reply.retry_after();
+                refused += 1;
+            }
+            other => panic!("unexpected status {other}: {}", reply.text()),
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    let peaks = poller.await.unwrap();
+    eprintln!("{ok} served, {refused} refused; engine peaks: {peaks:?}");
+
+    assert_eq!(ok + refused, 12);
+    // 2 running + 4 queued are served at least; the rest came while all 6 places were taken.
+    assert!(ok >= 6, "served {ok}");
+    assert!(refused >= 1, "refused {refused}");
+    assert!(
+        peaks.polls >= 5,
+        "the engine was polled during the burst: {peaks:?}"
+    );
+    assert_eq!(
+        peaks.busy_slots, 2,
+        "both slots busy, never more: {peaks:?}"
+    );
+    assert!(peaks.processing <= 2.0, "{peaks:?}");
+    assert!(
+        peaks.deferred == 0.0,
+        "the engine queued requests itself (requests_deferred {}): {peaks:?}",
+        peaks.deferred
+    );
+    assert_eq!(gw.limiter().in_flight(&authority(engine.addr), "tiny"), 0);
+    gw.shutdown().await;
+}
+
+/// `next_token[0].n_decoded` of a slot that has run (an array in real servers; PROTOCOLS says
+/// some builds send an object).
+fn decoded(slot: &Value) -> Option<u64> {
+    let next = &slot["next_token"];
+    next.get(0).unwrap_or(next)["n_decoded"].as_u64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_by_the_client_frees_the_engine_slot_at_once() {
+    const MAX_TOKENS: u64 = 2000;
+    let engine = Engine::start(EngineOptions::default()).await;
+    let api = engine.api();
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("engine", &engine.url(), "tiny", 2, 0, "30s")
+    ))
+    .await;
+    let key = authority(engine.addr);
+
+    #[allow(clippy::cast_possible_truncation)]
+    let body = long_chat("tiny", MAX_TOKENS as usize, true);
+    let mut stream = open(
+        gw.api_addr(),
+        post(gw.api_addr(), "/v1/chat/completions", body, &[]),
+    )
+    .await
+    .head()
+    .await;
+    assert_eq!(stream.status, 200);
+    // A few events in: the engine is generating.
+    for _ in 0..3 {
+        let data = stream
+            .next_data()
+            .await
+            .expect("stream data")
+            .expect("more data");
+        assert!(data.starts_with(b"data: "), "{data:?}");
+    }
+    assert_eq!(
+        api.busy_slots().await,
+        1,
+        "the stream holds one engine slot"
+    );
+    assert_eq!(gw.limiter().in_flight(&key, "tiny"), 1);
+
+    let cut = Instant::now();
+    stream.disconnect();
+    // Seen idle by a poll that *started* within a second of the cut (a slow poll on a loaded
+    // machine does not count against the engine). The engine notices at its next write, ~10 ms.
+    let idle_after = loop {
+        let asked = cut.elapsed();
+        if api.busy_slots().await == 0 {
+            break asked;
+        }
+        assert!(
+            asked < Duration::from_secs(1),
+            "the engine slot still busy {asked:?} after the client left"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    eprintln!("engine slot idle {idle_after:?} after the client cut the stream");
+    // Cut, not finished: the slot stopped far short of the tokens asked for.
+    let slots = api.slots().await;
+    let decoded: Vec<u64> = slots.iter().filter_map(decoded).collect();
+    assert!(
+        !decoded.is_empty() && decoded.iter().all(|&n| n < MAX_TOKENS),
+        "the slot stopped early: {slots:?}"
+    );
+    eventually("the gateway gives its slot back", SOON, || {
+        gw.limiter().in_flight(&key, "tiny") == 0
+    })
+    .await;
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_python_sdk_streams_from_the_real_engine_through_the_gateway() {
+    let python = tokio::task::spawn_blocking(openai_python).await.unwrap();
+    let engine = Engine::start(EngineOptions::default()).await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("engine", &engine.url(), "tiny", 2, 4, "60s")
+    ))
+    .await;
+    let base_url = format!("http://{}/v1", gw.api_addr());
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/engine/sdk_stream.py");
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(script)
+            .arg(base_url)
+            .output()
+    })
+    .await
+    .unwrap()
+    .expect("the SDK script runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the SDK script failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+    );
+    assert!(stdout.contains("all engine SDK checks passed"), "{stdout}");
+    eprintln!("{stdout}");
+    gw.shutdown().await;
+}
+
+/// `GET /admin/upstreams`, the one upstream's document.
+async fn upstream_status(admin: std::net::SocketAddr) -> Value {
+    let reply = get(admin, "/admin/upstreams").await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    reply.json()["upstreams"][0].clone()
+}
+
+/// Polls the admin API until `check` holds for the upstream's document.
+async fn wait_for(
+    admin: std::net::SocketAddr,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + PATIENT;
+    loop {
+        let doc = upstream_status(admin).await;
+        if check(&doc) {
+            return doc;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {doc}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_server_health_and_residency_follow_the_real_engine() {
+    let mut engine = Engine::start(EngineOptions::default()).await;
+    let port = engine.addr.port();
+    let gw = gateway(&format!(
+        "{}{}",
+        server(
+            "health_check_interval = \"100ms\"\nhealth_check_timeout = \"2s\"\n\
+             eject_after_failures = 2\nrestore_after_successes = 2"
+        ),
+        upstream("engine", &engine.url(), "tiny", 2, 0, "30s")
+    ))
+    .await;
+    let admin = gw.admin_addr().unwrap();
+
+    // /health 200 → healthy; /models lists the one model (no router status) → every model
+    // configured there is resident, and the engine's own name for it is reported.
+    let doc = wait_for(admin, "healthy and resident", |doc| {
+        doc["health"]["status"] == "healthy" && doc["residency"]["resident"].is_array()
+    })
+    .await;
+    assert_eq!(doc["kind"], "llama-server");
+    assert_eq!(
+        doc["residency"]["resident"],
+        serde_json::json!(["tiny"]),
+        "{doc}"
+    );
+    assert_eq!(doc["loaded"], serde_json::json!(["tiny"]), "{doc}");
+    assert_eq!(doc["models"][0]["loaded"], true, "{doc}");
+    let models = get(gw.api_addr(), "/v1/models").await.json();
+    assert_eq!(models["data"][0]["id"], "tiny", "{models}");
+
+    // The engine goes away: ejected after two failed checks; requests get a 503 at once.
+    engine.stop();
+    let doc = wait_for(admin, "ejected", |doc| {
+        doc["health"]["status"] == "unhealthy"
+    })
+    .await;
+    assert!(doc["health"]["last_error"].is_string(), "{doc}");
+    let reply = send(post(
+        gw.api_addr(),
+        "/v1/chat/completions",
+        long_chat("tiny", 4, false),
+        &[],
+    ))
+    .await;
+    assert_eq!(reply.status, 503, "{}", reply.text());
+
+    // Back on the same port: restored after two good checks, and it serves again.
+    let _engine = Engine::start(EngineOptions {
+        port: Some(port),
+        ..EngineOptions::default()
+    })
+    .await;
+    wait_for(admin, "restored", |doc| {
+        doc["health"]["status"] == "healthy"
+    })
+    .await;
+    let reply = send(post(
+        gw.api_addr(),
+        "/v1/chat/completions",
+        long_chat("tiny", 4, false),
+        &[],
+    ))
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["usage"]["completion_tokens"], 4);
+    gw.shutdown().await;
+}
