@@ -334,3 +334,63 @@ async fn llama_server_health_and_residency_follow_the_real_engine() {
     assert_eq!(reply.json()["usage"]["completion_tokens"], 4);
     gw.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_auto_reads_the_real_engines_slots_and_holds_the_line_there() {
+    let engine = Engine::start(EngineOptions {
+        parallel: 3,
+        context: 3 * 1024,
+        ..EngineOptions::default()
+    })
+    .await;
+    let toml = format!(
+        "{}[upstreams.engine]\nurl = \"{}\"\nkind = \"llama-server\"\n\n\
+         [upstreams.engine.models.tiny]\nparallel = \"auto\"\nqueue = 8\nqueue_timeout = \"300s\"\n",
+        server(""),
+        engine.url()
+    );
+    // What `slotgate check` reports.
+    let config = slotgate_config::Config::from_toml_str(&toml).unwrap();
+    let found = slotgate_gateway::slots::probe_config(&config).await;
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].slots, Ok(3), "{found:?}");
+
+    let gw = gateway(&toml).await;
+    let doc = upstream_status(gw.admin_addr().unwrap()).await;
+    assert_eq!(doc["models"][0]["parallel"], "auto", "{doc}");
+    assert_eq!(doc["models"][0]["slots"], 3, "{doc}");
+    assert_eq!(doc["models"][0]["discovery"]["slots"], 3, "{doc}");
+    let key = authority(engine.addr);
+    assert_eq!(gw.limiter().limits(&key, "tiny").unwrap().parallel, 3);
+
+    // 6 long requests at once: the engine runs 3 and never defers one.
+    let api = engine.api();
+    let addr = gw.api_addr();
+    let tasks: Vec<_> = (0..6)
+        .map(|_| {
+            tokio::spawn(async move {
+                send(post(
+                    addr,
+                    "/v1/chat/completions",
+                    long_chat("tiny", 600, false),
+                    &[],
+                ))
+                .await
+            })
+        })
+        .collect();
+    let mut peak_busy = 0;
+    let mut peak_deferred = 0.0_f64;
+    while !tasks.iter().all(tokio::task::JoinHandle::is_finished) {
+        peak_busy = peak_busy.max(api.busy_slots().await);
+        peak_deferred = peak_deferred.max(api.metric("requests_deferred").await);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for task in tasks {
+        let reply = task.await.unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    assert_eq!(peak_busy, 3, "all three engine slots used, never more");
+    assert!(peak_deferred == 0.0, "the engine deferred {peak_deferred}");
+    gw.shutdown().await;
+}

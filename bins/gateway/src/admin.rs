@@ -241,17 +241,39 @@ fn upstream_status(generation: &Generation, upstream: &UpstreamState) -> Value {
                         ModelLimits::Unlimited => {
                             (json!("unlimited"), json!(0), Value::Null, Value::Null)
                         }
+                        ModelLimits::Auto {
+                            queue,
+                            queue_timeout,
+                        } => (
+                            json!("auto"),
+                            json!(queue),
+                            json!(humantime::format_duration(queue_timeout).to_string()),
+                            Value::Null,
+                        ),
                     };
-                    json!({
+                    let mut doc = json!({
                         "name": route.model,
                         "loaded": upstream.residency.is_loaded(upstream.kind, &route.model),
                         "parallel": parallel,
+                        // The count in force: `parallel`, or the one read for "auto"
+                        // (null while unknown, and for unlimited models).
+                        "slots": t.slots(),
                         "queue": queue,
                         "queue_timeout": queue_timeout,
                         "capacity": capacity,
                         "in_flight": t.key.in_flight(),
                         "queued": t.key.queued(),
-                    })
+                    });
+                    if let Some(auto) = &t.auto {
+                        let view = auto.view();
+                        doc["discovery"] = json!({
+                            "source": "/props total_slots",
+                            "slots": view.found,
+                            "last_check": view.checked.map(rfc3339),
+                            "last_error": view.error,
+                        });
+                    }
+                    doc
                 })
                 .collect::<Vec<_>>()
         })

@@ -53,6 +53,7 @@
 //! - [`upstream`]: what is known about each upstream now — [`health`] (active checks and
 //!   passive ejection), [`residency`] (which models are loaded), draining — kept up to date by
 //!   [`monitor`] through [`probe`], the typed client for the engines' own endpoints.
+//! - [`slots`]: `parallel = "auto"`, the slot count read from the engine.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -83,6 +84,7 @@ pub mod residency;
 pub mod route;
 pub mod server;
 pub mod service;
+pub mod slots;
 pub mod upstream;
 
 use crate::live::{Generation, Live};
@@ -166,6 +168,14 @@ impl Gateway {
             generation.upstreams.iter().cloned().collect(),
             &prober,
             generation.policy,
+        )
+        .await;
+        // `parallel = "auto"` models get their slot count before the first request too.
+        slots::round(
+            generation.routes.routes().cloned().collect(),
+            &prober,
+            generation.policy,
+            true,
         )
         .await;
         let upstream_count = generation.upstreams.len();

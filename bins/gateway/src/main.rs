@@ -6,6 +6,11 @@
 //! slotgate check --config slotgate.toml   # validate; print the effective configuration
 //! ```
 //!
+//! `check` also asks the engine of every `parallel = "auto"` model for its slot count (one
+//! `GET /props` each, bounded by `server.health_check_timeout`) and says what it found on
+//! stderr. An engine that does not answer is reported but does not fail the check: the
+//! configuration is valid, and the gateway keeps that model unavailable until it answers.
+//!
 //! Exit codes: `0` success, `64` (`EX_USAGE`) invalid configuration, `1` any other failure.
 
 use std::path::{Path, PathBuf};
@@ -77,8 +82,46 @@ fn check(path: &Path) -> ExitCode {
         eprintln!("{}: {problem}", path.display());
         return ExitCode::from(EX_CONFIG);
     }
+    if let Err(error) = report_auto_slots(&config) {
+        eprintln!("cannot probe the parallel = \"auto\" models: {error}");
+        return ExitCode::FAILURE;
+    }
     print!("{}", config.to_effective_toml());
     ExitCode::SUCCESS
+}
+
+/// Asks the engine of each `parallel = "auto"` model for its slot count and prints the answers
+/// on stderr (stdout stays the effective configuration).
+fn report_auto_slots(config: &Config) -> std::io::Result<()> {
+    let count = config
+        .upstreams
+        .values()
+        .flat_map(|u| u.models.values())
+        .filter(|limits| limits.is_auto())
+        .count();
+    if count == 0 {
+        return Ok(());
+    }
+    eprintln!(
+        "probing the engine of {count} parallel = \"auto\" model{} for its slot count \
+         (GET /props, timeout {})",
+        if count == 1 { "" } else { "s" },
+        humantime::format_duration(config.server.health_check_timeout)
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    for found in runtime.block_on(slotgate_gateway::slots::probe_config(config)) {
+        let key = format!("upstreams.{}.models.{}", found.upstream, found.model);
+        match found.slots {
+            Ok(slots) => eprintln!("  {key}: {slots} slots (total_slots at {})", found.url),
+            Err(error) => eprintln!(
+                "  {key}: slot count unknown ({error}); the gateway keeps this model \
+                 unavailable on this upstream until the engine answers"
+            ),
+        }
+    }
+    Ok(())
 }
 
 fn load(path: &Path) -> Result<Config, ExitCode> {

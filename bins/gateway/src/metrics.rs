@@ -3,7 +3,7 @@
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
 //! | `slotgate_slots_in_use` | gauge | upstream, model | permits held now |
-//! | `slotgate_slots_capacity` | gauge | upstream, model | `parallel` (absent for unlimited models) |
+//! | `slotgate_slots_capacity` | gauge | upstream, model | `parallel`, or the count read for `parallel = "auto"` (absent for unlimited models, and while an auto count is unknown) |
 //! | `slotgate_queue_depth` | gauge | upstream, model | requests waiting for a slot now |
 //! | `slotgate_queue_capacity` | gauge | upstream, model | `queue` |
 //! | `slotgate_queue_wait_seconds` | histogram | upstream, model | time from arrival in the queue to the grant (0 when a slot was free) |
@@ -324,7 +324,8 @@ impl Collector for LiveGauges {
                         .upstream
                         .residency
                         .is_loaded(target.upstream.kind, &route.model),
-                    capacity: target.parallel,
+                    // Discovered for `parallel = "auto"` (absent while unknown).
+                    capacity: target.slots(),
                     in_use: target.key.in_flight(),
                     queued: target.key.queued(),
                     queue_capacity: target.key.limits().queue,

@@ -1,6 +1,7 @@
 //! The background checks: every `server.health_check_interval`, each upstream's health
 //! ([`crate::health`]) and then, if it is healthy, its resident models
-//! ([`crate::residency`]).
+//! ([`crate::residency`]); then the slot counts of `parallel = "auto"` models that are not
+//! known or are due again ([`crate::slots`]).
 //!
 //! All upstreams are checked concurrently, each probe bounded by `server.health_check_timeout`,
 //! so one blackholed host never delays the verdict on the others. The next round starts one
@@ -23,6 +24,7 @@ use crate::live::Live;
 use crate::probe::Prober;
 use crate::residency;
 use crate::server::ShutdownSignal;
+use crate::slots;
 use crate::upstream::UpstreamState;
 
 /// Checks every upstream in `upstreams` once, concurrently; returns when all are done.
@@ -77,12 +79,17 @@ pub async fn run(live: Arc<Live>, prober: Prober, mut stop: ShutdownSignal) {
         let generation = live.current();
         let policy = generation.policy;
         let upstreams = generation.upstreams.iter().cloned().collect();
+        let routes = generation.routes.routes().cloned().collect();
         // Not held across the round: a reload may retire this generation meanwhile.
         drop(generation);
         tokio::select! {
             biased;
             () = stop.fired() => return,
-            () = round(upstreams, &prober, policy) => {}
+            () = async {
+                round(upstreams, &prober, policy).await;
+                // `parallel = "auto"` counts not known yet, or due after an ejection.
+                slots::round(routes, &prober, policy, false).await;
+            } => {}
         }
     }
 }

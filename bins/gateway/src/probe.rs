@@ -179,6 +179,18 @@ impl Prober {
         }
     }
 
+    /// `GET path`, which must answer 2xx with a Prometheus text exposition.
+    pub async fn metrics(
+        &self,
+        target: ProbeTarget<'_>,
+        path: &str,
+    ) -> Result<Samples, ProbeError> {
+        let body = self.get_ok(target, path).await?;
+        let text = std::str::from_utf8(&body)
+            .map_err(|e| ProbeError::Parse(format!("{path}: not UTF-8: {e}")))?;
+        Ok(Samples::parse(text))
+    }
+
     /// `GET path`, which must answer 2xx with JSON of type `T`.
     pub async fn get_json<T: DeserializeOwned>(
         &self,
@@ -203,12 +215,48 @@ impl Prober {
         self.get_json(target, "/models").await
     }
 
+    /// llama-server `GET /props` for `model`: its slot count (`total_slots`, = `--parallel`).
+    /// A router needs `?model=`; a single-model server ignores the query. `autoload=false`: a
+    /// probe must not make a router load a model (it answers 400 `model is not loaded`).
+    pub async fn llama_props(
+        &self,
+        target: ProbeTarget<'_>,
+        model: &str,
+    ) -> Result<LlamaProps, ProbeError> {
+        self.get_json(target, &model_query("/props", model)).await
+    }
+
+    /// llama-server `GET /slots` for `model` (see [`Prober::llama_props`] for the query): one
+    /// entry per slot. 501 when the server runs with `--no-slots`.
+    pub async fn llama_slots(
+        &self,
+        target: ProbeTarget<'_>,
+        model: &str,
+    ) -> Result<Vec<LlamaSlot>, ProbeError> {
+        self.get_json(target, &model_query("/slots", model)).await
+    }
+
+    /// llama-server `GET /metrics` for `model` (needs `--metrics`; 501 otherwise), parsed.
+    pub async fn llama_metrics(
+        &self,
+        target: ProbeTarget<'_>,
+        model: &str,
+    ) -> Result<Samples, ProbeError> {
+        self.metrics(target, &model_query("/metrics", model)).await
+    }
+
     // === vLLM ===
 
     /// vLLM `GET /health`: 200 with an empty body; 503 when the engine is dead. While the model
     /// loads the port refuses connections.
     pub async fn vllm_health(&self, target: ProbeTarget<'_>) -> Result<(), ProbeError> {
         self.get_ok(target, "/health").await.map(drop)
+    }
+
+    /// vLLM `GET /metrics`, parsed (`vllm:num_requests_running`, `vllm:num_requests_waiting`,
+    /// labelled by `model_name`).
+    pub async fn vllm_metrics(&self, target: ProbeTarget<'_>) -> Result<Samples, ProbeError> {
+        self.metrics(target, "/metrics").await
     }
 
     // === Ollama ===
@@ -296,6 +344,112 @@ pub struct OllamaModel {
     pub model: Option<String>,
 }
 
+/// llama-server's `/props`, the part the gateway reads.
+#[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
+pub struct LlamaProps {
+    /// The server's slots (`--parallel`). Required: a `/props` without it is not one this
+    /// gateway can take a slot count from.
+    pub total_slots: usize,
+}
+
+/// One entry of llama-server's `/slots`.
+#[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
+pub struct LlamaSlot {
+    /// Whether the slot is running a task now (its other members come and go across builds).
+    pub is_processing: bool,
+}
+
+/// The samples of a Prometheus text exposition (`# HELP`/`# TYPE` lines skipped), enough to
+/// read an engine's gauges. Not a full parser: exemplars and escaped quotes inside label
+/// values are not needed for the engines' own metrics.
+#[derive(Debug, Clone, Default)]
+pub struct Samples {
+    samples: Vec<Sample>,
+}
+
+#[derive(Debug, Clone)]
+struct Sample {
+    name: String,
+    labels: Vec<(String, String)>,
+    value: f64,
+}
+
+impl Samples {
+    /// Reads every `name{labels} value [timestamp]` line; unreadable lines are skipped.
+    pub fn parse(text: &str) -> Self {
+        let samples = text
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty() && !line.starts_with('#'))
+            .filter_map(parse_sample)
+            .collect();
+        Self { samples }
+    }
+
+    /// The sum of every sample named `name` whose labels include all of `labels` (all samples
+    /// of that name when `labels` is empty); `None` when no sample matches.
+    pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let mut found = None;
+        for sample in self.samples.iter().filter(|s| s.name == name) {
+            let matches = labels
+                .iter()
+                .all(|(k, v)| sample.labels.iter().any(|(sk, sv)| sk == k && sv == v));
+            if matches {
+                *found.get_or_insert(0.0) += sample.value;
+            }
+        }
+        found
+    }
+
+    /// The distinct values of label `label` across the samples named `name`.
+    pub fn label_values(&self, name: &str, label: &str) -> Vec<String> {
+        let mut values: Vec<String> = Vec::new();
+        for sample in self.samples.iter().filter(|s| s.name == name) {
+            for (k, v) in &sample.labels {
+                if k == label && !values.contains(v) {
+                    values.push(v.clone());
+                }
+            }
+        }
+        values
+    }
+}
+
+/// `name{a="x",b="y"} 1.5` or `name 3`.
+fn parse_sample(line: &str) -> Option<Sample> {
+    let (name, labels, rest) = if let Some(open) = line.find('{') {
+        let close = open + line[open..].find('}')?;
+        (&line[..open], &line[open + 1..close], &line[close + 1..])
+    } else {
+        let space = line.find(char::is_whitespace)?;
+        (&line[..space], "", &line[space..])
+    };
+    let value = rest.split_whitespace().next()?.parse().ok()?;
+    let labels = labels
+        .split(',')
+        .filter_map(|pair| {
+            let (key, value) = pair.split_once('=')?;
+            Some((
+                key.trim().to_owned(),
+                value.trim().trim_matches('"').to_owned(),
+            ))
+        })
+        .collect();
+    Some(Sample {
+        name: name.trim().to_owned(),
+        labels,
+        value,
+    })
+}
+
+/// `path?model=NAME&autoload=false`, the name percent-encoded.
+fn model_query(path: &str, model: &str) -> String {
+    let name: String = url::form_urlencoded::byte_serialize(model.as_bytes()).collect();
+    format!("{path}?model={name}&autoload=false")
+}
+
 /// A list whose non-string entries are skipped (llama-server builds differ in what `aliases`
 /// holds; a residency probe must not fail over it).
 fn strings<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
@@ -342,7 +496,7 @@ fn chain(error: &(dyn std::error::Error + 'static)) -> String {
 mod tests {
     use bytes::Bytes;
 
-    use super::{ModelList, OllamaPs, error_message};
+    use super::{LlamaProps, LlamaSlot, ModelList, OllamaPs, Samples, error_message, model_query};
 
     #[test]
     fn parses_a_router_listing() {
@@ -393,6 +547,62 @@ mod tests {
         assert_eq!(ps.models[0].name, "mistral:latest");
         let empty: OllamaPs = serde_json::from_str(r#"{"models":[]}"#).unwrap();
         assert!(empty.models.is_empty());
+    }
+
+    #[test]
+    fn parses_llama_props_and_slots_as_the_real_server_sends_them() {
+        let props: LlamaProps = serde_json::from_str(
+            r#"{"default_generation_settings":{"n_ctx":512},"total_slots":2,
+                "model_alias":"tiny","build_info":"b1-0c1e570","is_sleeping":false}"#,
+        )
+        .unwrap();
+        assert_eq!(props.total_slots, 2);
+        assert!(serde_json::from_str::<LlamaProps>(r#"{"model_alias":"x"}"#).is_err());
+        let slots: Vec<LlamaSlot> = serde_json::from_str(
+            r#"[{"id":0,"n_ctx":512,"speculative":false,"is_processing":false},
+                {"id":1,"n_ctx":512,"is_processing":true,"id_task":7,
+                 "next_token":[{"has_next_token":true,"n_decoded":3}]}]"#,
+        )
+        .unwrap();
+        assert_eq!(slots.iter().filter(|s| s.is_processing).count(), 1);
+        assert_eq!(
+            model_query("/props", "qwen2.5:7b instruct"),
+            "/props?model=qwen2.5%3A7b+instruct&autoload=false"
+        );
+    }
+
+    #[test]
+    fn reads_engine_gauges_out_of_prometheus_text() {
+        let samples = Samples::parse(
+            "# HELP llamacpp:requests_processing Number of requests processing.\n\
+             # TYPE llamacpp:requests_processing gauge\n\
+             llamacpp:requests_processing 2\n\
+             llamacpp:requests_deferred 0\n\
+             vllm:num_requests_running{engine=\"0\",model_name=\"qwen\"} 3.0\n\
+             vllm:num_requests_running{engine=\"1\",model_name=\"qwen\"} 1.0\n\
+             vllm:num_requests_running{engine=\"0\",model_name=\"other\"} 5.0\n\
+             vllm:num_requests_waiting{model_name=\"qwen\"} 4 1700000000000\n\
+             garbage line\n",
+        );
+        assert_eq!(samples.sum("llamacpp:requests_processing", &[]), Some(2.0));
+        assert_eq!(samples.sum("llamacpp:requests_deferred", &[]), Some(0.0));
+        assert_eq!(
+            samples.sum("vllm:num_requests_running", &[("model_name", "qwen")]),
+            Some(4.0)
+        );
+        assert_eq!(samples.sum("vllm:num_requests_running", &[]), Some(9.0));
+        assert_eq!(
+            samples.sum("vllm:num_requests_waiting", &[("model_name", "qwen")]),
+            Some(4.0)
+        );
+        assert_eq!(
+            samples.sum("vllm:num_requests_waiting", &[("model_name", "x")]),
+            None
+        );
+        assert_eq!(
+            samples.label_values("vllm:num_requests_running", "model_name"),
+            ["qwen", "other"]
+        );
     }
 
     #[test]

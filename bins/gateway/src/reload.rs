@@ -11,7 +11,8 @@
 //!    down); new keys are created. An upstream that keeps its name and engine keeps its health,
 //!    residency and draining state.
 //! 3. Check the new and changed upstreams once, so the new configuration starts with their real
-//!    health.
+//!    health, and read the slot count of every `parallel = "auto"` model again
+//!    ([`slots`]).
 //! 4. Swap: requests arriving from now on use the new configuration; requests already routed
 //!    finish under the old one.
 //! 5. Remove the limiter keys the new configuration no longer has: requests still *waiting* on
@@ -33,6 +34,7 @@ use crate::live::{Generation, Live};
 use crate::metrics::Metrics;
 use crate::monitor;
 use crate::probe::Prober;
+use crate::slots;
 
 /// Reloads the configuration from the file the gateway started with.
 #[derive(Debug)]
@@ -163,6 +165,14 @@ impl Reloader {
             .cloned()
             .collect();
         monitor::round(fresh, &self.prober, new.policy).await;
+        // `parallel = "auto"`: every such model's slot count is read again.
+        slots::round(
+            new.routes.routes().cloned().collect(),
+            &self.prober,
+            new.policy,
+            true,
+        )
+        .await;
 
         let reloaded = summarise(&old, &new);
         let old_keys = old.routes.keys();

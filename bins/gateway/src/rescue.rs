@@ -176,8 +176,21 @@ impl Error {
                 retry_after,
             } => Problem::queue_timeout(upstream, model, *waited, *retry_after),
             Error::UpstreamUnavailable {
-                model, retry_after, ..
-            } => Problem::upstream_unavailable(model, *retry_after),
+                model,
+                retry_after,
+                source,
+            } => {
+                let problem = Problem::upstream_unavailable(model, *retry_after);
+                match source {
+                    // Why, when known: a refused connection, a model removed by a reload, a
+                    // slot count the engine did not give.
+                    Some(source) => problem.with_detail(format!(
+                        "No upstream for model `{model}` can take the request: {}",
+                        chain(&**source)
+                    )),
+                    None => problem,
+                }
+            }
             Error::UpstreamFailed {
                 upstream,
                 model,

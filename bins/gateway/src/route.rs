@@ -8,7 +8,8 @@
 //! - a route lists one [`Target`] per upstream that configures the model, each with its limiter
 //!   key resolved in advance ([`KeyHandle`]: no map lookup on the hot path) and configured with
 //!   the model's limits (`parallel = "unlimited"` becomes an unlimited key, which counts requests
-//!   in flight but never refuses or queues).
+//!   in flight but never refuses or queues; `parallel = "auto"` gets the engine's own slot count
+//!   from [`slots`](crate::slots), and the target is left out until that count is known).
 //!
 //! [`Route::ranked`] asks `slotgate-choose` for the order to try the targets in, from what the
 //! gateway knows about each upstream right now ([`UpstreamState`]): an unhealthy or draining
@@ -16,8 +17,8 @@
 //! load it. The score uses the free slots *of the key*: it is the key's cap that decides whether
 //! this request waits.
 //!
-//! A reload builds a new table; [`Routes::build`] carries each key's hold-time statistics over
-//! from the previous one, so `Retry-After` estimates survive it.
+//! A reload builds a new table; [`Routes::build`] carries each key's hold-time statistics (and a
+//! discovered slot count) over from the previous one, so `Retry-After` estimates survive it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use slotgate_limiter::{KeyHandle, Limiter};
 
 use crate::hold::HoldStats;
 use crate::metrics::{Metrics, RejectionMetrics, TargetMetrics};
+use crate::slots::AutoSlots;
 use crate::upstream::{UpstreamState, Upstreams};
 
 /// The routing table.
@@ -59,7 +61,8 @@ pub struct Target {
     pub key: KeyHandle,
     /// The configured limits.
     pub limits: ModelLimits,
-    /// The slot count; `None` when unlimited.
+    /// The configured slot count; `None` when unlimited or discovered (see
+    /// [`Target::slots`]).
     pub parallel: Option<usize>,
     /// The longest wait for a slot; `None` when unlimited (never waits).
     pub queue_timeout: Option<Duration>,
@@ -69,6 +72,8 @@ pub struct Target {
     pub hold: Arc<HoldStats>,
     /// This target's metric handles.
     pub metrics: Arc<TargetMetrics>,
+    /// `parallel = "auto"`: the slot count read from the engine.
+    pub auto: Option<Arc<AutoSlots>>,
 }
 
 impl Routes {
@@ -83,17 +88,24 @@ impl Routes {
         metrics: &Metrics,
         previous: Option<&Routes>,
     ) -> Self {
-        let holds: HashMap<(&str, &str), &Arc<HoldStats>> = previous
-            .into_iter()
-            .flat_map(Routes::routes)
-            .flat_map(|route| {
-                route.targets.iter().map(|target| {
-                    (
-                        (target.upstream.authority.as_str(), route.model.as_str()),
-                        &target.hold,
-                    )
+        let previous_targets = || {
+            previous
+                .into_iter()
+                .flat_map(Routes::routes)
+                .flat_map(|route| {
+                    route.targets.iter().map(|target| {
+                        (
+                            (target.upstream.authority.as_str(), route.model.as_str()),
+                            target,
+                        )
+                    })
                 })
-            })
+        };
+        let holds: HashMap<(&str, &str), &Arc<HoldStats>> = previous_targets()
+            .map(|(key, target)| (key, &target.hold))
+            .collect();
+        let autos: HashMap<(&str, &str), &Arc<AutoSlots>> = previous_targets()
+            .filter_map(|(key, target)| target.auto.as_ref().map(|auto| (key, auto)))
             .collect();
         let mut routes: HashMap<String, Route> = HashMap::new();
         for upstream in config.upstreams.values() {
@@ -103,21 +115,37 @@ impl Routes {
             };
             let authority = state.authority.as_str();
             for (model, limits) in &upstream.models {
-                let (parallel, queue, queue_timeout) = match *limits {
+                let mut auto = None;
+                let (parallel, queue_timeout) = match *limits {
                     ModelLimits::Limited {
                         parallel,
                         queue,
                         queue_timeout,
                         ..
-                    } => (Some(parallel), queue, Some(queue_timeout)),
-                    ModelLimits::Unlimited => (None, 0, None),
+                    } => {
+                        limiter.configure(authority, model.as_str(), parallel, queue);
+                        (Some(parallel), Some(queue_timeout))
+                    }
+                    ModelLimits::Unlimited => {
+                        limiter.configure(authority, model.as_str(), usize::MAX, 0);
+                        (None, None)
+                    }
+                    ModelLimits::Auto {
+                        queue,
+                        queue_timeout,
+                    } => {
+                        // Configures the key with the count found so far (0 while none).
+                        let previous = autos.get(&(authority, model.as_str()));
+                        auto = Some(Arc::new(AutoSlots::new(
+                            state,
+                            model,
+                            queue,
+                            limiter,
+                            previous.map(|p| &***p),
+                        )));
+                        (None, Some(queue_timeout))
+                    }
                 };
-                limiter.configure(
-                    authority,
-                    model.as_str(),
-                    parallel.unwrap_or(usize::MAX),
-                    queue,
-                );
                 let hold = holds
                     .get(&(authority, model.as_str()))
                     .map_or_else(Arc::default, |hold| Arc::clone(hold));
@@ -130,6 +158,7 @@ impl Routes {
                     weight: upstream.weight,
                     hold,
                     metrics: Arc::new(metrics.target(&upstream.name, model)),
+                    auto,
                 };
                 routes
                     .entry(model.clone())
@@ -193,18 +222,48 @@ impl Routes {
 
 impl Route {
     /// The targets to try, best first (see `slotgate-choose` for the rules). Unhealthy and
-    /// draining upstreams are left out.
+    /// draining upstreams are left out, and so are `auto` targets whose slot count is unknown.
     pub fn ranked(&self) -> Vec<&Target> {
-        slotgate_choose::ranked(&self.targets, |target| Some(target.info(&self.model)))
+        slotgate_choose::ranked(&self.targets, |target| {
+            target.slots_known().then(|| target.info(&self.model))
+        })
     }
 
-    /// Whether any target may take new requests now (healthy and not draining).
+    /// Whether any target may take new requests now (healthy, not draining, slot count known).
     pub fn is_available(&self) -> bool {
-        self.targets.iter().any(|t| t.upstream.is_available())
+        self.targets
+            .iter()
+            .any(|t| t.upstream.is_available() && t.slots_known())
+    }
+
+    /// Why targets cannot take requests as far as slot counts go: `auto` counts not known yet
+    /// (with the engine's answer). `None` when there is no such target.
+    pub fn unavailable_reason(&self) -> Option<String> {
+        let reasons: Vec<String> = self
+            .targets
+            .iter()
+            .filter_map(|t| t.auto.as_ref()?.unavailable_reason())
+            .collect();
+        (!reasons.is_empty()).then(|| reasons.join("; "))
     }
 }
 
 impl Target {
+    /// The slot count in force: the configured `parallel`, or the one discovered for
+    /// `parallel = "auto"`; `None` when unlimited or not discovered yet.
+    pub fn slots(&self) -> Option<usize> {
+        match &self.auto {
+            Some(auto) => auto.found(),
+            None => self.parallel,
+        }
+    }
+
+    /// Whether requests may be routed here as far as the slot count goes: always, except for
+    /// an `auto` target whose count is not known (see [`slots`](crate::slots)).
+    pub fn slots_known(&self) -> bool {
+        self.auto.as_ref().is_none_or(|auto| auto.found().is_some())
+    }
+
     /// What `slotgate-choose` needs to know about this target for `model` now.
     fn info(&self, model: &str) -> Info {
         let limits = self.key.limits();
@@ -224,6 +283,6 @@ impl Target {
     /// The `Retry-After` for a request that would wait behind everyone queued here now.
     pub fn retry_after(&self) -> Duration {
         self.hold
-            .retry_after(self.key.queued(), self.parallel.unwrap_or(usize::MAX))
+            .retry_after(self.key.queued(), self.slots().unwrap_or(usize::MAX))
     }
 }

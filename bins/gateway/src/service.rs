@@ -221,7 +221,9 @@ impl App {
         Err(Error::UpstreamUnavailable {
             model: model.to_owned(),
             retry_after: server.health_check_interval,
-            source: connect_error,
+            // A refused connection, else what keeps healthy upstreams out (an unknown
+            // `parallel = "auto"` slot count).
+            source: connect_error.or_else(|| route.unavailable_reason().map(Into::into)),
         })
     }
 

@@ -117,6 +117,11 @@ enum ModelView {
     Unlimited {
         parallel: &'static str,
     },
+    Auto {
+        parallel: &'static str,
+        queue: usize,
+        queue_timeout: String,
+    },
 }
 
 impl<'a> From<&'a Config> for View<'a> {
@@ -193,6 +198,14 @@ impl From<ModelLimits> for ModelView {
             },
             ModelLimits::Unlimited => ModelView::Unlimited {
                 parallel: "unlimited",
+            },
+            ModelLimits::Auto {
+                queue,
+                queue_timeout,
+            } => ModelView::Auto {
+                parallel: "auto",
+                queue,
+                queue_timeout: human(queue_timeout),
             },
         }
     }

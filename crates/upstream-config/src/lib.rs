@@ -18,8 +18,9 @@
 //!
 //! - No silent defaults for limits: each model of each upstream states `parallel` (≥ 1), `queue`
 //!   (≥ 0) and `queue_timeout` (> 0), or says `parallel = "unlimited"` and nothing else.
-//!   `parallel = "auto"` is reserved and refused for now. `capacity`, when given, is ≥ 1 and ≥
-//!   `parallel`.
+//!   `parallel = "auto"` (only for `kind = "llama-server"`, with `queue` and `queue_timeout`,
+//!   without `capacity`) takes the slot count from the engine at run time. `capacity`, when
+//!   given, is ≥ 1 and ≥ `parallel`.
 //! - Every upstream has a `kind`, at least one model, and an http(s) `url` with a host and no
 //!   query, fragment or credentials. The limiter keys on the URL's authority (scheme, host,
 //!   port), so two upstreams with the same authority are an error.

@@ -299,15 +299,30 @@ pub enum ModelLimits {
     },
     /// `parallel = "unlimited"`: the gateway forwards without holding a slot and never queues.
     Unlimited,
+    /// `parallel = "auto"` (`kind = "llama-server"` only): like [`ModelLimits::Limited`], with
+    /// the slot count the engine itself reports (`total_slots` of its `GET /props`), which the
+    /// gateway reads at start and on reload. Until a read succeeds the model is unavailable on
+    /// that upstream: there is no fallback count.
+    Auto {
+        /// Requests allowed to wait for a slot (may be 0).
+        queue: usize,
+        /// Longest wait for a slot (> 0).
+        queue_timeout: Duration,
+    },
 }
 
 impl ModelLimits {
-    /// The slot count, `None` when unlimited.
+    /// The configured slot count; `None` when unlimited or discovered (`"auto"`).
     pub fn parallel(&self) -> Option<usize> {
         match self {
             ModelLimits::Limited { parallel, .. } => Some(*parallel),
-            ModelLimits::Unlimited => None,
+            ModelLimits::Unlimited | ModelLimits::Auto { .. } => None,
         }
+    }
+
+    /// Whether this is [`ModelLimits::Auto`]: the slot count comes from the engine.
+    pub fn is_auto(&self) -> bool {
+        matches!(self, ModelLimits::Auto { .. })
     }
 
     /// Whether this is [`ModelLimits::Unlimited`].

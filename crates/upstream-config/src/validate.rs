@@ -415,7 +415,7 @@ fn upstream<'v>(
         |r, p, v| {
             let dict = r.dict(p, v)?;
             out.models.extend(dict.keys().cloned());
-            models(r, p, v, dict)
+            models(r, p, v, dict, kind)
         },
     );
 
@@ -491,11 +491,13 @@ fn upstream_url(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Url
     }
 }
 
+/// `kind` is the upstream's, when it could be read (`parallel = "auto"` depends on it).
 fn models(
     r: &mut Reader<'_>,
     path: &KeyPath,
     value: &Value,
     dict: &Dict,
+    kind: Option<Kind>,
 ) -> Option<BTreeMap<String, ModelLimits>> {
     if dict.is_empty() {
         r.invalid(path, value, "at least one model is required");
@@ -508,7 +510,7 @@ fn models(
             r.issue(&model_path, "a model name must not be empty");
             built = None;
         }
-        match (built.as_mut(), model_limits(r, &model_path, value)) {
+        match (built.as_mut(), model_limits(r, &model_path, value, kind)) {
             (Some(map), Some(limits)) => {
                 map.insert(name.clone(), limits);
             }
@@ -522,32 +524,44 @@ fn models(
 enum Parallel {
     Slots(usize),
     Unlimited,
+    Auto,
     /// Missing or wrong (already reported); the other keys are still checked as if limited.
     Invalid,
 }
 
-fn model_limits(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<ModelLimits> {
+fn model_limits(
+    r: &mut Reader<'_>,
+    path: &KeyPath,
+    value: &Value,
+    kind: Option<Kind>,
+) -> Option<ModelLimits> {
     let t = r.table(path, value, MODEL_KEYS)?;
     let parallel_path = path.key("parallel");
     let parallel = match t.get("parallel") {
         None => {
             r.missing(
                 &parallel_path,
-                r#"the number of concurrent slots, an integer of at least 1, or "unlimited""#,
+                r#"the number of concurrent slots, an integer of at least 1, "auto" (llama-server), or "unlimited""#,
             );
             Parallel::Invalid
         }
         Some(v @ Value::String(_, text)) => match text.as_str() {
             UNLIMITED => Parallel::Unlimited,
-            AUTO => {
-                let message =
-                    r#"parallel = "auto" is not supported yet; state the number of slots"#;
-                r.invalid(&parallel_path, v, message);
-                Parallel::Invalid
-            }
+            // An unreadable kind was reported already; "auto" is then checked no further.
+            AUTO => match kind {
+                Some(Kind::LlamaServer) | None => Parallel::Auto,
+                Some(kind) => {
+                    let message = format!(
+                        r#"parallel = "auto" reads the slot count from llama-server's /props, but this upstream is kind = "{kind}"; state the number of slots"#
+                    );
+                    r.invalid(&parallel_path, v, message);
+                    Parallel::Invalid
+                }
+            },
             other => {
-                let message =
-                    format!(r#"expected an integer of at least 1 or "unlimited", found {other:?}"#);
+                let message = format!(
+                    r#"expected an integer of at least 1, "auto" or "unlimited", found {other:?}"#
+                );
                 r.invalid(&parallel_path, v, message);
                 Parallel::Invalid
             }
@@ -571,6 +585,13 @@ fn model_limits(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Mod
         return ok.then_some(ModelLimits::Unlimited);
     }
 
+    let auto = matches!(parallel, Parallel::Auto);
+    if auto && let Some(v) = t.get("capacity") {
+        let message =
+            r#"not allowed with parallel = "auto" (the engine reports its own slot count)"#;
+        r.invalid(&path.key("capacity"), v, message);
+    }
+
     let queue = required(
         r,
         t,
@@ -591,6 +612,15 @@ fn model_limits(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Mod
         r.count(p, v, 1).map(Some)
     });
 
+    if auto {
+        return match (queue, queue_timeout, t.contains_key("capacity")) {
+            (Some(queue), Some(queue_timeout), false) => Some(ModelLimits::Auto {
+                queue,
+                queue_timeout,
+            }),
+            _ => None,
+        };
+    }
     let Parallel::Slots(parallel) = parallel else {
         return None;
     };

@@ -75,16 +75,59 @@ fn parallel_is_an_integer_of_at_least_one() {
     assert_only_issue(
         &with_model(&format!("parallel = \"many\"\n{rest}")),
         P,
-        r#"expected an integer of at least 1 or "unlimited", found "many""#,
+        r#"expected an integer of at least 1, "auto" or "unlimited", found "many""#,
     );
 }
 
+/// `with_model`'s upstream as a llama-server.
+fn llama_model(body: &str) -> String {
+    with_model(body).replace("kind = \"vllm\"", "kind = \"llama-server\"")
+}
+
 #[test]
-fn parallel_auto_is_reserved() {
+fn parallel_auto_reads_queue_and_timeout_for_a_llama_server() {
+    let config = ok(&llama_model(
+        "parallel = \"auto\"\nqueue = 3\nqueue_timeout = \"20s\"",
+    ));
+    let limits = config.upstreams["a"].models["m"];
+    assert_eq!(
+        limits,
+        ModelLimits::Auto {
+            queue: 3,
+            queue_timeout: Duration::from_secs(20),
+        }
+    );
+    assert!(limits.is_auto());
+    assert!(!limits.is_unlimited());
+    assert_eq!(limits.parallel(), None, "the count comes from the engine");
+    let effective = config.to_effective_toml();
+    assert!(effective.contains("parallel = \"auto\""), "{effective}");
+    assert_eq!(ok(&effective), config, "the effective config reads back");
+}
+
+#[test]
+fn parallel_auto_is_for_llama_server_only() {
+    for kind in ["vllm", "ollama", "openai"] {
+        let toml = llama_model("parallel = \"auto\"\nqueue = 1\nqueue_timeout = \"1s\"")
+            .replace("kind = \"llama-server\"", &format!("kind = \"{kind}\""));
+        assert_only_issue(
+            &toml,
+            P,
+            &format!(r#"this upstream is kind = "{kind}"; state the number of slots"#),
+        );
+    }
+}
+
+#[test]
+fn parallel_auto_still_needs_queue_and_timeout_and_takes_no_capacity() {
+    let found = issues(&llama_model("parallel = \"auto\""));
+    let paths: Vec<_> = found.iter().map(|i| i.path.as_str()).collect();
+    assert_eq!(paths, [Q, QT], "{found:#?}");
+    assert!(found.iter().all(|i| i.message.starts_with("missing")));
     assert_only_issue(
-        &with_model("parallel = \"auto\"\nqueue = 1\nqueue_timeout = \"1s\""),
-        P,
-        r#"parallel = "auto" is not supported yet; state the number of slots"#,
+        &llama_model("parallel = \"auto\"\nqueue = 1\nqueue_timeout = \"1s\"\ncapacity = 4"),
+        C,
+        r#"not allowed with parallel = "auto""#,
     );
 }
 
