@@ -1,17 +1,21 @@
 //! What the gateway learns from the engine itself, against `fake-upstream`: the slot count of a
-//! `parallel = "auto"` model (llama-server `/props` `total_slots`).
+//! `parallel = "auto"` model (llama-server `/props` `total_slots`), and the engine's own busy
+//! count next to the gateway's (reconciliation: llama-server `/slots` and `/metrics`, vLLM
+//! `/metrics`).
 //!
 //! The same behaviour against the real llama-server is in `tests/engine_e2e.rs`. Like the other
 //! end-to-end tests: loopback only, and every wait polls under a generous deadline.
 
+mod engine_support;
 mod support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use engine_support::capture_logs;
 use fake_upstream::{FakeConfig, FakeUpstream};
 use serde_json::Value;
-use support::{SOON, authority, chat, gateway, get, server};
+use support::{SOON, authority, chat, gateway, get, server, upstream};
 
 /// Long enough for anything on a loaded 2-core machine; only reached when a test fails.
 const PATIENT: Duration = Duration::from_secs(30);
@@ -269,4 +273,149 @@ async fn a_reload_reads_the_slot_count_again_and_can_switch_to_and_from_auto() {
     gw.shutdown().await;
     fake.shutdown().await;
     let _ = std::fs::remove_file(&path);
+}
+
+// === reconciliation ===
+
+/// Polls until the model's `engine` document satisfies `check`.
+async fn wait_for_engine(
+    admin: SocketAddr,
+    model: &str,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    wait_for_model(admin, model, what, |doc| check(&doc["engine"])).await["engine"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_server_traffic_that_bypasses_the_gateway_is_seen_and_warned_about() {
+    let logs = capture_logs();
+    let fake = FakeUpstream::start(FakeConfig::llama_server(4).model("qwen"))
+        .await
+        .unwrap();
+    let gw = gateway(&format!(
+        "{}{}",
+        server("health_check_interval = \"100ms\""),
+        upstream("bypassed", &fake.url(), "qwen", 2, 4, "30s")
+    ))
+    .await;
+    let admin = gw.admin_addr().unwrap();
+    let addr = gw.api_addr();
+
+    // Through the gateway: the engine and the gateway agree.
+    let through: Vec<_> = (0..2)
+        .map(|_| {
+            tokio::spawn(
+                async move { chat(addr, "qwen", false, &[("x-fake-hold-ms", "6000")]).await },
+            )
+        })
+        .collect();
+    let engine = wait_for_engine(admin, "qwen", "both counted", |e| {
+        e["busy"] == 2 && e["gateway_in_flight"] == 2
+    })
+    .await;
+    assert_eq!(engine["unaccounted"], 0, "{engine}");
+    assert_eq!(engine["warning"], false, "{engine}");
+    assert_eq!(engine["whole_engine"], true, "{engine}");
+    assert_eq!(
+        sample(
+            admin,
+            "slotgate_engine_busy{upstream=\"bypassed\",model=\"qwen\"}"
+        )
+        .await,
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(
+            admin,
+            "slotgate_engine_waiting{upstream=\"bypassed\",model=\"qwen\"}"
+        )
+        .await,
+        Some(0.0)
+    );
+
+    // One more straight to the engine: 3 busy, 2 accounted for; warned once it lasts.
+    let engine_addr = fake.addr();
+    let direct = tokio::spawn(async move {
+        chat(engine_addr, "qwen", false, &[("x-fake-hold-ms", "8000")]).await
+    });
+    let engine = wait_for_engine(admin, "qwen", "the warning", |e| e["warning"] == true).await;
+    assert_eq!(engine["busy"], 3, "{engine}");
+    assert_eq!(engine["unaccounted"], 1, "{engine}");
+    let warned = logs.lines_with(&["busier than slotgate accounts for", "bypassed"]);
+    assert_eq!(warned.len(), 1, "warned once: {warned:#?}");
+    assert!(warned[0].contains("WARN"), "{warned:?}");
+    assert!(
+        warned[0].contains("engine_busy=3") && warned[0].contains("gateway_in_flight=2"),
+        "{warned:?}"
+    );
+
+    for task in through {
+        assert_eq!(task.await.unwrap().status, 200);
+    }
+    assert_eq!(direct.await.unwrap().status, 200);
+    // Everything over: the episode ends.
+    wait_for_engine(admin, "qwen", "the end of the excess", |e| {
+        e["busy"] == 0 && e["warning"] == false
+    })
+    .await;
+    assert_eq!(
+        logs.lines_with(&["no busier than slotgate accounts for again", "bypassed"])
+            .len(),
+        1
+    );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_running_and_waiting_requests_are_read_from_its_metrics() {
+    let logs = capture_logs();
+    let fake = FakeUpstream::start(FakeConfig::vllm(2).model("qwen"))
+        .await
+        .unwrap();
+    let gw = gateway(&format!(
+        "{}[upstreams.vllm-bypassed]\nurl = \"{}\"\nkind = \"vllm\"\n\n\
+         [upstreams.vllm-bypassed.models.qwen]\nparallel = 2\nqueue = 2\nqueue_timeout = \"30s\"\n",
+        server("health_check_interval = \"100ms\""),
+        fake.url()
+    ))
+    .await;
+    let admin = gw.admin_addr().unwrap();
+
+    // Three straight to the engine, which runs two and queues one itself.
+    let engine_addr = fake.addr();
+    let direct: Vec<_> = (0..3)
+        .map(|_| {
+            tokio::spawn(async move {
+                chat(engine_addr, "qwen", false, &[("x-fake-hold-ms", "5000")]).await
+            })
+        })
+        .collect();
+    let engine = wait_for_engine(admin, "qwen", "the warning", |e| e["warning"] == true).await;
+    assert_eq!(
+        (engine["busy"].clone(), engine["waiting"].clone()),
+        (2.into(), 1.into()),
+        "{engine}"
+    );
+    assert_eq!(engine["gateway_in_flight"], 0, "{engine}");
+    assert_eq!(engine["unaccounted"], 3, "{engine}");
+    assert_eq!(
+        sample(
+            admin,
+            "slotgate_engine_waiting{upstream=\"vllm-bypassed\",model=\"qwen\"}"
+        )
+        .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        logs.lines_with(&["busier than slotgate accounts for", "vllm-bypassed"])
+            .len(),
+        1
+    );
+    for task in direct {
+        assert_eq!(task.await.unwrap().status, 200);
+    }
+    gw.shutdown().await;
+    fake.shutdown().await;
 }

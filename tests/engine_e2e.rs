@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use engine_support::{Engine, EngineOptions, long_chat, openai_python};
+use engine_support::{Engine, EngineOptions, capture_logs, long_chat, openai_python};
 use serde_json::Value;
 use support::{SOON, authority, eventually, gateway, get, open, post, send, server, upstream};
 
@@ -393,4 +393,108 @@ async fn parallel_auto_reads_the_real_engines_slots_and_holds_the_line_there() {
     assert_eq!(peak_busy, 3, "all three engine slots used, never more");
     assert!(peak_deferred == 0.0, "the engine deferred {peak_deferred}");
     gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_straight_to_the_engine_show_in_its_busy_count_and_are_warned_about() {
+    let logs = capture_logs();
+    let engine = Engine::start(EngineOptions::default()).await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server("health_check_interval = \"100ms\""),
+        upstream("shared-engine", &engine.url(), "tiny", 1, 4, "300s")
+    ))
+    .await;
+    let admin = gw.admin_addr().unwrap();
+    let engine_doc = || async { upstream_status(admin).await["models"][0]["engine"].clone() };
+
+    // Idle: the engine's count and ours agree at 0.
+    let deadline = Instant::now() + PATIENT;
+    while engine_doc().await["busy"] != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no reading: {}",
+            engine_doc().await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Beside the gateway, a client keeps one engine slot busy; one request goes through it.
+    let stop = Arc::new(AtomicBool::new(false));
+    let bypass = {
+        let stop = Arc::clone(&stop);
+        let addr = engine.addr;
+        tokio::spawn(async move {
+            let mut sent = 0;
+            while !stop.load(Ordering::Relaxed) && sent < 100 {
+                let reply = send(post(
+                    addr,
+                    "/v1/chat/completions",
+                    long_chat("tiny", 2000, false),
+                    &[],
+                ))
+                .await;
+                assert_eq!(reply.status, 200, "{}", reply.text());
+                sent += 1;
+            }
+        })
+    };
+    let through = {
+        let addr = gw.api_addr();
+        tokio::spawn(async move {
+            send(post(
+                addr,
+                "/v1/chat/completions",
+                long_chat("tiny", 1500, true),
+                &[],
+            ))
+            .await
+        })
+    };
+
+    let deadline = Instant::now() + PATIENT;
+    let doc = loop {
+        let doc = engine_doc().await;
+        if doc["warning"] == true {
+            break doc;
+        }
+        assert!(Instant::now() < deadline, "never warned: {doc}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    eprintln!("engine view when warned: {doc}");
+    assert!(doc["unaccounted"].as_u64().unwrap() >= 1, "{doc}");
+    assert_eq!(doc["waiting"], 0, "the engine queued nothing: {doc}");
+    let warned = logs.lines_with(&["busier than slotgate accounts for", "shared-engine"]);
+    assert_eq!(warned.len(), 1, "{warned:#?}");
+    let busy = sample_of(
+        admin,
+        "slotgate_engine_busy{upstream=\"shared-engine\",model=\"tiny\"}",
+    )
+    .await;
+    assert!(busy.is_some_and(|b| b >= 1.0), "{busy:?}");
+
+    stop.store(true, Ordering::Relaxed);
+    bypass.await.unwrap();
+    let reply = through.await.unwrap();
+    assert_eq!(reply.status, 200);
+    assert!(reply.text().ends_with("data: [DONE]\n\n"));
+    let deadline = Instant::now() + PATIENT;
+    while engine_doc().await["warning"] != false {
+        assert!(
+            Instant::now() < deadline,
+            "still warned: {}",
+            engine_doc().await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gw.shutdown().await;
+}
+
+/// One sample of the gateway's `/metrics` (exact name and labels).
+async fn sample_of(admin: std::net::SocketAddr, series: &str) -> Option<f64> {
+    get(admin, "/metrics")
+        .await
+        .text()
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }

@@ -403,3 +403,46 @@ pub fn openai_python() -> PathBuf {
     std::fs::write(&marker, "").expect("write the venv marker");
     python
 }
+
+/// The gateway's log lines (it runs in the test's process), for tests that check what it
+/// warned about. Installed once per process as the global subscriber, at `info`.
+#[derive(Debug, Clone)]
+pub struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+/// Starts capturing the process's logs (idempotent); also echoes them to stderr.
+pub fn capture_logs() -> Logs {
+    static LOGS: OnceLock<Logs> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Logs(std::sync::Arc::default());
+        let sink = logs.clone();
+        let _ = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing_subscriber::filter::LevelFilter::INFO)
+            .with_writer(move || sink.clone())
+            .try_init();
+        logs
+    })
+    .clone()
+}
+
+impl Logs {
+    /// Every captured line containing all of `needles`.
+    pub fn lines_with(&self, needles: &[&str]) -> Vec<String> {
+        let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
+        text.lines()
+            .filter(|line| needles.iter().all(|n| line.contains(n)))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        std::io::stderr().write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

@@ -7,7 +7,7 @@
 //! | `GET /healthz` | liveness: `200 {"status":"ok"}` while the process serves at all |
 //! | `GET /readyz` | readiness: `200` while the configuration is loaded, at least one upstream is healthy and not draining, and the gateway is not shutting down; `503` otherwise. The JSON body says which |
 //! | `GET /metrics` | Prometheus metrics, `OpenMetrics` text format (see [`metrics`](crate::metrics) and `docs/metrics.md`) |
-//! | `GET /admin/upstreams` | every upstream: health, draining, resident models, and per model the limits, in-flight and queued requests |
+//! | `GET /admin/upstreams` | every upstream: health, draining, resident models, and per model the limits, the slot count in force (`slots`; `discovery` for `parallel = "auto"`), in-flight and queued requests, and the engine's own counts (`engine`, see [`reconcile`](crate::reconcile)) |
 //! | `POST /admin/upstreams/{name}/drain` | stop sending new requests to the upstream; in-flight ones finish. Answers the upstream's status |
 //! | `POST /admin/upstreams/{name}/undrain` | take new requests again |
 //! | `POST /admin/reload` | reload the configuration file (see [`reload`](crate::reload)): `200` with what changed, or `422` listing every problem (the running configuration stays) |
@@ -264,6 +264,19 @@ fn upstream_status(generation: &Generation, upstream: &UpstreamState) -> Value {
                         "in_flight": t.key.in_flight(),
                         "queued": t.key.queued(),
                     });
+                    let engine = t.engine.view();
+                    if engine.checked.is_some() {
+                        doc["engine"] = json!({
+                            "busy": engine.reading.map(|r| r.busy),
+                            "waiting": engine.reading.and_then(|r| r.waiting),
+                            "gateway_in_flight": engine.reading.map(|r| r.gateway_in_flight),
+                            "unaccounted": engine.reading.map(|r| r.unaccounted()),
+                            "whole_engine": engine.reading.map(|r| r.whole_engine),
+                            "warning": engine.warned,
+                            "last_check": engine.checked.map(rfc3339),
+                            "last_error": engine.error,
+                        });
+                    }
                     if let Some(auto) = &t.auto {
                         let view = auto.view();
                         doc["discovery"] = json!({

@@ -54,6 +54,8 @@
 //!   passive ejection), [`residency`] (which models are loaded), draining — kept up to date by
 //!   [`monitor`] through [`probe`], the typed client for the engines' own endpoints.
 //! - [`slots`]: `parallel = "auto"`, the slot count read from the engine.
+//! - [`reconcile`]: the engine's own busy count next to the gateway's, and a warning when
+//!   something bypasses the gateway.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -77,6 +79,7 @@ pub mod live;
 pub mod metrics;
 pub mod monitor;
 pub mod probe;
+pub mod reconcile;
 pub mod reload;
 pub mod request;
 pub mod rescue;

@@ -15,6 +15,8 @@
 //! | `slotgate_upstream_healthy` | gauge | upstream | 1 while the upstream passes its health checks (or has not been checked yet), 0 while ejected |
 //! | `slotgate_upstream_draining` | gauge | upstream | 1 while an operator drains the upstream |
 //! | `slotgate_model_loaded` | gauge | upstream, model | 1 when the last residency discovery listed the configured model as resident |
+//! | `slotgate_engine_busy` | gauge | upstream, model | requests the engine itself reports running, at the last check ([`reconcile`](crate::reconcile)); absent when it does not tell |
+//! | `slotgate_engine_waiting` | gauge | upstream, model | requests queued inside the engine, at the last check; absent when it does not tell |
 //! | `slotgate_config_reloads_total` | counter | result | configuration reloads: `applied`, `refused` |
 //! | `slotgate_config_generation` | gauge | — | the configuration in force: 1 at start, +1 per applied reload |
 //!
@@ -36,7 +38,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::live::Live;
+use crate::live::{Generation, Live};
 use crate::upstream::UpstreamState;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -306,16 +308,22 @@ struct Reading {
     queued: usize,
     queue_capacity: usize,
     loaded: bool,
+    /// The engine's own counts at the last reconciliation (absent when it does not tell).
+    engine_busy: Option<usize>,
+    engine_waiting: Option<usize>,
 }
 
-impl Collector for LiveGauges {
-    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let generation = self.live.current();
-        let readings: Vec<Reading> = generation
-            .routes
-            .routes()
-            .flat_map(|route| {
-                route.targets.iter().map(|target| Reading {
+/// Every key's state, read once.
+fn readings(generation: &Generation) -> Vec<Reading> {
+    generation
+        .routes
+        .routes()
+        .flat_map(|route| {
+            route.targets.iter().map(|target| {
+                let engine = target.engine.view().reading;
+                Reading {
+                    engine_busy: engine.map(|e| e.busy),
+                    engine_waiting: engine.and_then(|e| e.waiting),
                     labels: TargetLabels {
                         upstream: target.upstream.name.clone(),
                         model: route.model.clone(),
@@ -329,10 +337,17 @@ impl Collector for LiveGauges {
                     in_use: target.key.in_flight(),
                     queued: target.key.queued(),
                     queue_capacity: target.key.limits().queue,
-                })
+                }
             })
-            .collect();
-        let gauges: [(&str, &str, Pick); 5] = [
+        })
+        .collect()
+}
+
+impl Collector for LiveGauges {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let generation = self.live.current();
+        let readings = readings(&generation);
+        let gauges: [(&str, &str, Pick); 7] = [
             ("slots_in_use", "Slots held now", |r| Some(r.in_use)),
             ("slots_capacity", "Slots configured (parallel)", |r| {
                 r.capacity
@@ -347,6 +362,17 @@ impl Collector for LiveGauges {
                 "model_loaded",
                 "1 when the model is resident on the upstream (last discovery)",
                 |r| Some(usize::from(r.loaded)),
+            ),
+            (
+                "engine_busy",
+                "Requests the engine itself reports running (last reconciliation; the whole \
+                 engine unless it runs several models)",
+                |r| r.engine_busy,
+            ),
+            (
+                "engine_waiting",
+                "Requests the engine itself reports queued inside it (last reconciliation)",
+                |r| r.engine_waiting,
             ),
         ];
         for (name, help, pick) in gauges {

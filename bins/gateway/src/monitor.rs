@@ -1,7 +1,8 @@
 //! The background checks: every `server.health_check_interval`, each upstream's health
 //! ([`crate::health`]) and then, if it is healthy, its resident models
 //! ([`crate::residency`]); then the slot counts of `parallel = "auto"` models that are not
-//! known or are due again ([`crate::slots`]).
+//! known or are due again ([`crate::slots`]), and the engines' own busy counts
+//! ([`crate::reconcile`]).
 //!
 //! All upstreams are checked concurrently, each probe bounded by `server.health_check_timeout`,
 //! so one blackholed host never delays the verdict on the others. The next round starts one
@@ -22,6 +23,7 @@ use tracing::{debug, info};
 use crate::health::{self, HealthPolicy};
 use crate::live::Live;
 use crate::probe::Prober;
+use crate::reconcile;
 use crate::residency;
 use crate::server::ShutdownSignal;
 use crate::slots;
@@ -79,7 +81,7 @@ pub async fn run(live: Arc<Live>, prober: Prober, mut stop: ShutdownSignal) {
         let generation = live.current();
         let policy = generation.policy;
         let upstreams = generation.upstreams.iter().cloned().collect();
-        let routes = generation.routes.routes().cloned().collect();
+        let routes: Vec<_> = generation.routes.routes().cloned().collect();
         // Not held across the round: a reload may retire this generation meanwhile.
         drop(generation);
         tokio::select! {
@@ -88,7 +90,9 @@ pub async fn run(live: Arc<Live>, prober: Prober, mut stop: ShutdownSignal) {
             () = async {
                 round(upstreams, &prober, policy).await;
                 // `parallel = "auto"` counts not known yet, or due after an ejection.
-                slots::round(routes, &prober, policy, false).await;
+                slots::round(routes.clone(), &prober, policy, false).await;
+                // The engines' own busy counts against ours.
+                reconcile::round(routes, &prober, policy).await;
             } => {}
         }
     }

@@ -30,6 +30,7 @@ use slotgate_limiter::{KeyHandle, Limiter};
 
 use crate::hold::HoldStats;
 use crate::metrics::{Metrics, RejectionMetrics, TargetMetrics};
+use crate::reconcile::EngineLoad;
 use crate::slots::AutoSlots;
 use crate::upstream::{UpstreamState, Upstreams};
 
@@ -74,6 +75,8 @@ pub struct Target {
     pub metrics: Arc<TargetMetrics>,
     /// `parallel = "auto"`: the slot count read from the engine.
     pub auto: Option<Arc<AutoSlots>>,
+    /// The engine's own busy count, next to ours ([`reconcile`](crate::reconcile)).
+    pub engine: Arc<EngineLoad>,
 }
 
 impl Routes {
@@ -88,24 +91,18 @@ impl Routes {
         metrics: &Metrics,
         previous: Option<&Routes>,
     ) -> Self {
-        let previous_targets = || {
-            previous
-                .into_iter()
-                .flat_map(Routes::routes)
-                .flat_map(|route| {
-                    route.targets.iter().map(|target| {
-                        (
-                            (target.upstream.authority.as_str(), route.model.as_str()),
-                            target,
-                        )
-                    })
+        // What a key keeps across a reload: hold times, the engine's load, a discovered count.
+        let carried: HashMap<(&str, &str), &Target> = previous
+            .into_iter()
+            .flat_map(Routes::routes)
+            .flat_map(|route| {
+                route.targets.iter().map(|target| {
+                    (
+                        (target.upstream.authority.as_str(), route.model.as_str()),
+                        target,
+                    )
                 })
-        };
-        let holds: HashMap<(&str, &str), &Arc<HoldStats>> = previous_targets()
-            .map(|(key, target)| (key, &target.hold))
-            .collect();
-        let autos: HashMap<(&str, &str), &Arc<AutoSlots>> = previous_targets()
-            .filter_map(|(key, target)| target.auto.as_ref().map(|auto| (key, auto)))
+            })
             .collect();
         let mut routes: HashMap<String, Route> = HashMap::new();
         for upstream in config.upstreams.values() {
@@ -115,6 +112,7 @@ impl Routes {
             };
             let authority = state.authority.as_str();
             for (model, limits) in &upstream.models {
+                let previous = carried.get(&(authority, model.as_str()));
                 let mut auto = None;
                 let (parallel, queue_timeout) = match *limits {
                     ModelLimits::Limited {
@@ -135,20 +133,16 @@ impl Routes {
                         queue_timeout,
                     } => {
                         // Configures the key with the count found so far (0 while none).
-                        let previous = autos.get(&(authority, model.as_str()));
                         auto = Some(Arc::new(AutoSlots::new(
                             state,
                             model,
                             queue,
                             limiter,
-                            previous.map(|p| &***p),
+                            previous.and_then(|p| p.auto.as_deref()),
                         )));
                         (None, Some(queue_timeout))
                     }
                 };
-                let hold = holds
-                    .get(&(authority, model.as_str()))
-                    .map_or_else(Arc::default, |hold| Arc::clone(hold));
                 let target = Target {
                     upstream: Arc::clone(state),
                     key: limiter.handle(authority, model.as_str()),
@@ -156,9 +150,11 @@ impl Routes {
                     parallel,
                     queue_timeout,
                     weight: upstream.weight,
-                    hold,
+                    hold: previous.map_or_else(Arc::default, |p| Arc::clone(&p.hold)),
                     metrics: Arc::new(metrics.target(&upstream.name, model)),
                     auto,
+                    // Carried over so that an excess in progress is not forgotten by a reload.
+                    engine: previous.map_or_else(Arc::default, |p| Arc::clone(&p.engine)),
                 };
                 routes
                     .entry(model.clone())
