@@ -201,7 +201,19 @@ fn target(pair: &(Arc<Route>, usize)) -> &Target {
 async fn check_upstream(targets: &[(Arc<Route>, usize)], prober: &Prober) {
     let Some(first) = targets.first() else { return };
     let upstream = &target(first).upstream;
+    if matches!(upstream.kind, Kind::Ollama | Kind::OpenAi) {
+        // Nothing to compare with.
+        return;
+    }
     if !upstream.health.is_routable() {
+        // Not asked; an old reading of a dead engine would be a lie in the metrics.
+        for pair in targets {
+            target(pair).engine.record(
+                &upstream.name,
+                &pair.0.model,
+                Err("the upstream is unhealthy; not asked".to_owned()),
+            );
+        }
         return;
     }
     let router = upstream.kind == Kind::LlamaServer
@@ -223,7 +235,7 @@ async fn check_upstream(targets: &[(Arc<Route>, usize)], prober: &Prober) {
         let count = match upstream.kind {
             Kind::LlamaServer => read_llama(prober, upstream.probe_target(), model).await,
             Kind::Vllm => read_vllm(prober, upstream.probe_target()).await,
-            // Nothing to compare with.
+            // Left out above.
             Kind::Ollama | Kind::OpenAi => return,
         };
         // The larger of the two: a request that started or ended while the engine was asked
