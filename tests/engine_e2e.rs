@@ -21,9 +21,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use engine_support::{Engine, EngineOptions, capture_logs, long_chat, openai_python};
+use engine_support::{Engine, EngineOptions, capture_logs, long_chat};
 use serde_json::Value;
-use support::{SOON, authority, eventually, gateway, get, open, post, send, server, upstream};
+use support::{
+    SOON, authority, eventually, gateway, get, open, openai_python, post, send, server, upstream,
+};
 
 /// Long enough for anything on a loaded 2-core machine; only reached when a test fails.
 const PATIENT: Duration = Duration::from_secs(60);
@@ -207,7 +209,9 @@ async fn a_stream_cut_by_the_client_frees_the_engine_slot_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_python_sdk_streams_from_the_real_engine_through_the_gateway() {
-    let python = tokio::task::spawn_blocking(openai_python).await.unwrap();
+    let python = tokio::task::spawn_blocking(|| openai_python("openai-sdk-venv-engine"))
+        .await
+        .unwrap();
     let engine = Engine::start(EngineOptions::default()).await;
     let gw = gateway(&format!(
         "{}{}",

@@ -8,44 +8,11 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use fake_upstream::{FakeConfig, FakeUpstream};
-use support::{gateway, server, upstream};
-
-/// The SDK version the test pins.
-const OPENAI_SDK: &str = "openai==3.57.0";
-
-fn venv() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("openai-sdk-venv");
-    let python = dir.join("bin/python");
-    let marker = dir.join(format!("{OPENAI_SDK}.installed"));
-    if marker.exists() {
-        return python;
-    }
-    let status = Command::new("python3")
-        .args(["-m", "venv", "--clear"])
-        .arg(&dir)
-        .status()
-        .expect("python3 runs (install python3 and python3-venv, or set SKIP_OPENAI_SDK_TEST=1)");
-    assert!(status.success(), "python3 -m venv failed");
-    let status = Command::new(dir.join("bin/pip"))
-        .args([
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            OPENAI_SDK,
-        ])
-        .status()
-        .expect("pip runs");
-    assert!(
-        status.success(),
-        "pip install {OPENAI_SDK} failed (needs the Python Package Index)"
-    );
-    std::fs::write(&marker, "").unwrap();
-    python
-}
+use support::{gateway, openai_python, server, upstream};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_python_sdk_works_through_the_gateway() {
@@ -53,7 +20,9 @@ async fn the_official_openai_python_sdk_works_through_the_gateway() {
         eprintln!("SKIP_OPENAI_SDK_TEST is set: skipping the OpenAI SDK test");
         return;
     }
-    let python = tokio::task::spawn_blocking(venv).await.unwrap();
+    let python = tokio::task::spawn_blocking(|| openai_python("openai-sdk-venv"))
+        .await
+        .unwrap();
 
     let fake = FakeUpstream::start(FakeConfig::llama_server(4).model("qwen"))
         .await

@@ -368,42 +368,6 @@ pub fn long_chat(model: &str, max_tokens: usize, stream: bool) -> String {
     .to_string()
 }
 
-/// The OpenAI SDK version the engine suite pins (the same as `tests/openai_sdk.rs`).
-pub const OPENAI_SDK: &str = "openai==3.57.0";
-
-/// A virtualenv with the pinned OpenAI SDK, made once under Cargo's target tmp dir; its
-/// `python`. Its own folder, not `tests/openai_sdk.rs`'s: both tests may run at the same time,
-/// and `venv --clear` under a running interpreter would break the other one.
-pub fn openai_python() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("openai-sdk-venv-engine");
-    let python = dir.join("bin/python");
-    let marker = dir.join(format!("{OPENAI_SDK}.installed"));
-    if marker.exists() {
-        return python;
-    }
-    let status = Command::new("python3")
-        .args(["-m", "venv", "--clear"])
-        .arg(&dir)
-        .status()
-        .expect("python3 runs (install python3 and python3-venv)");
-    assert!(status.success(), "python3 -m venv failed");
-    let status = Command::new(dir.join("bin/pip"))
-        .args([
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            OPENAI_SDK,
-        ])
-        .status()
-        .expect("pip runs");
-    assert!(
-        status.success(),
-        "pip install {OPENAI_SDK} failed (needs the Python Package Index)"
-    );
-    std::fs::write(&marker, "").expect("write the venv marker");
-    python
-}
-
 /// The gateway's log lines (it runs in the test's process), for tests that check what it
 /// warned about. Installed once per process as the global subscriber, at `info`.
 #[derive(Debug, Clone)]

@@ -58,8 +58,11 @@ except openai.NotFoundError as e:
     expect("gpt-4" in str(e), f"its message names the model: {e}")
 
 # A full model is a 503 with Retry-After, the SDK's InternalServerError.
+# The holder may lose the race for the slot to a probe below; it then retries (the SDK's own
+# retry, honouring Retry-After) until it holds the slot, so a probe is eventually refused.
+holder = client.with_options(max_retries=20)
 holding = threading.Thread(
-    target=lambda: client.chat.completions.create(
+    target=lambda: holder.chat.completions.create(
         model="qwen",
         messages=[{"role": "user", "content": "hold"}],
         extra_headers={"x-fake-hold-ms": "3000"},

@@ -4,6 +4,8 @@
 #![allow(dead_code, unreachable_pub)] // each test binary uses a different subset
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -316,4 +318,41 @@ impl H2 {
     pub fn close(self) {
         self.conn.abort();
     }
+}
+
+/// The OpenAI Python SDK version the SDK tests pin.
+pub const OPENAI_SDK: &str = "openai==3.57.0";
+
+/// A virtualenv called `name` under Cargo's target tmp dir with the pinned OpenAI SDK, made once
+/// (later runs reuse it); returns its `python`. Each test binary passes its own `name`: test
+/// binaries may run at the same time, and `venv --clear` under a running interpreter would break
+/// the other one. Needs `python3` with `venv` and the Python Package Index.
+pub fn openai_python(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let python = dir.join("bin/python");
+    let marker = dir.join(format!("{OPENAI_SDK}.installed"));
+    if marker.exists() {
+        return python;
+    }
+    let status = Command::new("python3")
+        .args(["-m", "venv", "--clear"])
+        .arg(&dir)
+        .status()
+        .expect("python3 runs (install python3 and python3-venv)");
+    assert!(status.success(), "python3 -m venv failed");
+    let status = Command::new(dir.join("bin/pip"))
+        .args([
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            OPENAI_SDK,
+        ])
+        .status()
+        .expect("pip runs");
+    assert!(
+        status.success(),
+        "pip install {OPENAI_SDK} failed (needs the Python Package Index)"
+    );
+    std::fs::write(&marker, "").expect("write the venv marker");
+    python
 }

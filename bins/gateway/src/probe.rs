@@ -146,7 +146,7 @@ impl Prober {
         }
         let exchange = async {
             let response = self.client.request(req).await.map_err(|error| {
-                let text = chain(&error);
+                let text = crate::rescue::chain(&error);
                 if error.is_connect() {
                     ProbeError::Connect(text)
                 } else {
@@ -478,18 +478,6 @@ fn error_message(body: &Bytes) -> Option<String> {
         Err(_) => String::from_utf8_lossy(body).trim().to_owned(),
     };
     (!text.is_empty()).then(|| text.chars().take(MAX).collect())
-}
-
-/// An error and its sources, `: `-separated.
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]
