@@ -100,6 +100,7 @@ struct UpstreamView<'a> {
     weight: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     api_key: Option<&'static str>,
+    cancel_grace: String,
     // Tables last: TOML cannot put a plain key after a sub-table.
     models: BTreeMap<&'a str, ModelView>,
 }
@@ -173,6 +174,7 @@ impl<'a> From<&'a Upstream> for UpstreamView<'a> {
             kind: upstream.kind.as_str(),
             weight: upstream.weight,
             api_key: upstream.api_key.as_ref().map(redact),
+            cancel_grace: human(upstream.cancel_grace),
             models: upstream
                 .models
                 .iter()

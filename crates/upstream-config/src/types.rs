@@ -196,6 +196,14 @@ pub struct Upstream {
     pub weight: f64,
     /// Bearer token the gateway sends to this upstream, replacing the client's.
     pub api_key: Option<Secret>,
+    /// How long a slot stays taken after its client went away before the response head arrived
+    /// (default [`Kind::default_cancel_grace`]; zero gives it back at once).
+    ///
+    /// The gateway closes its connection to the engine at once either way; the grace covers the
+    /// time the engine needs to *notice* and stop: a llama-server only checks a non-streamed
+    /// request's connection about once a second, and a slot handed on before that would make it
+    /// queue the next request itself.
+    pub cancel_grace: Duration,
     /// The models served here and their limits, by model name. At least one.
     pub models: BTreeMap<String, ModelLimits>,
 }
@@ -263,6 +271,22 @@ impl Kind {
             Kind::Vllm => "vllm",
             Kind::Ollama => "ollama",
             Kind::OpenAi => "openai",
+        }
+    }
+
+    /// The default [`Upstream::cancel_grace`] of this kind: how long the engine may take to stop
+    /// a request whose client went away before the answer began.
+    ///
+    /// - `llama-server`: 2 s. It notices a closed connection of a non-streamed request only at
+    ///   its next 1 s poll; measured 0.9–1.8 s after the close (`docs/real-engine-notes.md`).
+    /// - `vllm`: 0 s. Its API server aborts the request as soon as the client disconnects.
+    /// - `ollama`: 0 s. Go's HTTP server cancels the request's context when the connection
+    ///   closes, and Ollama passes that context to its runner; not measured here.
+    /// - `openai`: 0 s. Nothing is known about the server behind it.
+    pub const fn default_cancel_grace(self) -> Duration {
+        match self {
+            Kind::LlamaServer => Duration::from_secs(2),
+            Kind::Vllm | Kind::Ollama | Kind::OpenAi => Duration::ZERO,
         }
     }
 

@@ -38,7 +38,7 @@ const SERVER_KEYS: &[&str] = &[
     "api_keys_file",
     "admin_token",
 ];
-const UPSTREAM_KEYS: &[&str] = &["url", "kind", "weight", "api_key", "models"];
+const UPSTREAM_KEYS: &[&str] = &["url", "kind", "weight", "api_key", "cancel_grace", "models"];
 const MODEL_KEYS: &[&str] = &["parallel", "queue", "queue_timeout", "capacity"];
 
 const UNLIMITED: &str = "unlimited";
@@ -406,6 +406,12 @@ fn upstream<'v>(
     let api_key = optional(r, t, path, "api_key", None, |r, p, v| {
         secret(r, p, v).map(Some)
     });
+    // The default depends on the kind; an unreadable kind was reported already, and then the
+    // default does not matter (nothing is built).
+    let default_grace = kind.map_or(Duration::ZERO, Kind::default_cancel_grace);
+    let cancel_grace = optional(r, t, path, "cancel_grace", default_grace, |r, p, v| {
+        r.duration(p, v, true)
+    });
     let models = required(
         r,
         t,
@@ -419,8 +425,15 @@ fn upstream<'v>(
         },
     );
 
-    if let (true, Some(url), Some(kind), Some(weight), Some(api_key), Some(models)) =
-        (name_ok, url, kind, weight, api_key, models)
+    if let (
+        true,
+        Some(url),
+        Some(kind),
+        Some(weight),
+        Some(api_key),
+        Some(cancel_grace),
+        Some(models),
+    ) = (name_ok, url, kind, weight, api_key, cancel_grace, models)
     {
         out.built = Some(Upstream {
             name: name.to_owned(),
@@ -428,6 +441,7 @@ fn upstream<'v>(
             kind,
             weight,
             api_key,
+            cancel_grace,
             models,
         });
     }

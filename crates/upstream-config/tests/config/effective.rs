@@ -22,6 +22,7 @@ fn defaults_are_written_out() {
         "restore_after_successes = 2",
         "api_keys = []",
         "weight = 1.0",
+        "cancel_grace = \"0s\"",
         "kind = \"vllm\"",
         "url = \"http://10.0.0.1:8000/\"",
         "queue_timeout = \"10s\"",

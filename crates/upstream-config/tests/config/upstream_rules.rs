@@ -1,4 +1,5 @@
-//! `[upstreams.NAME]`: `url`, authority, `kind`, `weight`, `api_key`, `models`, unknown keys.
+//! `[upstreams.NAME]`: `url`, authority, `kind`, `weight`, `api_key`, `cancel_grace`, `models`,
+//! unknown keys.
 
 use slotgate_config::Kind;
 
@@ -247,6 +248,51 @@ fn weight_must_be_finite_and_positive() {
 }
 
 #[test]
+fn cancel_grace_defaults_by_kind_and_may_be_zero() {
+    use std::time::Duration;
+    for (kind, default) in [
+        ("llama-server", Duration::from_secs(2)),
+        ("vllm", Duration::ZERO),
+        ("ollama", Duration::ZERO),
+        ("openai", Duration::ZERO),
+    ] {
+        let config = ok(&with_upstream(&format!(
+            "url = \"http://10.0.0.1:8000\"\nkind = \"{kind}\""
+        )));
+        assert_eq!(config.upstreams["a"].cancel_grace, default, "{kind}");
+        assert_eq!(
+            Kind::from_name(kind).unwrap().default_cancel_grace(),
+            default
+        );
+    }
+    let config = ok(&with_upstream(
+        "url = \"http://10.0.0.1:8000\"\nkind = \"llama-server\"\ncancel_grace = \"0s\"",
+    ));
+    assert_eq!(config.upstreams["a"].cancel_grace, Duration::ZERO);
+    let config = ok(&with_upstream(
+        "url = \"http://10.0.0.1:8000\"\nkind = \"vllm\"\ncancel_grace = \"1500ms\"",
+    ));
+    assert_eq!(
+        config.upstreams["a"].cancel_grace,
+        Duration::from_millis(1500)
+    );
+}
+
+#[test]
+fn cancel_grace_must_be_a_duration() {
+    assert_only_issue(
+        &with_upstream("url = \"http://10.0.0.1:8000\"\nkind = \"vllm\"\ncancel_grace = 2"),
+        "upstreams.a.cancel_grace",
+        "expected a duration string",
+    );
+    assert_only_issue(
+        &with_upstream("url = \"http://10.0.0.1:8000\"\nkind = \"vllm\"\ncancel_grace = \"soon\""),
+        "upstreams.a.cancel_grace",
+        "invalid duration \"soon\"",
+    );
+}
+
+#[test]
 fn api_key_is_optional_and_redacted_in_debug() {
     let config = ok(&with_upstream(
         "url = \"http://10.0.0.1:8000\"\nkind = \"openai\"\napi_key = \"sk-very-secret\"",
@@ -291,7 +337,7 @@ fn unknown_upstream_keys_are_reported() {
     assert_only_issue(
         &with_upstream("url = \"http://10.0.0.1:8000\"\nkind = \"vllm\"\nwieght = 2"),
         "upstreams.a.wieght",
-        "unknown key (expected one of: url, kind, weight, api_key, models)",
+        "unknown key (expected one of: url, kind, weight, api_key, cancel_grace, models)",
     );
 }
 
