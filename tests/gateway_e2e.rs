@@ -210,6 +210,123 @@ async fn a_client_that_leaves_mid_stream_frees_the_slot_at_once_and_the_upstream
     fake.shutdown().await;
 }
 
+/// A fake-backed upstream with one model and the given `cancel_grace`.
+fn upstream_with_grace(url: &str, parallel: usize, queue: usize, grace: &str) -> String {
+    upstream("gpu", url, "qwen", parallel, queue, "60s").replace(
+        "kind = \"llama-server\"\n",
+        &format!("kind = \"llama-server\"\ncancel_grace = \"{grace}\"\n"),
+    )
+}
+
+/// A holds the only slot with a long non-streamed request, B waits behind it, A's client
+/// leaves before any answer. Returns when B was answered: A's and B's records at the fake, and
+/// the instant just before A's client left.
+async fn leave_before_the_answer_with_b_queued(
+    gw: &slotgate_gateway::Gateway,
+    fake: &FakeUpstream,
+) -> (
+    fake_upstream::RequestRecord,
+    fake_upstream::RequestRecord,
+    tokio::time::Instant,
+) {
+    let addr = gw.api_addr();
+    let key = authority(fake.addr());
+    let a = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", false),
+            &[("x-fake-hold-ms", "60000"), ("x-request-id", "a")],
+        ),
+    )
+    .await;
+    fake.observer().wait_for_in_flight(1, SOON).await.unwrap();
+    let b = tokio::spawn(async move { chat(addr, "qwen", false, &[("x-request-id", "b")]).await });
+    eventually("B queued", SOON, || gw.limiter().queued(&key, "qwen") == 1).await;
+
+    let cut = tokio::time::Instant::now();
+    a.disconnect();
+    let b = tokio::time::timeout(SOON, b)
+        .await
+        .expect("B is served long before A's 60 s would have ended")
+        .unwrap();
+    assert_eq!(b.status, 200, "{}", b.text());
+    let a_record = fake.observer().wait_for_outcome("a", SOON).await.unwrap();
+    assert_eq!(a_record.outcome, Some(Outcome::ClientGoneMidResponse));
+    let b_record = fake.observer().wait_for_outcome("b", SOON).await.unwrap();
+    assert_eq!(b_record.outcome, Some(Outcome::Completed));
+    eventually("slot freed", SOON, || {
+        gw.limiter().in_flight(&key, "qwen") == 0
+    })
+    .await;
+    (a_record, b_record, cut)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_before_the_answer_keeps_the_slot_for_the_cancel_grace() {
+    const GRACE: Duration = Duration::from_secs(4);
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream_with_grace(&fake.url(), 1, 1, "4s")
+    ))
+    .await;
+
+    let (a, b, cut) = leave_before_the_answer_with_b_queued(&gw, &fake).await;
+    // The upstream saw A go away (its connection was closed at once), and B only arrived there
+    // after that, and not before a good part of the grace had passed: the slot stayed taken
+    // while the engine would still be winding A down.
+    let a_ended = a.ended_at.unwrap();
+    assert!(
+        a_ended - cut < GRACE,
+        "A's upstream connection was closed at once, not after the grace"
+    );
+    assert!(
+        b.received_at >= a_ended,
+        "B reached the upstream before A ended"
+    );
+    assert!(
+        b.received_at >= cut + GRACE / 2,
+        "B reached the upstream {:?} after A's client left, within the {GRACE:?} grace",
+        b.received_at - cut
+    );
+
+    let text = get(gw.admin_addr().unwrap(), "/metrics").await.text();
+    for line in [
+        r#"slotgate_client_disconnects_total{upstream="gpu",model="qwen",phase="awaiting_response"} 1"#,
+        r#"slotgate_client_disconnects_total{upstream="gpu",model="qwen",phase="streaming"} 0"#,
+        r#"slotgate_requests_total{upstream="gpu",model="qwen",outcome="client_gone"} 1"#,
+        r#"slotgate_requests_total{upstream="gpu",model="qwen",outcome="completed"} 1"#,
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_zero_cancel_grace_a_client_that_leaves_before_the_answer_frees_the_slot_at_once() {
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream_with_grace(&fake.url(), 1, 1, "0s")
+    ))
+    .await;
+
+    let (_a, b, cut) = leave_before_the_answer_with_b_queued(&gw, &fake).await;
+    // Generous: half the grace the test above waits for, on a loaded machine.
+    assert!(
+        b.received_at - cut < Duration::from_secs(2),
+        "B reached the upstream only {:?} after A's client left",
+        b.received_at - cut
+    );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
 // === upstream failures ===
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

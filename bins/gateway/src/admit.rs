@@ -11,6 +11,12 @@
 //! handed to the response body ([`SlotBody`](crate::body::SlotBody)), which ends it when the
 //! answer is done; ending it records how long the slot was held (for `Retry-After`) and counts a
 //! client that left mid-stream.
+//!
+//! Between the grant and the response head the slot is held by a [`Sending`] guard, for the
+//! case the body cannot cover: the client leaving while the engine works on a request that has
+//! not answered yet. The upstream connection is closed at once (hyper drops the request), but
+//! the engine may not notice for a while, so the slot is kept for the upstream's `cancel_grace`
+//! before it goes to the next request (see [`Sending`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -87,6 +93,55 @@ pub async fn enter(target: &Target, stop: &mut ShutdownSignal) -> Result<Slot, R
     })
 }
 
+/// A slot whose request is with the upstream, before the response head came back.
+///
+/// Made by [`Slot::sending`] just before the request goes out, and turned back into the slot by
+/// [`Sending::answered`] on every path where the send returns (an answer, a connect error, a
+/// failure). The one way it is dropped still holding the slot is the request's future being
+/// dropped mid-send: the client went away (or the gateway stopped) before the answer began.
+///
+/// hyper then drops the upstream request and closes its connection, so the engine is told at
+/// once; but it may take a while to *notice*. A llama-server checks a non-streamed request's
+/// connection only at its next 1 s poll (measured: idle 0.9–1.8 s after the close, longer under
+/// load; `docs/real-engine-notes.md`, "Client disconnects"). Handing the slot to the next queued
+/// request at once would give the engine `parallel + 1` requests, and it would queue one itself
+/// — what the gateway is there to prevent. So the slot is kept for the upstream's
+/// `cancel_grace`, by a task that sleeps it out and then releases the slot: bounded, and if the
+/// runtime shuts down first the task is dropped and the slot with it. A zero grace (the default
+/// of engines that abort at once, like vLLM) releases it at once.
+///
+/// Streams whose body is already flowing are not concerned: the engine notices the closed
+/// connection at its next write (~10 ms), so [`SlotBody`](crate::body::SlotBody) releases at once.
+#[derive(Debug)]
+pub struct Sending {
+    /// `None` only once [`Sending::answered`] took it.
+    slot: Option<Slot>,
+    grace: Duration,
+}
+
+impl Sending {
+    /// The send returned (whatever it returned): the slot, disarmed.
+    pub fn answered(mut self) -> Slot {
+        match self.slot.take() {
+            Some(slot) => slot,
+            // Only this method (which consumes the guard) and `drop` take the slot.
+            None => unreachable!("a Sending guard always holds its slot until answered"),
+        }
+    }
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        let Some(slot) = self.slot.take() else {
+            return;
+        };
+        debug!(grace = ?self.grace, "client went away before the upstream answered");
+        slot.metrics.client_gone.inc();
+        slot.metrics.gone_awaiting.inc();
+        slot.release_after(self.grace);
+    }
+}
+
 /// Armed while a request waits in a queue; counts a disconnect if dropped armed.
 struct QueuedGuard<'a>(Option<&'a TargetMetrics>);
 
@@ -111,6 +166,40 @@ impl Slot {
     pub fn fail(self) {
         self.metrics.upstream_error.inc();
         drop(self.permit);
+    }
+
+    /// Hands the slot to a [`Sending`] guard for the time the request is with the upstream:
+    /// if the request's future is dropped before [`Sending::answered`], the slot is kept for
+    /// `cancel_grace` more.
+    pub fn sending(self, cancel_grace: Duration) -> Sending {
+        Sending {
+            slot: Some(self),
+            grace: cancel_grace,
+        }
+    }
+
+    /// Gives the slot back after `grace` (at once when zero), recording how long it was held.
+    fn release_after(self, grace: Duration) {
+        let release = move |slot: Slot| {
+            let held = slot.granted.elapsed();
+            slot.hold.record(held);
+            observe(&slot.metrics.duration, held);
+            drop(slot.permit);
+        };
+        if grace.is_zero() {
+            return release(self);
+        }
+        // Dropped futures are dropped on a runtime thread; without a runtime (never in the
+        // gateway) there is nothing to wait on, so the slot goes back at once.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    tokio::time::sleep(grace).await;
+                    release(self);
+                });
+            }
+            Err(_) => release(self),
+        }
     }
 
     /// How long the request waited in the queue.

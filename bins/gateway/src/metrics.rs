@@ -9,7 +9,7 @@
 //! | `slotgate_queue_wait_seconds` | histogram | upstream, model | time from arrival in the queue to the grant (0 when a slot was free) |
 //! | `slotgate_requests_total` | counter | upstream, model, outcome | forwarded requests by how they ended: `completed`, `upstream_error`, `client_gone` |
 //! | `slotgate_rejections_total` | counter | model, reason | requests refused with 503: `queue_full`, `queue_timeout` |
-//! | `slotgate_client_disconnects_total` | counter | upstream, model, phase | clients that left while `queued` or while `streaming` |
+//! | `slotgate_client_disconnects_total` | counter | upstream, model, phase | clients that left while `queued`, while `awaiting_response` (forwarded, no response head yet) or while `streaming` |
 //! | `slotgate_time_to_first_byte_seconds` | histogram | upstream, model | from sending upstream to its response head |
 //! | `slotgate_request_duration_seconds` | histogram | upstream, model | from the slot grant to the end of the response |
 //! | `slotgate_upstream_healthy` | gauge | upstream | 1 while the upstream passes its health checks (or has not been checked yet), 0 while ejected |
@@ -108,6 +108,9 @@ pub struct TargetMetrics {
     pub client_gone: Counter,
     /// `slotgate_client_disconnects_total{phase="queued"}`.
     pub gone_queued: Counter,
+    /// `slotgate_client_disconnects_total{phase="awaiting_response"}`: forwarded, no response
+    /// head yet.
+    pub gone_awaiting: Counter,
     /// `slotgate_client_disconnects_total{phase="streaming"}`.
     pub gone_streaming: Counter,
 }
@@ -175,6 +178,7 @@ impl Metrics {
             upstream_error: outcome("upstream_error"),
             client_gone: outcome("client_gone"),
             gone_queued: phase("queued"),
+            gone_awaiting: phase("awaiting_response"),
             gone_streaming: phase("streaming"),
         }
     }
@@ -210,7 +214,7 @@ impl Metrics {
                 outcome,
             });
         }
-        for phase in ["queued", "streaming"] {
+        for phase in ["queued", "awaiting_response", "streaming"] {
             self.disconnects.remove(&DisconnectLabels {
                 upstream: upstream.to_owned(),
                 model: model.to_owned(),

@@ -69,6 +69,9 @@ pub struct Target {
     pub queue_timeout: Option<Duration>,
     /// The operator's preference.
     pub weight: f64,
+    /// The upstream's `cancel_grace`: how long a slot stays taken after its client left before
+    /// the response head came ([`admit::Sending`](crate::admit::Sending)).
+    pub cancel_grace: Duration,
     /// Observed slot hold times, for `Retry-After`.
     pub hold: Arc<HoldStats>,
     /// This target's metric handles.
@@ -150,6 +153,7 @@ impl Routes {
                     parallel,
                     queue_timeout,
                     weight: upstream.weight,
+                    cancel_grace: upstream.cancel_grace,
                     hold: previous.map_or_else(Arc::default, |p| Arc::clone(&p.hold)),
                     metrics: Arc::new(metrics.target(&upstream.name, model)),
                     auto,

@@ -176,16 +176,7 @@ impl App {
 
             // Step 7: forward the original bytes (the model renamed only for an alias).
             let sent = Instant::now();
-            let outcome = self
-                .forwarder
-                .send(
-                    &target.upstream.base,
-                    target.upstream.authorization.as_ref(),
-                    &api.parts,
-                    api.body_for(model),
-                    request_id,
-                )
-                .await;
+            let (outcome, slot) = self.forward(target, slot, &api, model, request_id).await;
             match outcome {
                 Ok(response) => {
                     observe(&slot.metrics().first_byte, sent.elapsed());
@@ -225,6 +216,31 @@ impl App {
             // `parallel = "auto"` slot count).
             source: connect_error.or_else(|| route.unavailable_reason().map(Into::into)),
         })
+    }
+
+    /// Sends the request to `target` and waits for the response head, the slot meanwhile in a
+    /// [`Sending`](admit::Sending) guard: if the client goes away before the answer begins, the
+    /// slot stays taken for the upstream's `cancel_grace`, while the engine notices.
+    async fn forward(
+        &self,
+        target: &Target,
+        slot: Slot,
+        api: &request::ApiRequest,
+        model: &str,
+        request_id: &HeaderValue,
+    ) -> (Result<Response<Incoming>, ForwardError>, Slot) {
+        let sending = slot.sending(target.cancel_grace);
+        let outcome = self
+            .forwarder
+            .send(
+                &target.upstream.base,
+                target.upstream.authorization.as_ref(),
+                &api.parts,
+                api.body_for(model),
+                request_id,
+            )
+            .await;
+        (outcome, sending.answered())
     }
 
     /// `GET /v1/models`: every model (and alias) that some healthy, undrained upstream
