@@ -207,6 +207,108 @@ async fn a_stream_cut_by_the_client_frees_the_engine_slot_at_once() {
     gw.shutdown().await;
 }
 
+/// With `parallel` 2 and `queue` 4 on the default engine (2 slots, here verbose): two long
+/// non-streamed requests run, two more wait in the gateway, then the first two clients go away
+/// before any answer. Returns when the waiting ones were answered (each must be a 200), with the
+/// engine's log lines that say it deferred a task.
+///
+/// The engine is not polled meanwhile: each `/metrics` or `/slots` request would wake the
+/// vanished clients' handlers and keep them from noticing (measured: with a 10 ms poller the cut
+/// requests ran to their end). Its verbose log says afterwards whether it deferred anything.
+async fn cut_two_non_streamed_with_two_queued(grace: Option<&str>) -> Vec<String> {
+    let engine = Engine::start(EngineOptions {
+        verbose: true,
+        ..EngineOptions::default()
+    })
+    .await;
+    let api = engine.api();
+    let mut upstream = upstream("engine", &engine.url(), "tiny", 2, 4, "300s");
+    if let Some(grace) = grace {
+        upstream = upstream.replace(
+            "kind = \"llama-server\"\n",
+            &format!("kind = \"llama-server\"\ncancel_grace = \"{grace}\"\n"),
+        );
+    }
+    let gw = gateway(&format!("{}{upstream}", server(""))).await;
+    let addr = gw.api_addr();
+    let key = authority(engine.addr);
+
+    // Two requests of 2000 tokens (seconds each) fill both engine slots.
+    let mut leavers = Vec::new();
+    for _ in 0..2 {
+        leavers.push(
+            open(
+                addr,
+                post(
+                    addr,
+                    "/v1/chat/completions",
+                    long_chat("tiny", 2000, false),
+                    &[],
+                ),
+            )
+            .await,
+        );
+    }
+    let deadline = Instant::now() + PATIENT;
+    while api.busy_slots().await < 2 {
+        assert!(Instant::now() < deadline, "the engine never ran both");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Two more wait in the gateway.
+    let waiting: Vec<_> = (0..2)
+        .map(|_| {
+            tokio::spawn(async move {
+                send(post(
+                    addr,
+                    "/v1/chat/completions",
+                    long_chat("tiny", 200, false),
+                    &[],
+                ))
+                .await
+            })
+        })
+        .collect();
+    eventually("two queued", SOON, || {
+        gw.limiter().queued(&key, "tiny") == 2
+    })
+    .await;
+
+    let cut = Instant::now();
+    for leaver in leavers {
+        leaver.disconnect();
+    }
+    for task in waiting {
+        let reply = tokio::time::timeout(PATIENT, task)
+            .await
+            .expect("the queued requests are answered")
+            .unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(reply.json()["usage"]["completion_tokens"], 200);
+    }
+    eprintln!("queued requests answered {:?} after the cut", cut.elapsed());
+    eventually("the gateway gives its slots back", SOON, || {
+        gw.limiter().in_flight(&key, "tiny") == 0
+    })
+    .await;
+    gw.shutdown().await;
+    for line in engine.log_lines_with("cancel task") {
+        eprintln!("engine: {line}");
+    }
+    engine.log_lines_with("defer task")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_streamed_clients_that_leave_before_the_answer_never_make_the_engine_queue() {
+    // The default `cancel_grace` of a llama-server upstream (2 s): the engine notices a closed
+    // non-streamed connection only at its next 1 s poll, so the slots stay taken meanwhile.
+    let deferred = cut_two_non_streamed_with_two_queued(None).await;
+    assert!(
+        deferred.is_empty(),
+        "the engine queued requests itself:\n{}",
+        deferred.join("\n")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_python_sdk_streams_from_the_real_engine_through_the_gateway() {
     let python = tokio::task::spawn_blocking(|| openai_python("openai-sdk-venv-engine"))

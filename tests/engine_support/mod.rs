@@ -114,6 +114,11 @@ pub struct EngineOptions {
     pub alias: String,
     /// The port; `None` picks a free one.
     pub port: Option<u16>,
+    /// `-v`: log everything, including each task the engine defers (`defer task`) and each
+    /// it cancels. Verbose (a line per token), so only for tests that read the log afterwards:
+    /// polling `/metrics` or `/slots` instead would change what is measured (see
+    /// [`Engine::log_lines_with`]).
+    pub verbose: bool,
 }
 
 impl Default for EngineOptions {
@@ -125,6 +130,7 @@ impl Default for EngineOptions {
             context: 4096,
             alias: "tiny".to_owned(),
             port: None,
+            verbose: false,
         }
     }
 }
@@ -160,6 +166,7 @@ impl Engine {
                 .args(["--alias", &options.alias])
                 // One thread: the machine has two cores and other tests run beside this one.
                 .args(["-t", "1", "--no-webui", "--metrics", "--slots", "--jinja"])
+                .args(options.verbose.then_some("-v"))
                 .stdin(Stdio::null())
                 .stdout(log_file.try_clone().expect("clone the log handle"))
                 .stderr(log_file)
@@ -237,6 +244,22 @@ impl Engine {
             self.log.display(),
             lines[start..].join("\n")
         )
+    }
+
+    /// Every line of the server's log containing `needle`.
+    ///
+    /// Where a test must not poll: every `/metrics` or `/slots` request is a task whose result
+    /// wakes the engine's waiting non-streamed requests, which restarts their 1 s wait before
+    /// they check their connection (`docs/real-engine-notes.md`), so a poller keeps a vanished
+    /// client's request running.
+    pub fn log_lines_with(&self, needle: &str) -> Vec<String> {
+        // Lossy: a verbose log quotes the random model's tokens, not always valid UTF-8.
+        let bytes = std::fs::read(&self.log).expect("read the engine log");
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .filter(|line| line.contains(needle))
+            .map(str::to_owned)
+            .collect()
     }
 
     /// Stops the server now (`SIGTERM`, then `SIGKILL` after a short grace) and reaps it.
