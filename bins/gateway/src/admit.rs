@@ -44,6 +44,14 @@ pub enum Refused {
     ShuttingDown,
 }
 
+/// Whether a released slot's hold time feeds the `Retry-After` estimate and the duration
+/// histogram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    Record,
+    Ignore,
+}
+
 /// A held slot on one target.
 #[derive(Debug)]
 pub struct Slot {
@@ -138,7 +146,7 @@ impl Drop for Sending {
         debug!(grace = ?self.grace, "client went away before the upstream answered");
         slot.metrics.client_gone.inc();
         slot.metrics.gone_awaiting.inc();
-        slot.release_after(self.grace);
+        slot.release_after(self.grace, Hold::Record);
     }
 }
 
@@ -178,12 +186,25 @@ impl Slot {
         }
     }
 
-    /// Gives the slot back after `grace` (at once when zero), recording how long it was held.
-    fn release_after(self, grace: Duration) {
+    /// Gives the slot back after a first-byte timeout: counted as an upstream error, the hold
+    /// time not recorded (it measures the timeout, not an answer). The connection was just
+    /// closed, but the engine may still be winding the request down (a non-streamed request on
+    /// llama-server: up to a second or more), so the slot is kept for `cancel_grace` as for a
+    /// client that left before the answer.
+    pub fn timed_out(self, cancel_grace: Duration) {
+        self.metrics.upstream_error.inc();
+        self.release_after(cancel_grace, Hold::Ignore);
+    }
+
+    /// Gives the slot back after `grace` (at once when zero), recording how long it was held
+    /// when `hold` says so.
+    fn release_after(self, grace: Duration, record: Hold) {
         let release = move |slot: Slot| {
-            let held = slot.granted.elapsed();
-            slot.hold.record(held);
-            observe(&slot.metrics.duration, held);
+            if record == Hold::Record {
+                let held = slot.granted.elapsed();
+                slot.hold.record(held);
+                observe(&slot.metrics.duration, held);
+            }
             drop(slot.permit);
         };
         if grace.is_zero() {

@@ -296,7 +296,7 @@ fn failed_after_connect(failure: ForwardError, target: &Target, model: &str, slo
     let model = model.to_owned();
     match failure {
         ForwardError::Timeout(after) => {
-            slot.fail();
+            slot.timed_out(target.cancel_grace);
             Error::UpstreamTimeout {
                 upstream,
                 model,
