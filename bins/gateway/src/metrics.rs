@@ -249,7 +249,7 @@ impl Metrics {
         );
         registry.register(
             "client_disconnects",
-            "Clients that went away while queued or while their answer streamed",
+            "Clients that went away while queued, before their answer began, or while it streamed",
             self.disconnects.clone(),
         );
         registry.register(
