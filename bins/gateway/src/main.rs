@@ -22,8 +22,8 @@ use slotgate_gateway::{Gateway, StartError};
 use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
-/// `EX_USAGE` from sysexits(3): the configuration is wrong.
-const EX_CONFIG: u8 = 64;
+/// `EX_USAGE` from sysexits(3), as linkerd2-proxy uses it: the configuration is wrong.
+const EX_USAGE: u8 = 64;
 
 /// An OpenAI-compatible gateway that caps and queues requests per (upstream, model).
 #[derive(Debug, Parser)]
@@ -80,7 +80,7 @@ fn check(path: &Path) -> ExitCode {
     };
     if let Err(problem) = slotgate_gateway::check(&config) {
         eprintln!("{}: {problem}", path.display());
-        return ExitCode::from(EX_CONFIG);
+        return ExitCode::from(EX_USAGE);
     }
     if let Err(error) = report_auto_slots(&config) {
         eprintln!("cannot probe the parallel = \"auto\" models: {error}");
@@ -140,7 +140,7 @@ fn load(path: &Path) -> Result<Config, ExitCode> {
                 eprintln!("  {issue}");
             }
         }
-        ExitCode::from(EX_CONFIG)
+        ExitCode::from(EX_USAGE)
     })
 }
 
@@ -167,7 +167,7 @@ fn serve(path: &Path) -> ExitCode {
             Ok(gateway) => gateway,
             Err(StartError::Config(problem)) => {
                 error!(config = %path.display(), %problem, "invalid configuration");
-                return ExitCode::from(EX_CONFIG);
+                return ExitCode::from(EX_USAGE);
             }
             Err(error) => {
                 error!(%error, "cannot start");
