@@ -86,10 +86,7 @@ impl KeyState {
         if s.closed {
             return Err(AcquireError::Closed);
         }
-        // FIFO: a free slot with waiters ahead cannot happen (releases hand over first), but
-        // checking `is_empty` keeps late arrivals from overtaking even if it did.
-        if s.in_flight < s.limits.parallel && s.waiters.is_empty() {
-            s.in_flight += 1;
+        if s.take_free() {
             return Ok(Joined::Granted);
         }
         if s.waiters.len() >= s.limits.queue {
@@ -104,8 +101,7 @@ impl KeyState {
         if s.closed {
             return Err(TryAcquireError::Closed);
         }
-        if s.in_flight < s.limits.parallel && s.waiters.is_empty() {
-            s.in_flight += 1;
+        if s.take_free() {
             Ok(())
         } else {
             Err(TryAcquireError::NoSlot)
@@ -176,6 +172,17 @@ impl KeyState {
 }
 
 impl State {
+    /// Takes a slot if one is free and nobody waits for one. FIFO: a free slot with waiters
+    /// ahead cannot happen (releases hand over first), but checking the queue keeps a late
+    /// arrival from overtaking even if it did.
+    fn take_free(&mut self) -> bool {
+        let free = self.in_flight < self.limits.parallel && self.waiters.is_empty();
+        if free {
+            self.in_flight += 1;
+        }
+        free
+    }
+
     /// Gives one held slot back: to the head waiter if the limits leave room for it (handoff,
     /// `in_flight` unchanged, rule 2), else to the pool. After a shrink, `in_flight` may exceed
     /// `parallel`; then slots drain to the pool until it fits again (rule 4).

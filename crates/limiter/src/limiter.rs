@@ -176,10 +176,7 @@ where
         Q: Hash + Eq + ToOwned<Owned = H> + ?Sized,
         R: Hash + Eq + ToOwned<Owned = M> + ?Sized,
     {
-        KeyHandle {
-            key: self.resolve(host, model),
-        }
-        .try_acquire()
+        self.handle(host, model).try_acquire()
     }
 
     /// Resolves the key once, for acquires that skip the map. Creates an unconfigured key if
