@@ -256,37 +256,45 @@ fn router_models(app: &App) -> Value {
 }
 
 async fn load(app: &App, req: Request<Incoming>) -> Reply {
-    let body = read_json(req).await;
-    let Some(name) = body.get("model").and_then(Value::as_str) else {
-        return refused(
-            app,
-            &Refusal::new(400, "model name is missing from the request"),
-        );
+    // The router answers an unknown model with 404 on load, but 400 on unload.
+    let model = match named_model(app, req, 404).await {
+        Ok(model) => model,
+        Err(reply) => return reply,
     };
-    let Some(model) = app.registry.get(name) else {
-        return refused(app, &Refusal::new(404, "model is not found"));
-    };
-    if !app.registry.start_load(model) {
+    if !app.registry.start_load(&model) {
         return refused(app, &Refusal::new(400, "model is already running"));
     }
     (json_response(200, &success()), Outcome::Completed)
 }
 
 async fn unload(app: &App, req: Request<Incoming>) -> Reply {
-    let body = read_json(req).await;
-    let Some(name) = body.get("model").and_then(Value::as_str) else {
-        return refused(
-            app,
-            &Refusal::new(400, "model name is missing from the request"),
-        );
-    };
-    let Some(model) = app.registry.get(name) else {
-        return refused(app, &Refusal::new(400, "model is not found"));
+    let model = match named_model(app, req, 400).await {
+        Ok(model) => model,
+        Err(reply) => return reply,
     };
     if !model.unload() {
         return refused(app, &Refusal::new(400, "model is not running"));
     }
     (json_response(200, &success()), Outcome::Completed)
+}
+
+/// The model a `/models/load` or `/models/unload` body names, or the router's refusal.
+async fn named_model(
+    app: &App,
+    req: Request<Incoming>,
+    unknown_status: u16,
+) -> Result<Arc<Model>, Reply> {
+    let body = read_json(req).await;
+    let Some(name) = body.get("model").and_then(Value::as_str) else {
+        return Err(refused(
+            app,
+            &Refusal::new(400, "model name is missing from the request"),
+        ));
+    };
+    app.registry
+        .get(name)
+        .cloned()
+        .ok_or_else(|| refused(app, &Refusal::new(unknown_status, "model is not found")))
 }
 
 async fn metrics(app: &App, req: &Request<Incoming>) -> Reply {
