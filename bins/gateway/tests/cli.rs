@@ -1,9 +1,12 @@
 //! The `slotgate` binary's command line: `check` and `serve`, run as a user would.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use support::{slotgate, write};
 
 const GOOD: &str = r#"
 [server]
@@ -38,25 +41,6 @@ kind = "llama-server"
 parallel = 2
 queue = 4
 "#;
-
-fn write(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("slotgate-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-fn slotgate() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_slotgate"));
-    // The environment overrides the file; keep the tests' environment out of it.
-    for (key, _) in std::env::vars() {
-        if key.starts_with("SLOTGATE_") {
-            command.env_remove(key);
-        }
-    }
-    command
-}
 
 #[test]
 fn check_prints_the_effective_config() {

@@ -1,10 +1,12 @@
 //! `slotgate check` with `parallel = "auto"` models: it asks each engine for its slot count and
 //! says what it found, without failing the check when an engine does not answer.
 
+mod support;
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::Command;
+
+use support::{slotgate, write};
 
 fn config(url: &str) -> String {
     format!(
@@ -23,25 +25,6 @@ queue = 4
 queue_timeout = "30s"
 "#
     )
-}
-
-fn write(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("slotgate-cli-auto-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-fn slotgate() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_slotgate"));
-    // The environment overrides the file; keep the tests' environment out of it.
-    for (key, _) in std::env::vars() {
-        if key.starts_with("SLOTGATE_") {
-            command.env_remove(key);
-        }
-    }
-    command
 }
 
 /// Answers one HTTP request on `listener` with llama-server's `/props` (3 slots); returns the
