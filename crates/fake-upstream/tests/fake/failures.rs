@@ -8,7 +8,7 @@ use http_body_util::BodyExt;
 use serde_json::json;
 use tokio::time::Instant;
 
-use crate::support::{SOON, chat, post, request, send, stream, within};
+use crate::support::{SOON, chat, post, request, send, spawn_post, stream, within};
 
 #[tokio::test]
 async fn status_answers_in_the_kinds_envelope() {
@@ -39,15 +39,12 @@ async fn hang_holds_the_slot_until_the_client_leaves() {
     let fake = FakeUpstream::start(FakeConfig::vllm(1)).await.unwrap();
     let addr = fake.addr();
     let observer = fake.observer().clone();
-    let client = tokio::spawn(async move {
-        post(
-            addr,
-            "/v1/chat/completions",
-            &chat("fake-model", false),
-            &[("x-fake-fail", "hang"), ("x-request-id", "h")],
-        )
-        .await
-    });
+    let client = spawn_post(
+        addr,
+        "/v1/chat/completions",
+        chat("fake-model", false),
+        &[("x-fake-fail", "hang"), ("x-request-id", "h")],
+    );
     within("hanging", observer.wait_for_in_flight(1, SOON))
         .await
         .unwrap();

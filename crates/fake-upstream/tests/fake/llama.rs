@@ -6,7 +6,7 @@ use fake_upstream::{FakeConfig, FakeUpstream, Outcome};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
 
-use crate::support::{SOON, chat, get, get_json, post, raw_post, stream, within};
+use crate::support::{SOON, chat, get, get_json, post, raw_post, spawn_post, stream, within};
 
 #[tokio::test]
 async fn deferred_requests_run_fifo_and_deferred_streams_send_no_headers() {
@@ -17,15 +17,12 @@ async fn deferred_requests_run_fifo_and_deferred_streams_send_no_headers() {
     let observer = fake.observer().clone();
 
     // The first request takes the only slot and keeps it until told to stop (it hangs).
-    let first = tokio::spawn(async move {
-        post(
-            addr,
-            "/v1/chat/completions",
-            &chat("m", false),
-            &[("x-request-id", "hog"), ("x-fake-fail", "hang")],
-        )
-        .await
-    });
+    let first = spawn_post(
+        addr,
+        "/v1/chat/completions",
+        chat("m", false),
+        &[("x-request-id", "hog"), ("x-fake-fail", "hang")],
+    );
     within("the hog runs", observer.wait_for_in_flight(1, SOON))
         .await
         .unwrap();
@@ -126,16 +123,11 @@ async fn probes_report_slots_deferral_and_props() {
     assert!(slots[0].get("id_task").is_none(), "no task yet");
 
     let hang = [("x-fake-fail", "hang")];
-    let running = tokio::spawn(async move {
-        post(addr, "/v1/completions", &json!({"prompt": "hi"}), &hang).await
-    });
+    let running = spawn_post(addr, "/v1/completions", json!({"prompt": "hi"}), &hang);
     within("running", observer.wait_for_in_flight(1, SOON))
         .await
         .unwrap();
-    let waiting =
-        tokio::spawn(
-            async move { post(addr, "/v1/completions", &json!({"prompt": "hi"}), &[]).await },
-        );
+    let waiting = spawn_post(addr, "/v1/completions", json!({"prompt": "hi"}), &[]);
     within("deferred", observer.wait_for_queued(1, SOON))
         .await
         .unwrap();

@@ -7,7 +7,7 @@ use http::Method;
 use http_body_util::BodyExt;
 use serde_json::json;
 
-use crate::support::{SOON, chat, post, raw_post, request, send, within};
+use crate::support::{SOON, chat, post, raw_post, request, send, spawn_post, within};
 
 #[tokio::test]
 async fn client_leaving_mid_stream_is_recorded_and_frees_the_slot() {
@@ -60,15 +60,12 @@ async fn client_leaving_while_deferred_never_runs() {
         .unwrap();
     let addr = fake.addr();
     let observer = fake.observer().clone();
-    let hog = tokio::spawn(async move {
-        post(
-            addr,
-            "/v1/chat/completions",
-            &chat("m", false),
-            &[("x-fake-fail", "hang")],
-        )
-        .await
-    });
+    let hog = spawn_post(
+        addr,
+        "/v1/chat/completions",
+        chat("m", false),
+        &[("x-fake-fail", "hang")],
+    );
     within("hog", observer.wait_for_in_flight(1, SOON))
         .await
         .unwrap();

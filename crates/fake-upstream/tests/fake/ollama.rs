@@ -5,7 +5,7 @@ use std::time::Duration;
 use fake_upstream::{FakeConfig, FakeUpstream, Outcome};
 use serde_json::json;
 
-use crate::support::{SOON, chat, get, get_json, post, within};
+use crate::support::{SOON, chat, get, get_json, post, spawn_post, within};
 
 #[tokio::test]
 async fn past_max_queue_requests_get_503_busy() {
@@ -14,15 +14,12 @@ async fn past_max_queue_requests_get_503_busy() {
         .unwrap();
     let addr = fake.addr();
     let observer = fake.observer().clone();
-    let running = tokio::spawn(async move {
-        post(
-            addr,
-            "/v1/chat/completions",
-            &chat("llama3", false),
-            &[("x-fake-fail", "hang")],
-        )
-        .await
-    });
+    let running = spawn_post(
+        addr,
+        "/v1/chat/completions",
+        chat("llama3", false),
+        &[("x-fake-fail", "hang")],
+    );
     within("running", observer.wait_for_in_flight(1, SOON))
         .await
         .unwrap();
@@ -131,14 +128,8 @@ async fn parallel_is_per_model() {
     let addr = fake.addr();
     let observer = fake.observer().clone();
     let hang = [("x-fake-fail", "hang")];
-    let a =
-        tokio::spawn(
-            async move { post(addr, "/v1/chat/completions", &chat("a", false), &hang).await },
-        );
-    let b =
-        tokio::spawn(
-            async move { post(addr, "/v1/chat/completions", &chat("b", false), &hang).await },
-        );
+    let a = spawn_post(addr, "/v1/chat/completions", chat("a", false), &hang);
+    let b = spawn_post(addr, "/v1/chat/completions", chat("b", false), &hang);
     within("one per model", observer.wait_for_in_flight(2, SOON))
         .await
         .unwrap();

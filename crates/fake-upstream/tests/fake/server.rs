@@ -6,7 +6,7 @@ use std::time::Duration;
 use fake_upstream::{FakeConfig, FakeUpstream, Outcome};
 use tokio::net::TcpStream;
 
-use crate::support::{SOON, chat, get, stream, within};
+use crate::support::{SOON, chat, get, spawn_stream, within};
 
 #[tokio::test]
 async fn refuses_connections_then_accepts_again_on_the_same_port() {
@@ -36,15 +36,12 @@ async fn dropping_connections_cuts_streams_as_server_dropped() {
     .unwrap();
     let addr = fake.addr();
     let observer = fake.observer().clone();
-    let client = tokio::spawn(async move {
-        stream(
-            addr,
-            "/v1/chat/completions",
-            &chat("m", true),
-            &[("x-request-id", "cut")],
-        )
-        .await
-    });
+    let client = spawn_stream(
+        addr,
+        "/v1/chat/completions",
+        chat("m", true),
+        &[("x-request-id", "cut")],
+    );
     within("streaming", observer.wait_for_in_flight(1, SOON))
         .await
         .unwrap();

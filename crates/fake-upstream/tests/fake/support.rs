@@ -15,6 +15,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// A generous bound for anything that should happen "soon", even on a loaded 2-core machine.
@@ -215,5 +216,48 @@ pub(crate) fn chat(model: &str, stream: bool) -> Value {
         "model": model,
         "stream": stream,
         "messages": [{"role": "user", "content": "say something"}],
+    })
+}
+
+/// Owned copies of `headers`, for a request sent from a spawned task.
+fn owned(headers: &[(&str, &str)]) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+        .collect()
+}
+
+/// [`post`] in a background task: for a request that holds a slot (or hangs, with
+/// `x-fake-fail: hang`) while the test goes on.
+pub(crate) fn spawn_post(
+    addr: SocketAddr,
+    path: &'static str,
+    body: Value,
+    headers: &[(&str, &str)],
+) -> JoinHandle<(u16, HeaderMap, Value)> {
+    let headers = owned(headers);
+    tokio::spawn(async move {
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        post(addr, path, &body, &headers).await
+    })
+}
+
+/// [`stream`] in a background task.
+pub(crate) fn spawn_stream(
+    addr: SocketAddr,
+    path: &'static str,
+    body: Value,
+    headers: &[(&str, &str)],
+) -> JoinHandle<Streamed> {
+    let headers = owned(headers);
+    tokio::spawn(async move {
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        stream(addr, path, &body, &headers).await
     })
 }

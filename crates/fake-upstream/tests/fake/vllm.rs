@@ -6,7 +6,7 @@ use std::time::Duration;
 use fake_upstream::{FakeConfig, FakeUpstream};
 use serde_json::json;
 
-use crate::support::{SOON, chat, get, get_json, post, stream, within};
+use crate::support::{SOON, chat, get, get_json, post, spawn_post, stream, within};
 
 #[tokio::test]
 async fn waits_silently_past_max_num_seqs() {
@@ -22,15 +22,12 @@ async fn waits_silently_past_max_num_seqs() {
     let hang = [("x-fake-fail", "hang")];
     let hogs: Vec<_> = (0..2)
         .map(|_| {
-            tokio::spawn(async move {
-                post(
-                    addr,
-                    "/v1/chat/completions",
-                    &chat("reasoning", false),
-                    &hang,
-                )
-                .await
-            })
+            spawn_post(
+                addr,
+                "/v1/chat/completions",
+                chat("reasoning", false),
+                &hang,
+            )
         })
         .collect();
     within("two running", observer.wait_for_in_flight(2, SOON))
