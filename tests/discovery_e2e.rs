@@ -15,10 +15,7 @@ use std::time::{Duration, Instant};
 use engine_support::capture_logs;
 use fake_upstream::{FakeConfig, FakeUpstream};
 use serde_json::Value;
-use support::{SOON, authority, chat, gateway, get, server, upstream};
-
-/// Long enough for anything on a loaded 2-core machine; only reached when a test fails.
-const PATIENT: Duration = Duration::from_secs(30);
+use support::{PATIENT, SOON, admin_sample, authority, chat, fake, gateway, get, server, upstream};
 
 /// An `[upstreams.NAME]` llama-server table with one `parallel = "auto"` model.
 fn auto_upstream(name: &str, url: &str, model: &str, queue: usize) -> String {
@@ -63,20 +60,9 @@ async fn wait_for_model(
     }
 }
 
-/// The value of one sample line of `/metrics` (exact name and labels), if present.
-async fn sample(admin: SocketAddr, series: &str) -> Option<f64> {
-    let text = get(admin, "/metrics").await.text();
-    text.lines().find_map(|line| {
-        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
-        value.parse().ok()
-    })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallel_auto_takes_the_slot_count_from_the_engines_props() {
-    let fake = FakeUpstream::start(FakeConfig::llama_server(3).model("qwen"))
-        .await
-        .unwrap();
+    let fake = fake(3, "qwen").await;
     let gw = gateway(&format!(
         "{}{}",
         server(""),
@@ -95,7 +81,7 @@ async fn parallel_auto_takes_the_slot_count_from_the_engines_props() {
     assert!(doc["discovery"]["last_check"].is_string(), "{doc}");
     assert_eq!(gw.limiter().limits(&key, "qwen").unwrap().parallel, 3);
     assert_eq!(
-        sample(
+        admin_sample(
             admin,
             "slotgate_slots_capacity{upstream=\"gpu\",model=\"qwen\"}"
         )
@@ -123,9 +109,7 @@ async fn parallel_auto_takes_the_slot_count_from_the_engines_props() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_slot_count_the_model_is_unavailable_says_why_and_is_retried() {
-    let fake = FakeUpstream::start(FakeConfig::llama_server(2).model("qwen"))
-        .await
-        .unwrap();
+    let fake = fake(2, "qwen").await;
     fake.refuse_connections().await.unwrap();
     let gw = gateway(&format!(
         "{}{}",
@@ -151,7 +135,7 @@ async fn without_a_slot_count_the_model_is_unavailable_says_why_and_is_retried()
     );
     assert_eq!(fake.observer().snapshot().received, 0);
     assert_eq!(
-        sample(
+        admin_sample(
             admin,
             "slotgate_slots_capacity{upstream=\"gpu\",model=\"qwen\"}"
         )
@@ -180,9 +164,7 @@ async fn without_a_slot_count_the_model_is_unavailable_says_why_and_is_retried()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_engine_with_other_slots_is_read_again() {
-    let fake = FakeUpstream::start(FakeConfig::llama_server(2).model("qwen"))
-        .await
-        .unwrap();
+    let fake = fake(2, "qwen").await;
     let port = fake.addr().port();
     let gw = gateway(&format!(
         "{}{}",
@@ -221,9 +203,7 @@ async fn a_restarted_engine_with_other_slots_is_read_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_reads_the_slot_count_again_and_can_switch_to_and_from_auto() {
-    let fake = FakeUpstream::start(FakeConfig::llama_server(2).model("qwen"))
-        .await
-        .unwrap();
+    let fake = fake(2, "qwen").await;
     let port = fake.addr().port();
     // No health rounds during the test: only the start and the reload read the count.
     let auto = format!(
@@ -290,9 +270,7 @@ async fn wait_for_engine(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn llama_server_traffic_that_bypasses_the_gateway_is_seen_and_warned_about() {
     let logs = capture_logs();
-    let fake = FakeUpstream::start(FakeConfig::llama_server(4).model("qwen"))
-        .await
-        .unwrap();
+    let fake = fake(4, "qwen").await;
     let gw = gateway(&format!(
         "{}{}",
         server("health_check_interval = \"100ms\""),
@@ -318,7 +296,7 @@ async fn llama_server_traffic_that_bypasses_the_gateway_is_seen_and_warned_about
     assert_eq!(engine["warning"], false, "{engine}");
     assert_eq!(engine["whole_engine"], true, "{engine}");
     assert_eq!(
-        sample(
+        admin_sample(
             admin,
             "slotgate_engine_busy{upstream=\"bypassed\",model=\"qwen\"}"
         )
@@ -326,7 +304,7 @@ async fn llama_server_traffic_that_bypasses_the_gateway_is_seen_and_warned_about
         Some(2.0)
     );
     assert_eq!(
-        sample(
+        admin_sample(
             admin,
             "slotgate_engine_waiting{upstream=\"bypassed\",model=\"qwen\"}"
         )
@@ -401,7 +379,7 @@ async fn vllm_running_and_waiting_requests_are_read_from_its_metrics() {
     assert_eq!(engine["gateway_in_flight"], 0, "{engine}");
     assert_eq!(engine["unaccounted"], 3, "{engine}");
     assert_eq!(
-        sample(
+        admin_sample(
             admin,
             "slotgate_engine_waiting{upstream=\"vllm-bypassed\",model=\"qwen\"}"
         )

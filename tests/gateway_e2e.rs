@@ -9,17 +9,11 @@ mod support;
 
 use std::time::Duration;
 
-use fake_upstream::{FakeConfig, FakeUpstream, Outcome};
+use fake_upstream::{FakeUpstream, Outcome};
 use support::{
-    SOON, authority, chat, chat_body, eventually, gateway, get, open, post, send, server, upstream,
+    SOON, authority, chat, chat_body, eventually, fake, gateway, get, open, post, send, server,
+    upstream,
 };
-
-/// A llama-server fake with `parallel` slots serving `model`.
-async fn fake(parallel: usize, model: &str) -> FakeUpstream {
-    FakeUpstream::start(FakeConfig::llama_server(parallel).model(model))
-        .await
-        .expect("fake upstream starts")
-}
 
 // === the load scenario ===
 

@@ -11,8 +11,7 @@ mod support;
 use std::path::Path;
 use std::process::Command;
 
-use fake_upstream::{FakeConfig, FakeUpstream};
-use support::{gateway, openai_python, server, upstream};
+use support::{fake, gateway, openai_python, server, upstream};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_python_sdk_works_through_the_gateway() {
@@ -24,9 +23,7 @@ async fn the_official_openai_python_sdk_works_through_the_gateway() {
         .await
         .unwrap();
 
-    let fake = FakeUpstream::start(FakeConfig::llama_server(4).model("qwen"))
-        .await
-        .unwrap();
+    let fake = fake(4, "qwen").await;
     let gw = gateway(&format!(
         "{}[aliases]\nchat = \"qwen\"\n\n{}",
         server(""),

@@ -15,10 +15,9 @@ use fake_upstream::{FakeConfig, FakeUpstream};
 use http::Request;
 use http_body_util::Full;
 use serde_json::Value;
-use support::{Reply, SOON, chat, chat_body, gateway, get, open, post, send, server};
-
-/// Long enough for anything on a loaded 2-core machine; only reached when a test fails.
-const PATIENT: Duration = Duration::from_secs(30);
+use support::{
+    PATIENT, Reply, SOON, chat, chat_body, fake, gateway, get, open, post, sample, send, server,
+};
 
 /// An `[upstreams.NAME]` table of `kind` with one limited model.
 fn upstream_of(
@@ -88,14 +87,6 @@ async fn wait_for_upstream(
 
 async fn wait_for_health(admin: SocketAddr, name: &str, health: &str) -> Value {
     wait_for_upstream(admin, name, health, |u| u["health"]["status"] == health).await
-}
-
-/// The value of one sample line of `/metrics` (exact name and labels), if present.
-fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics.lines().find_map(|line| {
-        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
-        value.parse().ok()
-    })
 }
 
 async fn metrics_text(admin: SocketAddr) -> String {
@@ -213,12 +204,8 @@ async fn an_upstream_that_stops_answering_is_ejected_and_restored() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_connections_eject_an_upstream_between_checks() {
-    let a = FakeUpstream::start(FakeConfig::llama_server(4).model("qwen"))
-        .await
-        .unwrap();
-    let b = FakeUpstream::start(FakeConfig::llama_server(4).model("qwen"))
-        .await
-        .unwrap();
+    let a = fake(4, "qwen").await;
+    let b = fake(4, "qwen").await;
     // Checks once at start, then not for an hour: only forwarding can eject "a".
     let gw = gateway(&format!(
         "{}{}{}",
@@ -263,9 +250,7 @@ async fn refused_connections_eject_an_upstream_between_checks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_kind_is_checked_with_its_own_probe() {
-    let llama = FakeUpstream::start(FakeConfig::llama_server(1).model("m1"))
-        .await
-        .unwrap();
+    let llama = fake(1, "m1").await;
     let vllm = FakeUpstream::start(FakeConfig::vllm(1).model("m2"))
         .await
         .unwrap();
@@ -406,9 +391,7 @@ async fn residency_follows_each_kinds_own_listing() {
     let vllm = FakeUpstream::start(FakeConfig::vllm(1).model("served"))
         .await
         .unwrap();
-    let llama = FakeUpstream::start(FakeConfig::llama_server(1).model("/models/tiny.gguf"))
-        .await
-        .unwrap();
+    let llama = fake(1, "/models/tiny.gguf").await;
     let gw = gateway(&format!(
         "{}{}[upstreams.ollama.models.\"qwen:7b\"]\nparallel = 1\nqueue = 0\nqueue_timeout = \"5s\"\n\n{}[upstreams.vllm.models.other]\nparallel = 1\nqueue = 0\nqueue_timeout = \"5s\"\n\n{}",
         server("health_check_interval = \"100ms\""),
@@ -453,12 +436,8 @@ async fn residency_follows_each_kinds_own_listing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drained_upstream_gets_no_new_requests_and_its_running_ones_finish() {
-    let a = FakeUpstream::start(FakeConfig::llama_server(4).model("qwen"))
-        .await
-        .unwrap();
-    let b = FakeUpstream::start(FakeConfig::llama_server(4).model("qwen"))
-        .await
-        .unwrap();
+    let a = fake(4, "qwen").await;
+    let b = fake(4, "qwen").await;
     let gw = gateway(&format!(
         "{}{}{}",
         server("admin_token = \"let-me-in\""),
@@ -545,9 +524,7 @@ async fn a_drained_upstream_gets_no_new_requests_and_its_running_ones_finish() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_lets_running_requests_finish_and_refuses_queued_ones() {
-    let fake = FakeUpstream::start(FakeConfig::llama_server(4).model("qwen"))
-        .await
-        .unwrap();
+    let fake = fake(4, "qwen").await;
     let gw = gateway(&format!(
         "{}{}",
         server("drain_grace = \"20s\""),
@@ -606,9 +583,7 @@ async fn shutdown_lets_running_requests_finish_and_refuses_queued_ones() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_wants_its_token_and_answers_mistakes_with_problems() {
-    let fake = FakeUpstream::start(FakeConfig::llama_server(1).model("qwen"))
-        .await
-        .unwrap();
+    let fake = fake(1, "qwen").await;
     let gw = gateway(&format!(
         "{}{}",
         server("admin_token = \"let-me-in\""),
@@ -686,15 +661,9 @@ fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[expect(clippy::too_many_lines, reason = "one reload scenario, told in order")]
 async fn a_reload_applies_new_upstreams_models_and_limits_without_dropping_requests() {
-    let a = FakeUpstream::start(FakeConfig::llama_server(8).model("qwen"))
-        .await
-        .unwrap();
-    let b = FakeUpstream::start(FakeConfig::llama_server(8).model("old"))
-        .await
-        .unwrap();
-    let c = FakeUpstream::start(FakeConfig::llama_server(8).model("new"))
-        .await
-        .unwrap();
+    let a = fake(8, "qwen").await;
+    let b = fake(8, "old").await;
+    let c = fake(8, "new").await;
     let before = format!(
         "{}{}{}",
         server(""),
@@ -1058,9 +1027,7 @@ fn value_of(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
     reason = "every series of the issue, checked in one scrape"
 )]
 async fn metrics_and_status_under_held_load_match_what_the_upstream_sees() {
-    let fake = FakeUpstream::start(FakeConfig::llama_server(8).model("qwen"))
-        .await
-        .unwrap();
+    let fake = fake(8, "qwen").await;
     let gw = gateway(&format!(
         "{}{}capacity = 4\n",
         server(""),

@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
+use fake_upstream::{FakeConfig, FakeUpstream};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -23,6 +24,16 @@ use tokio::task::JoinHandle;
 
 /// Generous bound for anything that should happen "soon" on a loaded 2-core machine.
 pub const SOON: Duration = Duration::from_secs(10);
+
+/// Longer: for waits on health checks and engines; only reached when a test fails.
+pub const PATIENT: Duration = Duration::from_secs(30);
+
+/// A llama-server fake with `parallel` slots serving `model`.
+pub async fn fake(parallel: usize, model: &str) -> FakeUpstream {
+    FakeUpstream::start(FakeConfig::llama_server(parallel).model(model))
+        .await
+        .expect("fake upstream starts")
+}
 
 /// A gateway built from `toml` (listen addresses should use port 0).
 pub async fn gateway(toml: &str) -> Gateway {
@@ -355,4 +366,17 @@ pub fn openai_python(name: &str) -> PathBuf {
     );
     std::fs::write(&marker, "").expect("write the venv marker");
     python
+}
+
+/// The value of one sample line of a `/metrics` text (exact name and labels), if present.
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+        value.parse().ok()
+    })
+}
+
+/// [`sample`] of the `/metrics` that the admin listener at `admin` serves now.
+pub async fn admin_sample(admin: SocketAddr, series: &str) -> Option<f64> {
+    sample(&get(admin, "/metrics").await.text(), series)
 }
