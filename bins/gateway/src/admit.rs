@@ -223,11 +223,6 @@ impl Slot {
         }
     }
 
-    /// How long the request waited in the queue.
-    pub fn waited(&self) -> Duration {
-        self.permit.waited()
-    }
-
     /// This slot's target metrics.
     pub fn metrics(&self) -> &TargetMetrics {
         &self.metrics

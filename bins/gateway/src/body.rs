@@ -86,21 +86,6 @@ impl<B: Body, G: SlotGuard> SlotBody<B, G> {
     pub fn is_holding(&self) -> bool {
         self.guard.is_some()
     }
-
-    /// A reference to the inner body.
-    pub fn get_ref(&self) -> &B {
-        &self.inner
-    }
-
-    /// A mutable reference to the inner body.
-    pub fn get_mut(&mut self) -> &mut B {
-        &mut self.inner
-    }
-
-    /// A pinned mutable reference to the inner body.
-    pub fn get_pin_mut(self: Pin<&mut Self>) -> Pin<&mut B> {
-        self.project().inner
-    }
 }
 
 impl<B: Body, G: SlotGuard> SlotBodyProj<'_, B, G> {

@@ -100,12 +100,6 @@ impl Generation {
             Err(problems)
         }
     }
-
-    /// Whether the gateway can serve anything: some upstream is healthy (or not checked yet)
-    /// and not draining.
-    pub fn has_available_upstream(&self) -> bool {
-        self.upstreams.iter().any(|u| u.is_available())
-    }
 }
 
 /// The current generation.

@@ -82,13 +82,6 @@ pub enum ProbeError {
     Parse(String),
 }
 
-impl ProbeError {
-    /// Whether nothing answered at all (as opposed to an answer that was not healthy).
-    pub fn is_connect(&self) -> bool {
-        matches!(self, ProbeError::Connect(_))
-    }
-}
-
 /// The probing client. Cheap to clone (clones share the connection pool).
 #[derive(Debug, Clone)]
 pub struct Prober {
@@ -108,11 +101,6 @@ impl Prober {
             .pool_max_idle_per_host(0)
             .build(connector);
         Self { client, timeout }
-    }
-
-    /// The per-exchange timeout.
-    pub fn timeout(&self) -> Duration {
-        self.timeout
     }
 
     /// The same client (sharing its connections) with another timeout: a reload may change

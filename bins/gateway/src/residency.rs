@@ -97,11 +97,6 @@ impl Residency {
         }
     }
 
-    /// Whether a discovery has succeeded yet.
-    pub fn is_known(&self) -> bool {
-        self.state.read().resident.is_some()
-    }
-
     /// A copy of what is known.
     pub fn view(&self) -> ResidencyView {
         let state = self.state.read().clone();

@@ -64,11 +64,6 @@ impl ShutdownTrigger {
     pub fn fire(&self) {
         self.0.send_replace(true);
     }
-
-    /// A new signal linked to this trigger.
-    pub fn signal(&self) -> ShutdownSignal {
-        ShutdownSignal(self.0.subscribe())
-    }
 }
 
 impl ShutdownSignal {
