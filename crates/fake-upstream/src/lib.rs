@@ -1,7 +1,8 @@
 //! A faithful simulator of `llama-server`, vLLM and Ollama for slotgate's end-to-end tests,
 //! benchmarks and demo. It serves the OpenAI-compatible API with each server's own slot limit,
 //! over-capacity behaviour, error envelopes, probes and residency endpoints, as described in
-//! `docs/PROTOCOLS.md`; and it lets a test steer it per request and watch what it did.
+//! the team's `PROTOCOLS.md` (the shared design docs beside the repository); and it lets a
+//! test steer it per request and watch what it did.
 //!
 //! # Use from a test
 //!

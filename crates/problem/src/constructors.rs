@@ -10,7 +10,8 @@ use crate::{Kind, Problem};
 
 impl Problem {
     /// [`Kind::QueueFull`] (503): every slot and queue place of `model` is taken on `upstream`
-    /// (the last host tried when several were), so the request was refused without waiting.
+    /// (the gateway names the best-ranked upstream when several were full), so the request was
+    /// refused without waiting.
     ///
     /// Sets `Retry-After` from `retry_after`, and the extension members `upstream` and `model`.
     ///
@@ -18,7 +19,7 @@ impl Problem {
     /// use std::time::Duration;
     /// use slotgate_problem::Problem;
     ///
-    /// let p = Problem::queue_full("http://gpu-a:8080", "llama", Duration::from_secs(4));
+    /// let p = Problem::queue_full("gpu-a", "llama", Duration::from_secs(4));
     /// assert_eq!(p.status(), 503);
     /// assert_eq!(p.retry_after_secs(), Some(4));
     /// ```

@@ -40,7 +40,7 @@
 //! use bytes::Bytes;
 //! use slotgate_problem::{CONTENT_TYPE, Kind, Problem};
 //!
-//! let problem = Problem::queue_full("http://gpu-a:8080", "llama", Duration::from_millis(2500));
+//! let problem = Problem::queue_full("gpu-a", "llama", Duration::from_millis(2500));
 //! let response: http::Response<Bytes> = problem.to_response();
 //!
 //! assert_eq!(response.status(), 503);

@@ -50,7 +50,7 @@ impl From<figment::Error> for ConfigError {
 pub struct Issue {
     /// Where: the key path, e.g. `upstreams.reasoning.models.reasoning.queue_timeout`.
     pub path: String,
-    /// What is wrong, e.g. `missing (a duration such as "30s")`.
+    /// What is wrong, e.g. `must be finite and greater than 0, found -1`.
     pub message: String,
 }
 
