@@ -75,6 +75,7 @@ fn single_llama_has_one_llama_server_with_four_slots() {
     assert_eq!(config.upstreams.len(), 1);
     let upstream = config.upstreams.values().next().unwrap();
     assert_eq!(upstream.kind, Kind::LlamaServer);
+    assert!(!upstream.models.is_empty(), "a model to serve");
     assert!(
         upstream
             .models
