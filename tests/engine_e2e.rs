@@ -21,10 +21,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use engine_support::{Engine, EngineOptions, capture_logs, long_chat};
+use engine_support::{Engine, EngineOptions, capture_logs, long_chat, spawn_long_chats};
 use serde_json::Value;
 use support::{
-    SOON, authority, eventually, gateway, get, open, openai_python, post, send, server, upstream,
+    SOON, admin_sample, authority, eventually, gateway, get, open, openai_python, post, send,
+    server, upstream,
 };
 
 /// Long enough for anything on a loaded 2-core machine; only reached when a test fails.
@@ -255,19 +256,7 @@ async fn cut_two_non_streamed_with_two_queued(grace: Option<&str>) -> Vec<String
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // Two more wait in the gateway.
-    let waiting: Vec<_> = (0..2)
-        .map(|_| {
-            tokio::spawn(async move {
-                send(post(
-                    addr,
-                    "/v1/chat/completions",
-                    long_chat("tiny", 200, false),
-                    &[],
-                ))
-                .await
-            })
-        })
-        .collect();
+    let waiting = spawn_long_chats(addr, "tiny", 2, 200);
     eventually("two queued", SOON, || {
         gw.limiter().queued(&key, "tiny") == 2
     })
@@ -472,19 +461,7 @@ async fn parallel_auto_reads_the_real_engines_slots_and_holds_the_line_there() {
     // 6 long requests at once: the engine runs 3 and never defers one.
     let api = engine.api();
     let addr = gw.api_addr();
-    let tasks: Vec<_> = (0..6)
-        .map(|_| {
-            tokio::spawn(async move {
-                send(post(
-                    addr,
-                    "/v1/chat/completions",
-                    long_chat("tiny", 600, false),
-                    &[],
-                ))
-                .await
-            })
-        })
-        .collect();
+    let tasks = spawn_long_chats(addr, "tiny", 6, 600);
     let mut peak_busy = 0;
     let mut peak_deferred = 0.0_f64;
     while !tasks.iter().all(tokio::task::JoinHandle::is_finished) {
@@ -572,7 +549,7 @@ async fn requests_straight_to_the_engine_show_in_its_busy_count_and_are_warned_a
     assert_eq!(doc["waiting"], 0, "the engine queued nothing: {doc}");
     let warned = logs.lines_with(&["busier than slotgate accounts for", "shared-engine"]);
     assert_eq!(warned.len(), 1, "{warned:#?}");
-    let busy = sample_of(
+    let busy = admin_sample(
         admin,
         "slotgate_engine_busy{upstream=\"shared-engine\",model=\"tiny\"}",
     )
@@ -594,13 +571,4 @@ async fn requests_straight_to_the_engine_show_in_its_busy_count_and_are_warned_a
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     gw.shutdown().await;
-}
-
-/// One sample of the gateway's `/metrics` (exact name and labels).
-async fn sample_of(admin: std::net::SocketAddr, series: &str) -> Option<f64> {
-    get(admin, "/metrics")
-        .await
-        .text()
-        .lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }

@@ -20,8 +20,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use tokio::task::JoinHandle;
 
-use crate::support::{Reply, get};
+use crate::support::{Reply, get, post, send};
 
 /// How long llama-server may take to answer `/health` 200 (it takes ~0.2 s with the tiny model).
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -389,6 +390,22 @@ pub fn long_chat(model: &str, max_tokens: usize, stream: bool) -> String {
         "stream": stream,
     })
     .to_string()
+}
+
+/// `n` non-streamed [`long_chat`]s of `max_tokens` tokens for `model`, sent at once to `addr`,
+/// each from its own task.
+pub fn spawn_long_chats(
+    addr: SocketAddr,
+    model: &str,
+    n: usize,
+    max_tokens: usize,
+) -> Vec<JoinHandle<Reply>> {
+    (0..n)
+        .map(|_| {
+            let body = long_chat(model, max_tokens, false);
+            tokio::spawn(async move { send(post(addr, "/v1/chat/completions", body, &[])).await })
+        })
+        .collect()
 }
 
 /// The gateway's log lines (it runs in the test's process), for tests that check what it
