@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::Full;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
@@ -31,12 +31,9 @@ use slotgate_config::ModelLimits;
 use crate::forward::{self, REQUEST_ID};
 use crate::live::{Generation, Live};
 use crate::reload::{ReloadError, Reloader};
-use crate::rescue::{self, Error};
+use crate::rescue::{self, Error, GET_ONLY, POST_ONLY, allow, not_found};
 use crate::server::ShutdownSignal;
 use crate::upstream::UpstreamState;
-
-const GET_ONLY: &[Method] = &[Method::GET, Method::HEAD];
-const POST_ONLY: &[Method] = &[Method::POST];
 
 /// The admin endpoints' state.
 #[derive(Debug)]
@@ -317,24 +314,6 @@ fn upstream_status(generation: &Generation, upstream: &UpstreamState) -> Value {
         },
         "models": models,
     })
-}
-
-fn allow<B>(req: &Request<B>, methods: &'static [Method]) -> Result<(), Error> {
-    if methods.contains(req.method()) {
-        Ok(())
-    } else {
-        Err(Error::MethodNotAllowed {
-            method: req.method().clone(),
-            path: req.uri().path().to_owned(),
-            allow: methods,
-        })
-    }
-}
-
-fn not_found(path: &str) -> Error {
-    Error::NotFound {
-        path: path.chars().take(200).collect(),
-    }
 }
 
 fn rfc3339(at: SystemTime) -> String {

@@ -21,12 +21,17 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Response};
+use http::{HeaderValue, Method, Request, Response};
 use slotgate_problem::Problem;
 use tracing::{debug, warn};
 
 /// A boxed error, as hyper and http-body-util hand them out.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The methods of an endpoint that only reads.
+pub const GET_ONLY: &[Method] = &[Method::GET, Method::HEAD];
+/// The methods of an endpoint that only acts.
+pub const POST_ONLY: &[Method] = &[Method::POST];
 
 /// Everything that can stop a request, classified.
 #[derive(Debug, thiserror::Error)]
@@ -238,6 +243,26 @@ pub fn respond<B: From<Bytes>>(error: &Error, request_id: &HeaderValue) -> Respo
         problem = problem.with_instance(format!("urn:uuid:{}", uuid.hyphenated()));
     }
     problem.to_response()
+}
+
+/// `Ok` when `req` uses one of `methods`, else the `MethodNotAllowed` error naming them.
+pub fn allow<B>(req: &Request<B>, methods: &'static [Method]) -> Result<(), Error> {
+    if methods.contains(req.method()) {
+        Ok(())
+    } else {
+        Err(Error::MethodNotAllowed {
+            method: req.method().clone(),
+            path: req.uri().path().to_owned(),
+            allow: methods,
+        })
+    }
+}
+
+/// The `NotFound` error for `path` (cut to 200 characters: it is echoed in the document).
+pub fn not_found(path: &str) -> Error {
+    Error::NotFound {
+        path: path.chars().take(200).collect(),
+    }
 }
 
 /// An error and its sources, `: `-separated, for logs and details.

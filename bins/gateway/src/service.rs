@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
@@ -24,7 +24,7 @@ use crate::forward::{self, ForwardError, Forwarder, REQUEST_ID};
 use crate::live::{Generation, Live};
 use crate::metrics::observe;
 use crate::request;
-use crate::rescue::{self, BoxError, Error};
+use crate::rescue::{self, BoxError, Error, GET_ONLY, POST_ONLY, allow};
 use crate::route::Target;
 use crate::server::ShutdownSignal;
 
@@ -34,8 +34,6 @@ pub type ResponseBody = Either<Full<Bytes>, SlotBody<Incoming, admit::Slot>>;
 
 /// The model-routed endpoints. Each takes `POST` only.
 const MODEL_ROUTED: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
-const POST_ONLY: &[Method] = &[Method::POST];
-const GET_ONLY: &[Method] = &[Method::GET, Method::HEAD];
 
 /// What the request path needs, shared by every connection.
 #[derive(Debug)]
@@ -82,22 +80,16 @@ impl App {
     {
         let path = req.uri().path();
         if MODEL_ROUTED.contains(&path) {
-            if req.method() != Method::POST {
-                return Err(method_not_allowed(&req, POST_ONLY));
-            }
+            allow(&req, POST_ONLY)?;
             generation.api_keys.check(req.headers())?;
             return self.proxy(req, generation, request_id).await;
         }
         if path == "/v1/models" {
-            if !GET_ONLY.contains(req.method()) {
-                return Err(method_not_allowed(&req, GET_ONLY));
-            }
+            allow(&req, GET_ONLY)?;
             generation.api_keys.check(req.headers())?;
             return Ok(self.models(generation));
         }
-        Err(Error::NotFound {
-            path: path.chars().take(200).collect(),
-        })
+        Err(rescue::not_found(path))
     }
 
     /// Steps 3 to 8 for a model-routed request.
@@ -320,14 +312,6 @@ fn failed_after_connect(failure: ForwardError, target: &Target, model: &str, slo
             slot.abandon();
             Error::Internal(format!("unhandled connect error: {error}"))
         }
-    }
-}
-
-fn method_not_allowed<B>(req: &Request<B>, allow: &'static [Method]) -> Error {
-    Error::MethodNotAllowed {
-        method: req.method().clone(),
-        path: req.uri().path().to_owned(),
-        allow,
     }
 }
 
