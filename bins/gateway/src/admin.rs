@@ -250,7 +250,7 @@ fn upstream_status(generation: &Generation, upstream: &UpstreamState) -> Value {
                     };
                     let mut doc = json!({
                         "name": route.model,
-                        "loaded": upstream.residency.is_loaded(upstream.kind, &route.model),
+                        "loaded": t.is_loaded(&route.model),
                         "parallel": parallel,
                         // The count in force: `parallel`, or the one read for "auto"
                         // (null while unknown, and for unlimited models).

@@ -332,10 +332,7 @@ fn readings(generation: &Generation) -> Vec<Reading> {
                         upstream: target.upstream.name.clone(),
                         model: route.model.clone(),
                     },
-                    loaded: target
-                        .upstream
-                        .residency
-                        .is_loaded(target.upstream.kind, &route.model),
+                    loaded: target.is_loaded(&route.model),
                     // Discovered for `parallel = "auto"` (absent while unknown).
                     capacity: target.slots(),
                     in_use: target.key.in_flight(),

@@ -87,12 +87,17 @@ impl Residency {
     /// Whether `model` (a configured model name) is resident on an upstream of `kind`.
     /// `false` while nothing is known.
     pub fn is_loaded(&self, kind: Kind, model: &str) -> bool {
+        self.is_loaded_as(model, tagged_name(kind, model).as_deref())
+    }
+
+    /// [`Residency::is_loaded`] with the model's [`tagged_name`] worked out beforehand (the
+    /// routing table keeps it per target, so that routing a request allocates nothing).
+    pub fn is_loaded_as(&self, model: &str, tagged: Option<&str>) -> bool {
         match &self.state.read().resident {
             None => false,
             Some(Resident::Everything { .. }) => true,
             Some(Resident::Names(names)) => {
-                names.contains(model)
-                    || (kind == Kind::Ollama && names.contains(&ollama_name(model)))
+                names.contains(model) || tagged.is_some_and(|tagged| names.contains(tagged))
             }
         }
     }
@@ -181,6 +186,12 @@ fn all_names(list: &ModelList) -> BTreeSet<String> {
         .iter()
         .flat_map(|card| card.names().map(str::to_owned))
         .collect()
+}
+
+/// The other name under which a configured `model` shows as resident on an upstream of `kind`:
+/// on Ollama, `model:latest` when `model` has no tag; `None` otherwise.
+pub fn tagged_name(kind: Kind, model: &str) -> Option<String> {
+    (kind == Kind::Ollama && !model.contains(':')).then(|| ollama_name(model))
 }
 
 /// Ollama resolves a name without a tag to `:latest`.

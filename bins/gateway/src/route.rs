@@ -31,6 +31,7 @@ use slotgate_limiter::{KeyHandle, Limiter};
 use crate::hold::HoldStats;
 use crate::metrics::{Metrics, RejectionMetrics, TargetMetrics};
 use crate::reconcile::EngineLoad;
+use crate::residency;
 use crate::slots::AutoSlots;
 use crate::upstream::{UpstreamState, Upstreams};
 
@@ -62,6 +63,9 @@ pub struct Target {
     pub key: KeyHandle,
     /// The configured limits.
     pub limits: ModelLimits,
+    /// The model's other resident name on this upstream ([`residency::tagged_name`]: Ollama's
+    /// `name:latest`), worked out once.
+    pub tagged_name: Option<String>,
     /// The configured slot count; `None` when unlimited or discovered (see
     /// [`Target::slots`]).
     pub parallel: Option<usize>,
@@ -150,6 +154,7 @@ impl Routes {
                     upstream: Arc::clone(state),
                     key: limiter.handle(authority, model.as_str()),
                     limits: *limits,
+                    tagged_name: residency::tagged_name(state.kind, model),
                     parallel,
                     queue_timeout,
                     weight: upstream.weight,
@@ -264,13 +269,21 @@ impl Target {
         self.auto.as_ref().is_none_or(|auto| auto.found().is_some())
     }
 
+    /// Whether `model` (this target's route's model) is resident on the upstream, as last
+    /// discovered.
+    pub fn is_loaded(&self, model: &str) -> bool {
+        self.upstream
+            .residency
+            .is_loaded_as(model, self.tagged_name.as_deref())
+    }
+
     /// What `slotgate-choose` needs to know about this target for `model` now.
     fn info(&self, model: &str) -> Info {
         let limits = self.key.limits();
         Info {
             healthy: self.upstream.health.is_routable(),
             draining: self.upstream.is_draining(),
-            loaded: self.upstream.residency.is_loaded(self.upstream.kind, model),
+            loaded: self.is_loaded(model),
             // Configured here, so it can be served here (loading it first if need be); see
             // the `residency` module.
             can_serve: true,
