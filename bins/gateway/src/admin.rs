@@ -10,7 +10,7 @@
 //! | `GET /admin/upstreams` | every upstream: health, draining, resident models, and per model the limits, the slot count in force (`slots`; `discovery` for `parallel = "auto"`), in-flight and queued requests, and the engine's own counts (`engine`, see [`reconcile`](crate::reconcile)) |
 //! | `POST /admin/upstreams/{name}/drain` | stop sending new requests to the upstream; in-flight ones finish. Answers the upstream's status |
 //! | `POST /admin/upstreams/{name}/undrain` | take new requests again |
-//! | `POST /admin/reload` | reload the configuration file (see [`reload`](crate::reload)): `200` with what changed, or `422` listing every problem (the running configuration stays) |
+//! | `POST /admin/reload` | reload the configuration file (see [`reload`](crate::reload)): `200` with what changed, or `422` listing every problem (the running configuration stays); `409` when the gateway was not started from a file |
 //!
 //! When `server.admin_token` is set, every `/admin/*` request must carry it as
 //! `Authorization: Bearer <token>` (compared in constant time; never logged); otherwise it gets

@@ -7,7 +7,8 @@
 //!   deliberately no total timeout here.
 //! - Hop-by-hop headers (RFC 9110 §7.6.1: `Connection` and the fields it names, `Keep-Alive`,
 //!   `TE`, `Transfer-Encoding`, `Upgrade`, `Proxy-*`) are stripped both ways; `Host` is set from
-//!   the upstream's URL.
+//!   the upstream's URL, and the upstream's `api_key`, when it has one, replaces the client's
+//!   `Authorization`.
 //! - `x-request-id` is propagated: the caller passes the id it accepted or generated, and it goes
 //!   upstream and back to the client.
 //! - The upstream URL's path prefix is kept (`http://host/openai` + `/v1/chat/completions` →

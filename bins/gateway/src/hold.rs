@@ -2,7 +2,8 @@
 //!
 //! A refused client gets a `Retry-After` that is an estimate, not a constant. Per
 //! (upstream, model) key the gateway keeps an exponentially weighted moving average of how long
-//! recent requests held their slot (from grant to the end of the response body). A request that
+//! recent requests held their slot (from grant to release: the end of the response body, or the
+//! end of `cancel_grace` for a client that left before the answer began). A request that
 //! would join the queue behind `ahead` others on a key with `parallel` slots can expect a slot
 //! after about
 //!

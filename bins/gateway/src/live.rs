@@ -5,8 +5,9 @@
 //! current one; a request takes a reference to it at arrival (an `Arc` clone under a read lock
 //! held for nanoseconds) and keeps using that generation to the end, so a reload never changes
 //! the rules under a request that is already being routed. What must survive a reload —
-//! limiter keys, upstream health and residency, hold-time statistics, metric series — lives in
-//! objects the new generation shares with the old one (see [`Generation::build`]).
+//! limiter keys, upstream health and residency, hold-time statistics, discovered slot counts,
+//! engine load readings, metric series — lives in objects the new generation shares with the
+//! old one (see [`Generation::build`]).
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -43,10 +44,11 @@ pub struct Generation {
 impl Generation {
     /// Builds the generation for `config`.
     ///
-    /// Everything that can fail (an upstream this gateway cannot reach, an unreadable API keys
-    /// file) is checked first and reported together; only then is the limiter configured for
-    /// the new keys, so a refused configuration changes nothing. Upstream states and hold-time
-    /// statistics are taken over from `previous` where the upstream is the same engine.
+    /// Everything that can fail (an upstream URL or API key this gateway cannot use, an
+    /// unreadable API keys file) is checked first and reported together; only then is the
+    /// limiter configured for the new keys, so a refused configuration changes nothing. Upstream
+    /// states are taken over from `previous` where the upstream is the same engine, and each
+    /// key's hold times, engine load and discovered slot count where the key is the same.
     pub fn build(
         config: Config,
         previous: Option<&Generation>,

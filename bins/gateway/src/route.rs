@@ -17,8 +17,9 @@
 //! load it. The score uses the free slots *of the key*: it is the key's cap that decides whether
 //! this request waits.
 //!
-//! A reload builds a new table; [`Routes::build`] carries each key's hold-time statistics (and a
-//! discovered slot count) over from the previous one, so `Retry-After` estimates survive it.
+//! A reload builds a new table; [`Routes::build`] carries each key's hold-time statistics, the
+//! engine's load readings and a discovered slot count over from the previous one, so
+//! `Retry-After` estimates, an excess in progress and `auto` counts survive it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -89,8 +90,8 @@ pub struct Target {
 impl Routes {
     /// Builds the table for `config`, configures `limiter` with every (upstream, model) key
     /// (live: a changed limit applies to requests already waiting) and creates each key's
-    /// metrics. `upstreams` must have been built from the same `config`; hold-time statistics
-    /// are carried over from `previous`.
+    /// metrics. `upstreams` must have been built from the same `config`; hold-time statistics,
+    /// engine load readings and discovered slot counts are carried over from `previous`.
     pub fn build(
         config: &Config,
         upstreams: &Upstreams,

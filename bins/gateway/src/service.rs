@@ -303,11 +303,11 @@ fn failed_after_connect(failure: ForwardError, target: &Target, model: &str, slo
                 source,
             }
         }
-        // `Connect` is handled by the caller (it may fail over); counted like a bug if not.
         ForwardError::Internal(detail) => {
             slot.abandon();
             Error::Internal(detail)
         }
+        // `Connect` is handled by the caller (it may fail over); counted like a bug if not.
         ForwardError::Connect(error) => {
             slot.abandon();
             Error::Internal(format!("unhandled connect error: {error}"))
