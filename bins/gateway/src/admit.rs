@@ -201,9 +201,7 @@ impl Slot {
     fn release_after(self, grace: Duration, record: Hold) {
         let release = move |slot: Slot| {
             if record == Hold::Record {
-                let held = slot.granted.elapsed();
-                slot.hold.record(held);
-                observe(&slot.metrics.duration, held);
+                slot.record_hold();
             }
             drop(slot.permit);
         };
@@ -223,6 +221,15 @@ impl Slot {
         }
     }
 
+    /// Records how long the slot has been held (for `Retry-After` and the duration histogram);
+    /// returns it.
+    fn record_hold(&self) -> Duration {
+        let held = self.granted.elapsed();
+        self.hold.record(held);
+        observe(&self.metrics.duration, held);
+        held
+    }
+
     /// This slot's target metrics.
     pub fn metrics(&self) -> &TargetMetrics {
         &self.metrics
@@ -231,9 +238,7 @@ impl Slot {
 
 impl SlotGuard for Slot {
     fn finish(self, how: Completion) {
-        let held = self.granted.elapsed();
-        self.hold.record(held);
-        observe(&self.metrics.duration, held);
+        let held = self.record_hold();
         match how {
             Completion::Ended => {
                 self.metrics.completed.inc();
