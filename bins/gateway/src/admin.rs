@@ -232,7 +232,7 @@ fn upstream_status(generation: &Generation, upstream: &UpstreamState) -> Value {
                         } => (
                             json!(parallel),
                             json!(queue),
-                            json!(humantime::format_duration(queue_timeout).to_string()),
+                            duration(queue_timeout),
                             json!(capacity),
                         ),
                         ModelLimits::Unlimited => {
@@ -244,7 +244,7 @@ fn upstream_status(generation: &Generation, upstream: &UpstreamState) -> Value {
                         } => (
                             json!("auto"),
                             json!(queue),
-                            json!(humantime::format_duration(queue_timeout).to_string()),
+                            duration(queue_timeout),
                             Value::Null,
                         ),
                     };
@@ -314,6 +314,11 @@ fn upstream_status(generation: &Generation, upstream: &UpstreamState) -> Value {
         },
         "models": models,
     })
+}
+
+/// A configured duration as the configuration writes it (`30s`).
+fn duration(value: Duration) -> Value {
+    json!(humantime::format_duration(value).to_string())
 }
 
 fn rfc3339(at: SystemTime) -> String {
