@@ -1307,3 +1307,63 @@ async fn client_keys_stay_at_the_gateway_and_each_upstream_gets_its_own() {
     gw.shutdown().await;
     task.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_key_is_withheld_from_an_upstream_without_its_own_key() {
+    // With client keys on, the client's `Authorization` is its key to the gateway: an upstream
+    // with no `api_key` of its own gets no `Authorization` at all, not the client's key.
+    let (upstream, heads, task) = recording_upstream().await;
+    let gw = gateway(&format!(
+        "{}[upstreams.gpu]\nurl = \"http://{upstream}\"\nkind = \"vllm\"\n\n\
+         [upstreams.gpu.models.qwen]\nparallel = 1\nqueue = 0\nqueue_timeout = \"5s\"\n",
+        server("api_keys = [\"sk-client-1\"]"),
+    ))
+    .await;
+    let reply = chat(
+        gw.api_addr(),
+        "qwen",
+        false,
+        &[("authorization", "Bearer sk-client-1")],
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let heads = heads.lock().unwrap().clone();
+    let chat_head = heads
+        .iter()
+        .find(|h| h.starts_with("post "))
+        .expect("the chat reached the upstream");
+    assert!(
+        !chat_head.contains("authorization"),
+        "no Authorization upstream: {chat_head}"
+    );
+    gw.shutdown().await;
+    task.abort();
+
+    // Without client keys the gateway is transparent: what the client sent is the engine's key.
+    let (upstream, heads, task) = recording_upstream().await;
+    let gw = gateway(&format!(
+        "{}[upstreams.gpu]\nurl = \"http://{upstream}\"\nkind = \"vllm\"\n\n\
+         [upstreams.gpu.models.qwen]\nparallel = 1\nqueue = 0\nqueue_timeout = \"5s\"\n",
+        server(""),
+    ))
+    .await;
+    let reply = chat(
+        gw.api_addr(),
+        "qwen",
+        false,
+        &[("authorization", "Bearer sk-engine")],
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let heads = heads.lock().unwrap().clone();
+    let chat_head = heads
+        .iter()
+        .find(|h| h.starts_with("post "))
+        .expect("the chat reached the upstream");
+    assert!(
+        chat_head.contains("authorization: bearer sk-engine"),
+        "{chat_head}"
+    );
+    gw.shutdown().await;
+    task.abort();
+}

@@ -97,6 +97,19 @@ pub struct ClientSettings {
     pub pool_idle_timeout: Duration,
 }
 
+/// What the upstream request carries as `Authorization`.
+#[derive(Debug, Clone, Copy)]
+pub enum Authorization<'a> {
+    /// The client's own header, if any: the gateway does not check client keys, so what the
+    /// client sent is meant for the engine.
+    Client,
+    /// None: the client's header holds its key to this gateway, which is not the engine's
+    /// business and must not leak to it.
+    Withheld,
+    /// The upstream's own key (`api_key`), in place of whatever the client sent.
+    Upstream(&'a HeaderValue),
+}
+
 /// The pooled upstream client.
 #[derive(Debug, Clone)]
 pub struct Forwarder {
@@ -123,12 +136,12 @@ impl Forwarder {
     /// Sends a request to `base` and waits for the response head.
     ///
     /// `parts` are the client's method, URI and headers (hop-by-hop ones are not forwarded);
-    /// `authorization`, when set, replaces the client's `Authorization`; `request_id` goes out
+    /// `authorization` says what becomes of the client's `Authorization`; `request_id` goes out
     /// as `x-request-id` and comes back on the response.
     pub async fn send(
         &self,
         base: &Base,
-        authorization: Option<&HeaderValue>,
+        authorization: Authorization<'_>,
         parts: &http::request::Parts,
         body: Bytes,
         request_id: &HeaderValue,
@@ -150,8 +163,14 @@ impl Forwarder {
         // The whole body has been read already: there is nothing left to wait for a
         // `100 Continue` about.
         headers.remove(header::EXPECT);
-        if let Some(authorization) = authorization {
-            headers.insert(header::AUTHORIZATION, authorization.clone());
+        match authorization {
+            Authorization::Client => {}
+            Authorization::Withheld => {
+                headers.remove(header::AUTHORIZATION);
+            }
+            Authorization::Upstream(key) => {
+                headers.insert(header::AUTHORIZATION, key.clone());
+            }
         }
         headers.insert(REQUEST_ID, request_id.clone());
 

@@ -20,7 +20,7 @@ use tracing::{debug, warn};
 
 use crate::admit::{self, Refused, Slot};
 use crate::body::SlotBody;
-use crate::forward::{self, ForwardError, Forwarder, REQUEST_ID};
+use crate::forward::{self, Authorization, ForwardError, Forwarder, REQUEST_ID};
 use crate::live::{Generation, Live};
 use crate::metrics::observe;
 use crate::request;
@@ -125,6 +125,8 @@ impl App {
             "routing"
         );
 
+        // With client keys on, the client's `Authorization` is its key to this gateway.
+        let client_keys = generation.api_keys.is_enabled();
         let mut full_on: Option<(&str, Duration)> = None;
         let mut connect_error: Option<BoxError> = None;
         let mut stopping = self.shutdown.clone();
@@ -168,7 +170,9 @@ impl App {
 
             // Step 7: forward the original bytes (the model renamed only for an alias).
             let sent = Instant::now();
-            let (outcome, slot) = self.forward(target, slot, &api, model, request_id).await;
+            let (outcome, slot) = self
+                .forward(target, slot, &api, model, request_id, client_keys)
+                .await;
             match outcome {
                 Ok(response) => {
                     observe(&slot.metrics().first_byte, sent.elapsed());
@@ -220,13 +224,19 @@ impl App {
         api: &request::ApiRequest,
         model: &str,
         request_id: &HeaderValue,
+        client_keys: bool,
     ) -> (Result<Response<Incoming>, ForwardError>, Slot) {
         let sending = slot.sending(target.cancel_grace);
+        let authorization = match &target.upstream.authorization {
+            Some(key) => Authorization::Upstream(key),
+            None if client_keys => Authorization::Withheld,
+            None => Authorization::Client,
+        };
         let outcome = self
             .forwarder
             .send(
                 &target.upstream.base,
-                target.upstream.authorization.as_ref(),
+                authorization,
                 &api.parts,
                 api.body_for(model),
                 request_id,
