@@ -15,6 +15,11 @@ if ! command -v cargo-nextest >/dev/null 2>&1; then
   cargo install --locked cargo-nextest
 fi
 
+step "cargo fetch (every platform's crates, so the --offline steps below work on a fresh machine)"
+# cargo-deny resolves the graph for every target in deny.toml; on an empty cargo cache those
+# crates are not there until fetched. `cargo fetch` without --target fetches them all.
+cargo fetch --locked
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -99,7 +99,7 @@ mod waiters;
 pub use error::{AcquireError, TryAcquireError};
 pub use future::Acquire;
 pub use key::Limits;
-pub use limiter::{KeyHandle, KeySnapshot, Limiter};
+pub use limiter::{KeyHandle, KeyReading, KeySnapshot, Limiter};
 pub use permit::Permit;
 
 #[cfg(test)]

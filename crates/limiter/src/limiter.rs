@@ -98,6 +98,19 @@ pub struct KeySnapshot<H, M> {
     pub queued: usize,
 }
 
+/// One key's limits and counts, read together under the key's lock (see
+/// [`KeyHandle::reading`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyReading {
+    /// The key's limits.
+    pub limits: Limits,
+    /// Permits held now.
+    pub in_flight: usize,
+    /// Acquirers waiting now.
+    pub queued: usize,
+}
+
 // === impl Limiter ===
 
 impl<H, M> Limiter<H, M>
@@ -379,6 +392,29 @@ impl KeyHandle {
     pub fn try_acquire(&self) -> Result<Permit, TryAcquireError> {
         self.key.try_take()?;
         Ok(Permit::new(self.key.clone(), std::time::Duration::ZERO))
+    }
+
+    /// The key's limits, permits held and acquirers waiting, read together under one lock, so
+    /// the three numbers always agree with each other (reading them one by one may not).
+    ///
+    /// ```
+    /// use slotgate_limiter::Limiter;
+    ///
+    /// let limiter: Limiter = Limiter::new();
+    /// limiter.configure("gpu-1", "llama", 2, 4);
+    /// let key = limiter.handle("gpu-1", "llama");
+    /// let _permit = key.try_acquire().unwrap();
+    /// let now = key.reading();
+    /// assert_eq!((now.limits.parallel, now.limits.queue), (2, 4));
+    /// assert_eq!((now.in_flight, now.queued), (1, 0));
+    /// ```
+    pub fn reading(&self) -> KeyReading {
+        let r = self.key.read();
+        KeyReading {
+            limits: r.limits,
+            in_flight: r.in_flight,
+            queued: r.queued,
+        }
     }
 
     /// Permits of this key held now.
