@@ -1,0 +1,693 @@
+//! The shared limiter: keys, the lease table, the acquire paths for the store up and down, and
+//! release on drop.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use slotgate_admission::{AdmitError, AdmitFuture, Admission, Occupancy, Slot};
+use slotgate_limiter::{Limiter, Permit};
+use tokio::runtime::Handle;
+use tokio::sync::oneshot;
+use tokio::task::AbortHandle;
+
+use crate::error::{StartError, StoreError};
+use crate::script::{KeyNames, Op, Reply, Status};
+use crate::settings::{OnStoreDown, Settings};
+use crate::store::{Mode, Store};
+
+/// A keyed FIFO limiter whose holders and queue live in Redis, shared by every replica that
+/// uses the same Redis and `key_prefix`.
+///
+/// It keeps the contract of [`slotgate_limiter::Limiter`] across replicas: per (host, model)
+/// at most `parallel` slots held and `queue` acquirers waiting in all replicas together, FIFO
+/// by arrival, a full queue refused at once, a wait cancelled by dropping its future (which
+/// leaves the global queue), a slot released when it is dropped. It is used through the
+/// [`Admission`] trait.
+///
+/// - **Leases.** Every slot and every waiter is a lease in Redis, renewed every
+///   `lease_ttl / 3` by a background task for as long as it is alive here. A replica that dies
+///   stops renewing, and its slots come back within `lease_ttl`.
+/// - **Release on drop.** Dropping a [`Slot`] (or a waiting acquire) stops its renewal at once
+///   and hands the release to a background task, which retries until it succeeds or until the
+///   lease would have expired anyway.
+/// - **Redis down.** See [`OnStoreDown`] and `docs/scale-out.md`.
+///
+/// Clones share the same state. Dropping the last clone (and every slot) stops the background
+/// tasks.
+///
+/// # Examples
+///
+/// ```no_run
+/// use slotgate_admission::Admission;
+/// use slotgate_limiter_redis::{RedisLimiter, Settings};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limiter = RedisLimiter::start(Settings::new("redis://127.0.0.1:6379/0"))?;
+/// limiter.configure("http://gpu-1:8080", "llama", 4, 8);
+/// // Every replica that runs this shares the 4 slots and the 8 places in the queue.
+/// let slot = limiter.acquire("http://gpu-1:8080", "llama").await?;
+/// // ... call the engine; the lease is renewed while `slot` lives.
+/// drop(slot);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisLimiter {
+    inner: Arc<Inner>,
+}
+
+/// The store's state and counters as seen by this replica, for metrics and status pages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreStatus {
+    /// Admission goes through Redis now.
+    pub up: bool,
+    /// Redis answers again but this replica still applies the down policy while every replica
+    /// re-registers its slots.
+    pub rejoining: bool,
+    /// Successful calls to Redis.
+    pub round_trips: u64,
+    /// Their total duration.
+    pub round_trip_total: Duration,
+    /// The last one's duration.
+    pub last_round_trip: Duration,
+    /// Calls that failed or timed out.
+    pub errors: u64,
+    /// Times the store was marked down.
+    pub went_down: u64,
+    /// Leases renewed (one per lease per renewal round).
+    pub lease_renewals: u64,
+    /// Leases of this replica that Redis had lost (expired or gone with its data) and that were
+    /// put back at renewal.
+    pub leases_lost: u64,
+    /// Leases (of any replica) that this replica's calls found expired and removed.
+    pub leases_expired: u64,
+}
+
+pub(crate) struct Inner {
+    pub(crate) settings: Settings,
+    /// `<replica id>/`: the start of every lease id of this replica.
+    replica: String,
+    next: AtomicU64,
+    pub(crate) store: Store,
+    keys: Mutex<HashMap<(String, String), Arc<KeyEntry>>>,
+    leases: Mutex<HashMap<u64, Lease>>,
+    /// Every slot also holds a permit of this limiter. While the store is up its keys are
+    /// unlimited; when it goes down under `local-share` they shrink to the local share, so the
+    /// slots granted through Redis before count against it.
+    local: Limiter,
+    runtime: Handle,
+    tasks: Mutex<Vec<AbortHandle>>,
+}
+
+/// One (host, model) key as this replica knows it.
+pub(crate) struct KeyEntry {
+    host: String,
+    model: String,
+    pub(crate) names: KeyNames,
+    limits: Mutex<(usize, usize)>,
+    /// The limits could not be written to Redis (it was down): the renewer writes them.
+    dirty: AtomicBool,
+    global: Mutex<Option<Occupancy>>,
+    waiting: AtomicUsize,
+}
+
+struct Lease {
+    key: Arc<KeyEntry>,
+    id: String,
+    state: LeaseState,
+}
+
+enum LeaseState {
+    Waiting(Option<oneshot::Sender<Wake>>),
+    Held,
+}
+
+/// What ends a wait in the global queue.
+#[derive(Debug, Clone, Copy)]
+enum Wake {
+    Granted,
+    StoreDown,
+    Closed,
+}
+
+/// One lease of this replica: removed from the lease table (so no longer renewed) and released
+/// in Redis in the background when dropped.
+struct LeaseGuard {
+    inner: Arc<Inner>,
+    n: u64,
+    key: Arc<KeyEntry>,
+    id: String,
+    release: bool,
+}
+
+/// A slot granted by this limiter.
+struct SharedSlot {
+    _lease: LeaseGuard,
+    _permit: Permit,
+}
+
+/// Counts an acquire as waiting for this replica's `queued` until it is dropped.
+struct WaitingCount(Arc<KeyEntry>);
+
+enum Outcome {
+    Done(Result<Slot, AdmitError>),
+    /// The store's mode changed under this acquire: start again with the current one.
+    Again,
+}
+
+// === impl RedisLimiter ===
+
+impl RedisLimiter {
+    /// Starts a shared limiter with these settings: validates them and spawns its background
+    /// tasks (lease renewal and store probing, grant messages) on the current tokio runtime.
+    ///
+    /// Redis is not contacted here: the first call connects, and a Redis that is down at start
+    /// is handled like one that goes down later.
+    pub fn start(settings: Settings) -> Result<Self, StartError> {
+        settings.validate()?;
+        let runtime = Handle::try_current().map_err(StartError::NoRuntime)?;
+        // Validated above, so this parses.
+        let client = redis::Client::open(settings.redis_url.as_str())
+            .map_err(|source| StartError::Settings(crate::settings::SettingsErrors(vec![
+                crate::settings::SettingsError::RedisUrl(source),
+            ])))?;
+        let inner = Arc::new(Inner {
+            replica: format!("{}/", uuid::Uuid::new_v4().simple()),
+            next: AtomicU64::new(1),
+            store: Store::new(client, settings.store_timeout),
+            keys: Mutex::new(HashMap::new()),
+            leases: Mutex::new(HashMap::new()),
+            local: Limiter::new(),
+            runtime,
+            tasks: Mutex::new(Vec::new()),
+            settings,
+        });
+        crate::tasks::spawn(&inner);
+        Ok(Self { inner })
+    }
+
+    /// The settings this limiter runs with.
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
+    /// The store's state and counters as this replica sees them.
+    pub fn status(&self) -> StoreStatus {
+        let stats = &self.inner.store.stats;
+        let mode = self.inner.store.mode();
+        let micros = |c: &AtomicU64| Duration::from_micros(c.load(Ordering::Relaxed));
+        StoreStatus {
+            up: mode == Mode::Up,
+            rejoining: matches!(mode, Mode::Rejoining { .. }),
+            round_trips: stats.round_trips.load(Ordering::Relaxed),
+            round_trip_total: micros(&stats.round_trip_micros),
+            last_round_trip: micros(&stats.last_round_trip_micros),
+            errors: stats.errors.load(Ordering::Relaxed),
+            went_down: stats.went_down.load(Ordering::Relaxed),
+            lease_renewals: stats.renewals.load(Ordering::Relaxed),
+            leases_lost: stats.leases_lost.load(Ordering::Relaxed),
+            leases_expired: stats.leases_expired.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Every key this replica knows, with its limits: for metrics and status pages.
+    pub fn keys(&self) -> Vec<(String, String)> {
+        self.inner.keys.lock().keys().cloned().collect()
+    }
+}
+
+impl fmt::Debug for RedisLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisLimiter")
+            .field("replica", &self.inner.replica)
+            .field("key_prefix", &self.inner.settings.key_prefix)
+            .field("mode", &self.inner.store.mode())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Admission for RedisLimiter {
+    fn configure(&self, host: &str, model: &str, parallel: usize, queue: usize) {
+        let inner = &self.inner;
+        let key = inner.key(host, model);
+        *key.limits.lock() = (parallel, queue);
+        inner.configure_local(&key);
+        key.dirty.store(true, Ordering::Release);
+        if inner.store.mode() != Mode::Down {
+            let inner = inner.clone();
+            self.inner.runtime.spawn(async move {
+                inner.write_limits(&key).await;
+            });
+        }
+    }
+
+    fn remove(&self, host: &str, model: &str) {
+        let inner = &self.inner;
+        let Some(key) = inner.keys.lock().remove(&(host.to_owned(), model.to_owned())) else {
+            return;
+        };
+        inner.local.remove(host, model);
+        inner.wake_key(&key, Wake::Closed);
+    }
+
+    fn acquire(&self, host: &str, model: &str) -> AdmitFuture {
+        let inner = self.inner.clone();
+        let key = inner.key(host, model);
+        Box::pin(inner.acquire(key))
+    }
+
+    fn local(&self, host: &str, model: &str) -> Occupancy {
+        let key = self.inner.keys.lock().get(&(host.to_owned(), model.to_owned())).cloned();
+        let queued = key.map_or(0, |key| key.waiting.load(Ordering::Relaxed));
+        Occupancy::new(self.inner.local.in_flight(host, model), queued)
+    }
+
+    fn global(&self, host: &str, model: &str) -> Option<Occupancy> {
+        let key = self.inner.keys.lock().get(&(host.to_owned(), model.to_owned())).cloned()?;
+        *key.global.lock()
+    }
+}
+
+// === impl Inner ===
+
+impl Inner {
+    fn key(&self, host: &str, model: &str) -> Arc<KeyEntry> {
+        let mut keys = self.keys.lock();
+        if let Some(key) = keys.get(&(host.to_owned(), model.to_owned())) {
+            return key.clone();
+        }
+        let key = Arc::new(KeyEntry {
+            host: host.to_owned(),
+            model: model.to_owned(),
+            names: KeyNames::new(&self.settings.key_prefix, host, model),
+            // Unconfigured: as the local limiter.
+            limits: Mutex::new((1, 0)),
+            dirty: AtomicBool::new(false),
+            global: Mutex::new(None),
+            waiting: AtomicUsize::new(0),
+        });
+        keys.insert((host.to_owned(), model.to_owned()), key.clone());
+        drop(keys);
+        self.configure_local(&key);
+        key
+    }
+
+    fn keys_now(&self) -> Vec<Arc<KeyEntry>> {
+        self.keys.lock().values().cloned().collect()
+    }
+
+    /// The local limiter's limits for a key: unlimited while admission goes through Redis,
+    /// the local share while the down policy applies.
+    fn configure_local(&self, key: &KeyEntry) {
+        let (parallel, queue) = if self.store.mode() == Mode::Up {
+            (usize::MAX, usize::MAX)
+        } else {
+            let (parallel, queue) = key.limits();
+            let replicas = self.settings.replicas.max(1);
+            (share(parallel, replicas), share(queue, replicas))
+        };
+        self.local.configure(&key.host, &key.model, parallel, queue);
+    }
+
+    fn ttl_millis(&self) -> u128 {
+        self.settings.lease_ttl.as_millis()
+    }
+
+    fn new_lease(self: &Arc<Self>, key: &Arc<KeyEntry>, state: LeaseState) -> LeaseGuard {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let id = format!("{}{n}/{}", self.replica, self.ttl_millis());
+        self.leases.lock().insert(
+            n,
+            Lease {
+                key: key.clone(),
+                id: id.clone(),
+                state,
+            },
+        );
+        LeaseGuard {
+            inner: self.clone(),
+            n,
+            key: key.clone(),
+            id,
+            release: true,
+        }
+    }
+
+    async fn acquire(self: Arc<Self>, key: Arc<KeyEntry>) -> Result<Slot, AdmitError> {
+        let started = Instant::now();
+        let _waiting = WaitingCount::new(&key);
+        loop {
+            let outcome = if self.store.mode() == Mode::Up {
+                self.acquire_shared(&key, started).await
+            } else {
+                self.acquire_while_down(&key, started).await
+            };
+            if let Outcome::Done(result) = outcome {
+                return result;
+            }
+        }
+    }
+
+    /// The store is up: one script call, then (if queued) a local wait for the grant.
+    async fn acquire_shared(self: &Arc<Self>, key: &Arc<KeyEntry>, started: Instant) -> Outcome {
+        let (tx, rx) = oneshot::channel();
+        // In the table before the call: a grant message may overtake the script's reply.
+        let mut lease = self.new_lease(key, LeaseState::Waiting(Some(tx)));
+        let reply = match self
+            .store
+            .call(&key.names, key.limits(), &Op::Acquire(&lease.id))
+            .await
+        {
+            Ok(reply) => reply,
+            Err(error) => {
+                // The script may have run: the dropped lease is released in the background.
+                self.store_failed(&error);
+                return Outcome::Again;
+            }
+        };
+        self.absorb(key, &reply);
+        match reply.status {
+            Status::Yes => self.set_held(lease.n),
+            Status::No => {
+                lease.release = false;
+                return Outcome::Done(Err(AdmitError::QueueFull));
+            }
+            Status::Gone => {
+                lease.release = false;
+                return Outcome::Done(Err(AdmitError::Closed));
+            }
+            Status::Queued => match rx.await {
+                Ok(Wake::Granted) => {}
+                Ok(Wake::Closed) => return Outcome::Done(Err(AdmitError::Closed)),
+                Ok(Wake::StoreDown) | Err(_) => return Outcome::Again,
+            },
+        }
+        // The shadow permit: instant while the store is up (the local key is unlimited).
+        match self.local.acquire(&key.host, &key.model).await {
+            Ok(permit) => Outcome::Done(Ok(Slot::new(
+                SharedSlot {
+                    _lease: lease,
+                    _permit: permit,
+                },
+                started.elapsed(),
+            ))),
+            Err(error) => Outcome::Done(Err(error.into())),
+        }
+    }
+
+    /// The store is down or rejoining: refuse, or admit within the local share.
+    async fn acquire_while_down(
+        self: &Arc<Self>,
+        key: &Arc<KeyEntry>,
+        started: Instant,
+    ) -> Outcome {
+        if self.settings.on_store_down == OnStoreDown::FailClosed {
+            return Outcome::Done(Err(AdmitError::StoreUnavailable(Box::new(
+                StoreError::Down,
+            ))));
+        }
+        let permit = match self.local.acquire(&key.host, &key.model).await {
+            Ok(permit) => permit,
+            Err(error) => return Outcome::Done(Err(error.into())),
+        };
+        match self.store.mode() {
+            // Back up while this waited: the local key is unlimited now, so go through Redis.
+            Mode::Up => return Outcome::Again,
+            Mode::Rejoining { .. } => {}
+            Mode::Down => {
+                // A lease that is not in Redis yet: the renewer puts it there on rejoining.
+                let lease = self.new_lease(key, LeaseState::Held);
+                return Outcome::Done(Ok(Slot::new(
+                    SharedSlot {
+                        _lease: lease,
+                        _permit: permit,
+                    },
+                    started.elapsed(),
+                )));
+            }
+        }
+        // Rejoining: Redis must count this slot before anyone grants through it again.
+        let lease = self.new_lease(key, LeaseState::Held);
+        let ids = [(lease.id.clone(), true)];
+        match self.store.call(&key.names, key.limits(), &Op::Renew(&ids)).await {
+            Ok(reply) => self.absorb(key, &reply),
+            Err(error) => self.store_failed(&error),
+        }
+        Outcome::Done(Ok(Slot::new(
+            SharedSlot {
+                _lease: lease,
+                _permit: permit,
+            },
+            started.elapsed(),
+        )))
+    }
+
+    fn set_held(&self, n: u64) {
+        if let Some(lease) = self.leases.lock().get_mut(&n) {
+            lease.state = LeaseState::Held;
+        }
+    }
+
+    /// Takes in what a script reply says: the key's global counts, expiries, and grants to
+    /// this replica's waiters (so they need not wait for the message).
+    pub(crate) fn absorb(&self, key: &KeyEntry, reply: &Reply) {
+        *key.global.lock() = Some(Occupancy::new(reply.holders, reply.waiters));
+        let stats = &self.store.stats;
+        stats
+            .leases_expired
+            .fetch_add(reply.expired, Ordering::Relaxed);
+        stats
+            .leases_lost
+            .fetch_add(reply.restored, Ordering::Relaxed);
+        for id in reply.granted.iter().chain(&reply.reported) {
+            self.granted(id);
+        }
+    }
+
+    /// A lease id was granted in Redis: if it is one of this replica's waiters, it holds now.
+    pub(crate) fn granted(&self, id: &str) {
+        let Some(n) = id
+            .strip_prefix(self.replica.as_str())
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            return;
+        };
+        let mut leases = self.leases.lock();
+        let Some(lease) = leases.get_mut(&n) else {
+            // Dropped meanwhile: its release (already queued) passes the slot on.
+            return;
+        };
+        if let LeaseState::Waiting(tx) = &mut lease.state {
+            let tx = tx.take();
+            lease.state = LeaseState::Held;
+            drop(leases);
+            if let Some(tx) = tx {
+                // A receiver gone means the acquire was dropped; its guard releases the lease.
+                let _ = tx.send(Wake::Granted);
+            }
+        }
+    }
+
+    fn wake_key(&self, key: &Arc<KeyEntry>, wake: Wake) {
+        self.wake_where(wake, |lease| Arc::ptr_eq(&lease.key, key));
+    }
+
+    fn wake_where(&self, wake: Wake, mut which: impl FnMut(&Lease) -> bool) {
+        let senders: Vec<_> = self
+            .leases
+            .lock()
+            .values_mut()
+            .filter(|lease| which(lease))
+            .filter_map(|lease| match &mut lease.state {
+                LeaseState::Waiting(tx) => tx.take(),
+                LeaseState::Held => None,
+            })
+            .collect();
+        for tx in senders {
+            let _ = tx.send(wake);
+        }
+    }
+
+    /// A call failed: mark the store down, apply the down policy to the local limits, and
+    /// send the waiters to it.
+    pub(crate) fn store_failed(&self, error: &StoreError) {
+        if !self.store.set_down() {
+            return;
+        }
+        self.store.stats.went_down.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            error = %error,
+            cause = ?std::error::Error::source(error).map(ToString::to_string),
+            policy = %self.settings.on_store_down,
+            "the shared slot store is down; applying on_store_down"
+        );
+        for key in self.keys_now() {
+            self.configure_local(&key);
+        }
+        self.wake_where(Wake::StoreDown, |_| true);
+    }
+
+    /// Rejoining is over: admission goes through Redis again.
+    pub(crate) fn store_up(&self) {
+        if self.store.set_up() {
+            tracing::info!("the shared slot store is back; admitting through it again");
+            for key in self.keys_now() {
+                self.configure_local(&key);
+            }
+        }
+    }
+
+    async fn write_limits(&self, key: &KeyEntry) {
+        let (parallel, queue) = key.limits();
+        key.dirty.store(false, Ordering::Release);
+        match self
+            .store
+            .call(&key.names, (parallel, queue), &Op::Configure { parallel, queue })
+            .await
+        {
+            Ok(reply) => self.absorb(key, &reply),
+            Err(error) => {
+                key.dirty.store(true, Ordering::Release);
+                self.store_failed(&error);
+            }
+        }
+    }
+
+    /// One renewal round: every key this replica knows or holds leases of, one call each.
+    /// Also writes limits that could not be written while the store was down.
+    pub(crate) async fn renew_all(&self) -> Result<(), StoreError> {
+        let mut by_key: HashMap<usize, (Arc<KeyEntry>, Vec<(String, bool)>)> =
+            HashMap::new();
+        for key in self.keys_now() {
+            by_key.insert(Arc::as_ptr(&key).addr(), (key, Vec::new()));
+        }
+        for lease in self.leases.lock().values() {
+            let held = matches!(lease.state, LeaseState::Held);
+            by_key
+                .entry(Arc::as_ptr(&lease.key).addr())
+                .or_insert_with(|| (lease.key.clone(), Vec::new()))
+                .1
+                .push((lease.id.clone(), held));
+        }
+        for (key, ids) in by_key.into_values() {
+            if key.dirty.swap(false, Ordering::AcqRel) {
+                let (parallel, queue) = key.limits();
+                let configured = self
+                    .store
+                    .call(&key.names, (parallel, queue), &Op::Configure { parallel, queue })
+                    .await;
+                if let Err(error) = configured {
+                    key.dirty.store(true, Ordering::Release);
+                    return Err(error);
+                }
+            }
+            let reply = self
+                .store
+                .call(&key.names, key.limits(), &Op::Renew(&ids))
+                .await?;
+            self.store
+                .stats
+                .renewals
+                .fetch_add(ids.len() as u64, Ordering::Relaxed);
+            self.absorb(&key, &reply);
+        }
+        Ok(())
+    }
+
+    fn spawn_release(self: &Arc<Self>, key: Arc<KeyEntry>, id: String) {
+        let inner = self.clone();
+        // After this the lease has expired by itself: nothing left to release.
+        let deadline = Instant::now() + self.settings.lease_ttl;
+        let mut backoff = Duration::from_millis(20);
+        self.runtime.spawn(async move {
+            loop {
+                match inner
+                    .store
+                    .call(&key.names, key.limits(), &Op::Release(&id))
+                    .await
+                {
+                    Ok(reply) => {
+                        inner.absorb(&key, &reply);
+                        return;
+                    }
+                    Err(error) => {
+                        inner.store_failed(&error);
+                        if Instant::now() + backoff >= deadline {
+                            return;
+                        }
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(inner.settings.renew_interval());
+                    }
+                }
+            }
+        });
+    }
+
+    pub(crate) fn runtime(&self) -> &Handle {
+        &self.runtime
+    }
+
+    pub(crate) fn add_task(&self, task: AbortHandle) {
+        self.tasks.lock().push(task);
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for task in self.tasks.get_mut().drain(..) {
+            task.abort();
+        }
+    }
+}
+
+// === impl KeyEntry ===
+
+impl KeyEntry {
+    fn limits(&self) -> (usize, usize) {
+        *self.limits.lock()
+    }
+}
+
+// === impl LeaseGuard ===
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.inner.leases.lock().remove(&self.n);
+        if self.release {
+            self.inner
+                .spawn_release(self.key.clone(), std::mem::take(&mut self.id));
+        }
+    }
+}
+
+// === impl WaitingCount ===
+
+impl WaitingCount {
+    fn new(key: &Arc<KeyEntry>) -> Self {
+        key.waiting.fetch_add(1, Ordering::Relaxed);
+        Self(key.clone())
+    }
+}
+
+impl Drop for WaitingCount {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// This replica's share of a limit under `local-share`: `floor(limit / replicas)`, unlimited
+/// staying unlimited.
+fn share(limit: usize, replicas: usize) -> usize {
+    if limit == usize::MAX {
+        limit
+    } else {
+        limit / replicas
+    }
+}
