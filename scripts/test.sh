@@ -26,14 +26,26 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-step "cargo deny (bans licenses sources, offline)"
-cargo deny --offline check bans licenses sources
+step "cargo deny (bans licenses sources, offline, every workspace member)"
+# --workspace: without it cargo-deny only walks the root package's graph, and crates that only
+# a member uses (redis, through slotgate-limiter-redis) would go unchecked.
+cargo deny --workspace --offline check bans licenses sources
 
 step "real llama-server for the engine suite (tests/engine/setup.sh; cached, ~8 min cold)"
 # Assigned first: `eval "$(…)"` alone would carry on past a failed setup.
 engine_env=$(tests/engine/setup.sh)
 eval "$engine_env"
 export LLAMA_SERVER TINY_MODEL
+
+step "redis (the shared limiter's tests use 127.0.0.1:6379 and start private servers)"
+if ! command -v redis-server >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq redis-server
+fi
+# The machines start one on 6379; start it here only where none answers.
+if ! timeout 5 redis-cli -p 6379 ping >/dev/null 2>&1; then
+  redis-server --port 6379 --bind 127.0.0.1 --save '' --appendonly no --daemonize yes
+  for _ in $(seq 50); do timeout 1 redis-cli -p 6379 ping >/dev/null 2>&1 && break; sleep 0.1; done
+fi
 
 step "unit, integration and property tests (nextest)"
 cargo nextest run --workspace --all-targets --locked --no-fail-fast

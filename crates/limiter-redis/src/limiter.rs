@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use slotgate_admission::{AdmitError, AdmitFuture, Admission, Occupancy, Slot};
+use slotgate_admission::{Admission, AdmitError, AdmitFuture, Occupancy, Slot};
 use slotgate_limiter::{Limiter, Permit};
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
@@ -124,9 +124,17 @@ struct Lease {
 }
 
 enum LeaseState {
-    Waiting(Option<oneshot::Sender<Wake>>),
+    /// Waiting for a grant. Not `joined` while its acquire call is in flight: it is not in
+    /// Redis yet (or the reply has not said so), so a renewal must not put it there.
+    Waiting {
+        tx: Option<oneshot::Sender<Wake>>,
+        joined: bool,
+    },
     Held,
 }
+
+/// The leases of one key to renew: (id, held here).
+type Renewals = Vec<(String, bool)>;
 
 /// What ends a wait in the global queue.
 #[derive(Debug, Clone, Copy)]
@@ -173,10 +181,11 @@ impl RedisLimiter {
         settings.validate()?;
         let runtime = Handle::try_current().map_err(StartError::NoRuntime)?;
         // Validated above, so this parses.
-        let client = redis::Client::open(settings.redis_url.as_str())
-            .map_err(|source| StartError::Settings(crate::settings::SettingsErrors(vec![
+        let client = redis::Client::open(settings.redis_url.as_str()).map_err(|source| {
+            StartError::Settings(crate::settings::SettingsErrors(vec![
                 crate::settings::SettingsError::RedisUrl(source),
-            ])))?;
+            ]))
+        })?;
         let inner = Arc::new(Inner {
             replica: format!("{}/", uuid::Uuid::new_v4().simple()),
             next: AtomicU64::new(1),
@@ -249,7 +258,11 @@ impl Admission for RedisLimiter {
 
     fn remove(&self, host: &str, model: &str) {
         let inner = &self.inner;
-        let Some(key) = inner.keys.lock().remove(&(host.to_owned(), model.to_owned())) else {
+        let Some(key) = inner
+            .keys
+            .lock()
+            .remove(&(host.to_owned(), model.to_owned()))
+        else {
             return;
         };
         inner.local.remove(host, model);
@@ -263,13 +276,23 @@ impl Admission for RedisLimiter {
     }
 
     fn local(&self, host: &str, model: &str) -> Occupancy {
-        let key = self.inner.keys.lock().get(&(host.to_owned(), model.to_owned())).cloned();
+        let key = self
+            .inner
+            .keys
+            .lock()
+            .get(&(host.to_owned(), model.to_owned()))
+            .cloned();
         let queued = key.map_or(0, |key| key.waiting.load(Ordering::Relaxed));
         Occupancy::new(self.inner.local.in_flight(host, model), queued)
     }
 
     fn global(&self, host: &str, model: &str) -> Option<Occupancy> {
-        let key = self.inner.keys.lock().get(&(host.to_owned(), model.to_owned())).cloned()?;
+        let key = self
+            .inner
+            .keys
+            .lock()
+            .get(&(host.to_owned(), model.to_owned()))
+            .cloned()?;
         *key.global.lock()
     }
 }
@@ -358,7 +381,13 @@ impl Inner {
     async fn acquire_shared(self: &Arc<Self>, key: &Arc<KeyEntry>, started: Instant) -> Outcome {
         let (tx, rx) = oneshot::channel();
         // In the table before the call: a grant message may overtake the script's reply.
-        let mut lease = self.new_lease(key, LeaseState::Waiting(Some(tx)));
+        let mut lease = self.new_lease(
+            key,
+            LeaseState::Waiting {
+                tx: Some(tx),
+                joined: false,
+            },
+        );
         let reply = match self
             .store
             .call(&key.names, key.limits(), &Op::Acquire(&lease.id))
@@ -382,11 +411,14 @@ impl Inner {
                 lease.release = false;
                 return Outcome::Done(Err(AdmitError::Closed));
             }
-            Status::Queued => match rx.await {
-                Ok(Wake::Granted) => {}
-                Ok(Wake::Closed) => return Outcome::Done(Err(AdmitError::Closed)),
-                Ok(Wake::StoreDown) | Err(_) => return Outcome::Again,
-            },
+            Status::Queued => {
+                self.set_joined(lease.n);
+                match rx.await {
+                    Ok(Wake::Granted) => {}
+                    Ok(Wake::Closed) => return Outcome::Done(Err(AdmitError::Closed)),
+                    Ok(Wake::StoreDown) | Err(_) => return Outcome::Again,
+                }
+            }
         }
         // The shadow permit: instant while the store is up (the local key is unlimited).
         match self.local.acquire(&key.host, &key.model).await {
@@ -435,7 +467,11 @@ impl Inner {
         // Rejoining: Redis must count this slot before anyone grants through it again.
         let lease = self.new_lease(key, LeaseState::Held);
         let ids = [(lease.id.clone(), true)];
-        match self.store.call(&key.names, key.limits(), &Op::Renew(&ids)).await {
+        match self
+            .store
+            .call(&key.names, key.limits(), &Op::Renew(&ids))
+            .await
+        {
             Ok(reply) => self.absorb(key, &reply),
             Err(error) => self.store_failed(&error),
         }
@@ -446,6 +482,17 @@ impl Inner {
             },
             started.elapsed(),
         )))
+    }
+
+    /// The acquire call says this lease is queued: from now on it is renewed as a waiter.
+    fn set_joined(&self, n: u64) {
+        if let Some(Lease {
+            state: LeaseState::Waiting { joined, .. },
+            ..
+        }) = self.leases.lock().get_mut(&n)
+        {
+            *joined = true;
+        }
     }
 
     fn set_held(&self, n: u64) {
@@ -484,7 +531,7 @@ impl Inner {
             // Dropped meanwhile: its release (already queued) passes the slot on.
             return;
         };
-        if let LeaseState::Waiting(tx) = &mut lease.state {
+        if let LeaseState::Waiting { tx, .. } = &mut lease.state {
             let tx = tx.take();
             lease.state = LeaseState::Held;
             drop(leases);
@@ -506,7 +553,7 @@ impl Inner {
             .values_mut()
             .filter(|lease| which(lease))
             .filter_map(|lease| match &mut lease.state {
-                LeaseState::Waiting(tx) => tx.take(),
+                LeaseState::Waiting { tx, .. } => tx.take(),
                 LeaseState::Held => None,
             })
             .collect();
@@ -549,7 +596,11 @@ impl Inner {
         key.dirty.store(false, Ordering::Release);
         match self
             .store
-            .call(&key.names, (parallel, queue), &Op::Configure { parallel, queue })
+            .call(
+                &key.names,
+                (parallel, queue),
+                &Op::Configure { parallel, queue },
+            )
             .await
         {
             Ok(reply) => self.absorb(key, &reply),
@@ -563,13 +614,16 @@ impl Inner {
     /// One renewal round: every key this replica knows or holds leases of, one call each.
     /// Also writes limits that could not be written while the store was down.
     pub(crate) async fn renew_all(&self) -> Result<(), StoreError> {
-        let mut by_key: HashMap<usize, (Arc<KeyEntry>, Vec<(String, bool)>)> =
-            HashMap::new();
+        let mut by_key: HashMap<usize, (Arc<KeyEntry>, Renewals)> = HashMap::new();
         for key in self.keys_now() {
             by_key.insert(Arc::as_ptr(&key).addr(), (key, Vec::new()));
         }
         for lease in self.leases.lock().values() {
-            let held = matches!(lease.state, LeaseState::Held);
+            let held = match lease.state {
+                LeaseState::Held => true,
+                LeaseState::Waiting { joined: true, .. } => false,
+                LeaseState::Waiting { joined: false, .. } => continue,
+            };
             by_key
                 .entry(Arc::as_ptr(&lease.key).addr())
                 .or_insert_with(|| (lease.key.clone(), Vec::new()))
@@ -581,7 +635,11 @@ impl Inner {
                 let (parallel, queue) = key.limits();
                 let configured = self
                     .store
-                    .call(&key.names, (parallel, queue), &Op::Configure { parallel, queue })
+                    .call(
+                        &key.names,
+                        (parallel, queue),
+                        &Op::Configure { parallel, queue },
+                    )
                     .await;
                 if let Err(error) = configured {
                     key.dirty.store(true, Ordering::Release);

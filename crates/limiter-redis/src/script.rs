@@ -153,6 +153,7 @@ impl KeyNames {
     }
 
     /// Every data key, for tests that clean up after themselves.
+    #[cfg(test)]
     pub(crate) fn keys(&self) -> &[String; 6] {
         &self.keys
     }
@@ -168,7 +169,10 @@ impl KeyNames {
 pub(crate) enum Op<'a> {
     Acquire(&'a str),
     Release(&'a str),
-    Configure { parallel: usize, queue: usize },
+    Configure {
+        parallel: usize,
+        queue: usize,
+    },
     /// This replica's leases of the key: (id, is it held here).
     Renew(&'a [(String, bool)]),
 }

@@ -183,7 +183,9 @@ mod tests {
 
     #[test]
     fn defaults_are_valid_and_every_problem_is_reported() {
-        Settings::new("redis://127.0.0.1:6379/0").validate().unwrap();
+        Settings::new("redis://127.0.0.1:6379/0")
+            .validate()
+            .unwrap();
         let mut bad = Settings::new("http://nope");
         bad.key_prefix = "a{b".into();
         bad.lease_ttl = Duration::from_millis(100);

@@ -145,7 +145,9 @@ impl Store {
         if result.is_ok() {
             stats.round_trips.fetch_add(1, Ordering::Relaxed);
             stats.round_trip_micros.fetch_add(micros, Ordering::Relaxed);
-            stats.last_round_trip_micros.store(micros, Ordering::Relaxed);
+            stats
+                .last_round_trip_micros
+                .store(micros, Ordering::Relaxed);
         } else {
             stats.errors.fetch_add(1, Ordering::Relaxed);
         }

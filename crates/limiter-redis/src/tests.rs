@@ -36,9 +36,14 @@ fn connect(url: &str) -> redis::Client {
 
 #[derive(Debug, Clone)]
 enum Action {
-    Acquire { mortal: bool },
+    Acquire {
+        mortal: bool,
+    },
     Release(Index),
-    Configure { parallel: usize, queue: usize },
+    Configure {
+        parallel: usize,
+        queue: usize,
+    },
     /// Renew some live leases, all claimed as waiters (a replica that missed grant messages).
     RenewAsWaiters(Vec<Index>),
     /// Redis loses every key of this limiter key, then the replica renews all its leases.
@@ -148,7 +153,8 @@ fn run(
         let defaults = (model.parallel, model.queue);
         let call = |op: Op<'_>| {
             let mut conn = conn.clone();
-            rt.block_on(script::call(&mut conn, names, defaults, &op)).unwrap()
+            rt.block_on(script::call(&mut conn, names, defaults, &op))
+                .unwrap()
         };
         match action {
             Action::Acquire { mortal } => {
@@ -217,8 +223,12 @@ fn run(
             }
             Action::LoseDataAndRenew => {
                 let keys = names.keys().to_vec();
-                rt.block_on(redis::cmd("DEL").arg(&keys).query_async::<()>(&mut conn.clone()))
-                    .unwrap();
+                rt.block_on(
+                    redis::cmd("DEL")
+                        .arg(&keys)
+                        .query_async::<()>(&mut conn.clone()),
+                )
+                .unwrap();
                 let mut ids: Vec<(String, bool)> =
                     model.holders.iter().map(|l| (l.id.clone(), true)).collect();
                 ids.extend(model.waiters.iter().map(|l| (l.id.clone(), false)));
