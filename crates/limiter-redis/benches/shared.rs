@@ -80,7 +80,8 @@ fn benches(c: &mut Criterion) {
     let local: Arc<dyn Admission> = Arc::new(Limiter::<String, String>::new());
     local.configure(HOST, MODEL, 4, 64);
     group.bench_function("local limiter", |b| {
-        b.to_async(&rt).iter(|| contended(std::slice::from_ref(&local)));
+        b.to_async(&rt)
+            .iter(|| contended(std::slice::from_ref(&local)));
     });
     let one = redis_limiter(&rt, &format!("{prefix}-one"));
     one.configure(HOST, MODEL, 4, 64);
@@ -91,7 +92,8 @@ fn benches(c: &mut Criterion) {
     two[0].configure(HOST, MODEL, 4, 64);
     rt.block_on(async { tokio::time::sleep(Duration::from_millis(100)).await });
     group.bench_function("redis, 1 replica", |b| {
-        b.to_async(&rt).iter(|| contended(std::slice::from_ref(&one)));
+        b.to_async(&rt)
+            .iter(|| contended(std::slice::from_ref(&one)));
     });
     group.bench_function("redis, 2 replicas", |b| {
         b.to_async(&rt).iter(|| contended(&two));
