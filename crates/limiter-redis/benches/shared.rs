@@ -25,7 +25,7 @@ fn redis_limiter(rt: &tokio::runtime::Runtime, prefix: &str) -> Arc<dyn Admissio
     let url = std::env::var("SLOTGATE_TEST_REDIS_URL")
         .unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
     let mut settings = Settings::new(url);
-    settings.key_prefix = prefix.to_owned();
+    prefix.clone_into(&mut settings.key_prefix);
     let _guard = rt.enter();
     Arc::new(RedisLimiter::start(settings).expect("valid settings"))
 }
