@@ -28,6 +28,7 @@ use slotgate_config::{Config, ModelLimits};
 use slotgate_limiter::Limiter;
 
 use crate::metrics::{Metrics, RejectionMetrics};
+use crate::proxy::endpoint::Endpoint;
 use crate::upstreams::auto_slots::AutoSlots;
 use crate::upstreams::residency;
 use crate::upstreams::state::Upstreams;
@@ -125,6 +126,7 @@ impl Routes {
                     parallel,
                     queue_timeout,
                     weight: upstream.weight,
+                    model_management: upstream.allow_model_management,
                     cancel_grace: upstream.cancel_grace,
                     hold: previous.map_or_else(Arc::default, |p| Arc::clone(&p.hold)),
                     metrics: Arc::new(metrics.target(&upstream.name, model)),
@@ -163,6 +165,21 @@ impl Routes {
     /// The route for a client-supplied model name (a model or an alias).
     pub(crate) fn resolve(&self, name: &str) -> Option<&Arc<Route>> {
         self.by_name.get(name)
+    }
+
+    /// The route for a request that names no model, on an endpoint that allows that: the only
+    /// model configured on upstreams of a kind that serves `endpoint` (a single-model
+    /// `llama-server` answers with whatever it has loaded). `None` when there are none or
+    /// several.
+    pub(crate) fn only_model(&self, endpoint: &Endpoint) -> Option<&Arc<Route>> {
+        let mut serving = self.routes().filter(|route| {
+            route
+                .targets
+                .iter()
+                .any(|t| endpoint.is_served_by(t.upstream.kind))
+        });
+        let only = serving.next()?;
+        serving.next().is_none().then_some(only)
     }
 
     /// Every name a client may use, sorted: configured models and aliases.

@@ -40,6 +40,9 @@ pub(crate) struct Target {
     pub(crate) queue_timeout: Option<Duration>,
     /// The operator's preference.
     pub(crate) weight: f64,
+    /// The upstream's `allow_model_management`: whether Ollama's disk-changing routes may go
+    /// there.
+    pub(crate) model_management: bool,
     /// The upstream's `cancel_grace`: how long a slot stays taken after its client left before
     /// the response head came (`proxy::admit::Sending`).
     pub(crate) cancel_grace: Duration,
