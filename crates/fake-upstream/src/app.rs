@@ -10,103 +10,39 @@
 //!    time or as an SSE stream paced token by token.
 //!
 //! Everything else (probes, listings, residency endpoints) goes to the kind's own `route`.
+//!
+//! This module is the top of the request path: it uses the kinds (`kinds/*`), and they use only
+//! what sits below both (the server state in `state.rs`, the answer builders in `reply.rs`).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
 use http::header::{CONTENT_TYPE, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use parking_lot::Mutex;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::body::{Emit, ResponseBody};
-use crate::config::{FakeConfig, Kind, Pacing};
+use crate::config::Kind;
 use crate::control::{Overrides, Plan, headers};
 use crate::failure::{Failure, FailurePlan};
 use crate::kinds::{self, llama, ollama, vllm};
-use crate::models::{Model, Registry, Residency};
-use crate::observer::{ConnectionState, Observer, Outcome, Tracker};
+use crate::models::Model;
+use crate::observer::{ConnectionState, Outcome, Tracker};
 use crate::openai::{self, Answer, Endpoint, InferenceRequest};
-use crate::slots::{CollapseSignal, Lease, QueueBound, SlotPool};
+use crate::reply::{MAX_BODY, Refusal, finish, json_response, stream_response};
+use crate::slots::{CollapseSignal, Lease, SlotPool};
 use crate::sse;
-
-/// Request bodies larger than this are refused; no test needs more.
-const MAX_BODY: usize = 16 * 1024 * 1024;
-
-/// The defaults that can change while the server runs.
-#[derive(Clone, Debug)]
-pub(crate) struct Behaviour {
-    pub(crate) tokens: u32,
-    pub(crate) pacing: Pacing,
-    pub(crate) failures: Vec<Failure>,
-}
-
-/// The state of one fake server.
-#[derive(Debug)]
-pub(crate) struct App {
-    pub(crate) config: FakeConfig,
-    pub(crate) observer: Observer,
-    pub(crate) registry: Registry,
-    pub(crate) queue_bound: QueueBound,
-    pub(crate) behaviour: Mutex<Behaviour>,
-    /// When the server is ready (llama-server stops answering "Loading model").
-    pub(crate) ready_at: Instant,
-    /// Process start, for `created` and `Process-Start-Time-Unix`.
-    pub(crate) started_unix: u64,
-    /// Set by `FakeUpstream::set_healthy(false)`.
-    pub(crate) unhealthy: AtomicBool,
-    answer_ids: AtomicU64,
-}
-
-/// A refusal before any slot is taken: status, message, and the `param` vLLM names.
-#[derive(Debug)]
-pub(crate) struct Refusal {
-    pub(crate) status: u16,
-    pub(crate) message: String,
-    pub(crate) param: Option<&'static str>,
-}
-
-impl Refusal {
-    pub(crate) fn new(status: u16, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            message: message.into(),
-            param: None,
-        }
-    }
-}
+use crate::state::App;
 
 impl App {
-    pub(crate) fn new(config: FakeConfig, observer: Observer) -> Self {
-        Self {
-            registry: Registry::new(&config),
-            queue_bound: QueueBound::new(config.max_queue),
-            behaviour: Mutex::new(Behaviour {
-                tokens: config.tokens,
-                pacing: config.pacing,
-                failures: config.failures.clone(),
-            }),
-            ready_at: Instant::now() + config.startup_delay,
-            started_unix: openai::unix_now(),
-            unhealthy: AtomicBool::new(false),
-            answer_ids: AtomicU64::new(0),
-            observer,
-            config,
-        }
-    }
-
-    pub(crate) fn kind(&self) -> Kind {
-        self.config.kind
-    }
-
     /// Serves one request. Never fails: every problem is an HTTP answer.
     pub(crate) async fn handle(
         self: Arc<Self>,
@@ -149,11 +85,7 @@ impl App {
                 return self.inference(endpoint, req, tracker).await;
             }
         }
-        let (response, outcome) = match kind {
-            Kind::LlamaServer => llama::route(self, req).await,
-            Kind::Vllm => vllm::route(self, &req),
-            Kind::Ollama => ollama::route(self, &req),
-        };
+        let (response, outcome) = kinds::route(self, req).await;
         finish(tracker, response, outcome)
     }
 
@@ -266,18 +198,6 @@ impl App {
                 })
             }
         }
-    }
-
-    /// A router model by name: unknown → 400, not running with autoload off → 400.
-    pub(crate) fn router_model(&self, name: &str) -> Result<Arc<Model>, Refusal> {
-        let model = self
-            .registry
-            .get(name)
-            .ok_or_else(|| Refusal::new(400, format!("model '{name}' not found")))?;
-        if !self.config.autoload && model.residency() == Residency::Unloaded {
-            return Err(Refusal::new(400, "model is not loaded"));
-        }
-        Ok(Arc::clone(model))
     }
 
     /// The kind's 400 for a prompt that does not fit the context.
@@ -439,11 +359,11 @@ impl App {
             futures::stream::unfold(script, Script::next).boxed(),
             tracker,
         );
-        event_stream_response(body)
+        stream_response("text/event-stream", body)
     }
 
     fn answer_id(&self, endpoint: Endpoint) -> String {
-        let n = self.answer_ids.fetch_add(1, Ordering::Relaxed);
+        let n = self.next_answer_number();
         match endpoint {
             Endpoint::Chat => format!("chatcmpl-fake{n}"),
             Endpoint::Completions => format!("cmpl-fake{n}"),
@@ -573,68 +493,4 @@ fn truncated_json(body: &Value, n: u32, mut tracker: Tracker) -> Response<Respon
 /// real server that dies after N chunks has written them out first.
 async fn before_abort() {
     tokio::time::sleep(Duration::from_millis(20)).await;
-}
-
-/// Records the status and outcome, then hands the response on.
-pub(crate) fn finish(
-    mut tracker: Tracker,
-    response: Response<ResponseBody>,
-    outcome: Outcome,
-) -> Response<ResponseBody> {
-    tracker.status(response.status().as_u16());
-    tracker.finish(outcome);
-    response
-}
-
-/// A JSON response.
-pub(crate) fn json_response(status: u16, body: &Value) -> Response<ResponseBody> {
-    let bytes = serde_json::to_vec(body).expect("a Value always serialises");
-    response(status, "application/json", bytes)
-}
-
-/// A response with a body of the given type.
-pub(crate) fn response(
-    status: u16,
-    content_type: &'static str,
-    body: impl Into<Bytes>,
-) -> Response<ResponseBody> {
-    let mut response = Response::new(ResponseBody::full(body));
-    *response.status_mut() =
-        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-    response
-}
-
-fn event_stream_response(body: ResponseBody) -> Response<ResponseBody> {
-    let mut response = Response::new(body);
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    headers.insert(
-        http::header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache"),
-    );
-    response
-}
-
-/// The `?name=value` pairs of a request, decoded.
-pub(crate) fn query_param(req: &Request<Incoming>, name: &str) -> Option<String> {
-    let query = req.uri().query()?;
-    form_urlencoded::parse(query.as_bytes())
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.into_owned())
-}
-
-/// A JSON body of a small POST (router `/models/load`), or `Value::Null` if unreadable.
-pub(crate) async fn read_json(req: Request<Incoming>) -> Value {
-    match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(body) => serde_json::from_slice(&body.to_bytes()).unwrap_or(Value::Null),
-        Err(_) => Value::Null,
-    }
-}
-
-/// `{"success":true}`, the router's answer to a load or unload.
-pub(crate) fn success() -> Value {
-    json!({"success": true})
 }

@@ -86,6 +86,9 @@
 //!   the version cited in PROTOCOLS.md lets requests for a loaded model skip that queue, so the
 //!   503 may never trigger there.
 
+// The modules form a straight stack, each using only those listed before it:
+// failure, config, control, slots, observer, body, sse, openai, models, reply, state, kinds,
+// app, server.
 mod app;
 mod body;
 mod config;
@@ -95,9 +98,11 @@ mod kinds;
 mod models;
 mod observer;
 mod openai;
+mod reply;
 mod server;
 mod slots;
 pub mod sse;
+mod state;
 
 pub use crate::config::{FakeConfig, Kind, ModelSpec, Pacing, UnknownKind};
 pub use crate::control::headers;

@@ -28,10 +28,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
-use crate::app::App;
 use crate::config::{FakeConfig, Kind, Pacing};
 use crate::failure::Failure;
 use crate::observer::{ConnectionState, Observer};
+use crate::state::App;
 
 /// Why a fake upstream could not start.
 #[derive(Debug, thiserror::Error)]

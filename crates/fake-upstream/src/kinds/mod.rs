@@ -1,14 +1,28 @@
 //! What differs between the servers: error envelopes, how an error travels inside a stream, and
 //! each kind's own endpoints (probes, listings, residency, metrics). Inference itself is shared
-//! (`app.rs`).
+//! (`app.rs`, which sits above this module).
 
 pub(crate) mod llama;
 pub(crate) mod ollama;
 pub(crate) mod vllm;
 
+use http::{Request, Response};
+use hyper::body::Incoming;
 use serde_json::Value;
 
+use crate::body::ResponseBody;
 use crate::config::Kind;
+use crate::observer::Outcome;
+use crate::state::App;
+
+/// A kind's own endpoints: probes, listings, residency, metrics, and its 404.
+pub(crate) async fn route(app: &App, req: Request<Incoming>) -> (Response<ResponseBody>, Outcome) {
+    match app.kind() {
+        Kind::LlamaServer => llama::route(app, req).await,
+        Kind::Vllm => vllm::route(app, &req),
+        Kind::Ollama => ollama::route(app, &req),
+    }
+}
 
 /// The kind's error envelope for an OpenAI-compatible path.
 pub(crate) fn error_json(kind: Kind, status: u16, message: &str, param: Option<&str>) -> Value {
@@ -26,12 +40,4 @@ pub(crate) fn error_json(kind: Kind, status: u16, message: &str, param: Option<&
 /// sends its `/v1` envelope and ends, like llama-server.
 pub(crate) fn stream_error(kind: Kind, status: u16, message: &str) -> (Value, bool) {
     (error_json(kind, status, message, None), kind == Kind::Vllm)
-}
-
-/// A stable fake digest for a model name.
-pub(crate) fn digest(name: &str) -> String {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    name.hash(&mut hasher);
-    format!("{:016x}", hasher.finish()).repeat(4)
 }

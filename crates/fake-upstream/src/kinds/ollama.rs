@@ -9,11 +9,11 @@ use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 
-use crate::app::{App, json_response, response};
 use crate::body::ResponseBody;
-use crate::kinds::digest;
 use crate::models::Model;
 use crate::observer::Outcome;
+use crate::reply::{json_response, response};
+use crate::state::App;
 
 /// `ErrMaxQueue`, two spaces and all.
 pub(crate) const SERVER_BUSY: &str =
@@ -149,4 +149,12 @@ fn openai_models(app: &App) -> Value {
         .map(|m| openai_model(app, m))
         .collect();
     json!({"object": "list", "data": data})
+}
+
+/// A stable fake digest for a model name.
+fn digest(name: &str) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut hasher);
+    format!("{:016x}", hasher.finish()).repeat(4)
 }

@@ -9,9 +9,10 @@ use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 
-use crate::app::{App, json_response, response};
 use crate::body::ResponseBody;
 use crate::observer::Outcome;
+use crate::reply::{json_response, response};
+use crate::state::App;
 
 /// vLLM's error `type` for a status: the name of the Python exception.
 fn error_type(status: u16) -> &'static str {
