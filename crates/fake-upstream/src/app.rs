@@ -35,7 +35,7 @@ use crate::control::{Overrides, Plan, headers};
 use crate::failure::{Failure, FailurePlan};
 use crate::kinds::{self, llama, ollama, vllm};
 use crate::models::Model;
-use crate::observer::{ConnectionState, Outcome, Tracker};
+use crate::observer::{ConnectionState, Fate, Outcome, Tracker};
 use crate::openai::{self, Answer, Endpoint, InferenceRequest};
 use crate::reply::{MAX_BODY, Refusal, finish, json_response, stream_response};
 use crate::slots::{CollapseSignal, Lease, SlotPool};
@@ -266,8 +266,15 @@ impl App {
         if let Some(delay) = failures.slow_first_byte {
             tokio::time::sleep(delay).await;
         }
+        if failures.reset_before_head {
+            return doom(tracker, Fate::Reset, Failure::ResetBeforeHead).await;
+        }
+        if failures.garbage {
+            return doom(tracker, Fate::Garbage, Failure::Garbage).await;
+        }
         if let Some(status) = failures.status {
-            let response = self.error(status, &format!("injected failure: status {status}"), None);
+            let message = kinds::injected_status_message(self.kind(), status);
+            let response = self.error(status, &message, None);
             return finish(
                 tracker,
                 response,
@@ -287,8 +294,12 @@ impl App {
         }
 
         let plan = generation.answer.plan;
+        if failures.stall_after.is_some() {
+            return stalled_json(tracker);
+        }
+        let prefill = failures.first_token_delay.unwrap_or_default();
         tokio::select! {
-            () = tokio::time::sleep(plan.total()) => {}
+            () = tokio::time::sleep(prefill + plan.total()) => {}
             () = generation.signal.collapsed() => {
                 return finish(tracker, self.collapse_error(), Outcome::Failed(500));
             }
@@ -311,7 +322,12 @@ impl App {
             _ => generation.answer.full(),
         };
         if let Some(n) = failures.die_after {
-            return truncated_json(&body, n, tracker);
+            let outcome = Outcome::Injected(Failure::DieAfterChunks(n));
+            return truncated_json(&body, Emit::Abort(outcome), tracker);
+        }
+        if let Some(n) = failures.reset_after {
+            let outcome = Outcome::Injected(Failure::ResetAfterChunks(n));
+            return truncated_json(&body, Emit::Reset(outcome), tracker);
         }
         finish(tracker, json_response(200, &body), Outcome::Completed)
     }
@@ -344,6 +360,11 @@ impl App {
                 .map(|chunk| (Duration::ZERO, sse::event(chunk))),
         );
         events.push_back((Duration::ZERO, Bytes::from_static(sse::DONE)));
+        if let (Some(delay), Some((gap, _))) = (plan.failures.first_token_delay, events.front_mut())
+        {
+            // The head goes out now; the first event waits for the "prefill".
+            *gap += delay;
+        }
 
         let script = Script {
             kind: self.kind(),
@@ -427,6 +448,16 @@ impl Script {
         if self.done {
             return None;
         }
+        if self.failures.stall_after == Some(self.sent) {
+            // Silence with the slot and the connection held, until the client gives up.
+            std::future::pending::<()>().await;
+        }
+        if self.failures.reset_after == Some(self.sent) {
+            self.done = true;
+            before_abort().await;
+            let failure = Failure::ResetAfterChunks(self.sent);
+            return Some((Emit::Reset(Outcome::Injected(failure)), self));
+        }
         if self.failures.die_after == Some(self.sent) {
             self.done = true;
             before_abort().await;
@@ -469,23 +500,45 @@ impl Script {
     }
 }
 
-/// A non-streaming answer cut in half: headers and half the JSON, then an abort.
-fn truncated_json(body: &Value, n: u32, mut tracker: Tracker) -> Response<ResponseBody> {
+/// A non-streaming answer cut in half: headers and half the JSON, then `end` (an abort or a
+/// reset).
+fn truncated_json(body: &Value, end: Emit, mut tracker: Tracker) -> Response<ResponseBody> {
     let bytes = serde_json::to_vec(body).expect("a Value always serialises");
     let half = bytes.len() / 2;
     let half = Bytes::from(bytes).slice(..half);
     tracker.status(200);
-    let abort = async move {
+    let end = async move {
         before_abort().await;
-        Emit::Abort(Outcome::Injected(Failure::DieAfterChunks(n)))
+        end
     };
-    let emits = futures::stream::iter([Emit::Raw(half)]).chain(futures::stream::once(abort));
-    let body = ResponseBody::stream(emits.boxed(), tracker);
+    let emits = futures::stream::iter([Emit::Raw(half)]).chain(futures::stream::once(end));
+    json_stream(ResponseBody::stream(emits.boxed(), tracker))
+}
+
+/// A non-streaming answer that sends its head and then nothing, holding the slot.
+fn stalled_json(mut tracker: Tracker) -> Response<ResponseBody> {
+    tracker.status(200);
+    json_stream(ResponseBody::stream(
+        futures::stream::pending().boxed(),
+        tracker,
+    ))
+}
+
+fn json_stream(body: ResponseBody) -> Response<ResponseBody> {
     let mut response = Response::new(body);
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
+}
+
+/// Ends the request with `failure` and dooms its connection to `fate`. Never returns: the
+/// connection task drops this future with the connection.
+async fn doom(mut tracker: Tracker, fate: Fate, failure: Failure) -> Response<ResponseBody> {
+    let connection = Arc::clone(tracker.connection());
+    tracker.finish(Outcome::Injected(failure));
+    connection.doom(fate);
+    std::future::pending().await
 }
 
 /// A pause before an injected abort. hyper drops whatever it still buffers when a body fails, so

@@ -59,14 +59,36 @@
 //!
 //! Failures ([`Failure`]), applied once the request holds a slot:
 //! - `status-<code>`: answer at once with that status in the kind's error envelope;
-//! - `hang`: hold the slot and never answer;
+//! - `hang`: hold the slot and never answer (no response head);
 //! - `die-after-chunks=N`: send N SSE events (the chat role chunk and `[DONE]` count), then abort
 //!   the connection without the terminating chunk; a non-streaming answer is cut half-way;
 //! - `error-after-chunks=N`: send N events, then the kind's in-stream error event;
-//! - `slow-first-byte-ms=N`: wait N ms before the response headers.
+//! - `slow-first-byte-ms=N`: wait N ms before the response headers;
+//! - `stall-after-chunks=N`: send the head and N events, then nothing, with the slot and the
+//!   connection held until the client leaves (non-streaming: the head only);
+//! - `reset-after-chunks=N`: send N events (non-streaming: the head and half the body), then
+//!   close the connection with a TCP reset (`SO_LINGER` 0);
+//! - `reset-before-head`: reset the connection before any byte of the response;
+//! - `garbage`: write [`GARBAGE`] (not HTTP) instead of a response, then close;
+//! - `first-token-delay-ms=N`: a stream sends its head at once and its first event N ms later
+//!   (a prefill, for time-to-first-token); a non-streaming answer comes N ms later.
+//!
+//! `status-<code>` uses the kind's envelope; where the engine has its own words for the status
+//! they are used (llama-server 503: `Loading model`, exactly the body it sends while loading;
+//! Ollama 503: its queue-full `server busy`). Engines do not send 502 or 504 themselves (a proxy
+//! in front of them does); the fake sends them in the kind's envelope anyway.
 //!
 //! A non-streaming request holds its slot for the whole generation time (embeddings too) and then
 //! answers; a streaming one holds it until its last event is sent.
+//!
+//! # What the observer sees
+//!
+//! Per request ([`RequestRecord`]): arrival, slot start, end, [`Outcome`] (a client that left
+//! is [`Outcome::ClientGoneWhileQueued`] or [`Outcome::ClientGoneMidResponse`]), status,
+//! events sent, its connection and when that connection closed
+//! ([`Observer::wait_for_connection_closed`]). Counters ([`Snapshot`]): requests in flight and
+//! queued with their peak, per model and in total, and connections open and accepted
+//! ([`Observer::wait_for_open_connections`]).
 //!
 //! # Server-level switches
 //!
@@ -106,6 +128,6 @@ mod state;
 
 pub use crate::config::{FakeConfig, Kind, ModelSpec, Pacing, UnknownKind};
 pub use crate::control::headers;
-pub use crate::failure::{BadFailureSpec, Failure, parse_failures};
+pub use crate::failure::{BadFailureSpec, Failure, GARBAGE, parse_failures};
 pub use crate::observer::{ModelCounts, Observer, Outcome, RequestRecord, Snapshot, WaitTimeout};
 pub use crate::server::{FakeUpstream, StartError};

@@ -12,17 +12,21 @@
 //! [`Lease`], and on every path it updates the counters *before* it frees the slot, so the next
 //! waiter can never be counted while this request still is (the peak never over-counts).
 //!
+//! Connections are counted too (open now, accepted so far), and every record names its
+//! connection and when that connection closed, so a test can see that a client (the gateway)
+//! let go of the engine's connection, not only of the request.
+//!
 //! Waiters use a `watch` channel bumped on every change: subscribe, check, await a change, check
 //! again. No change can slip between the check and the wait.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::failure::Failure;
@@ -79,8 +83,13 @@ pub struct RequestRecord {
     pub outcome: Option<Outcome>,
     /// The response status, once headers went out.
     pub status: Option<u16>,
-    /// SSE events (`data: ...`) sent so far, `[DONE]` included.
+    /// SSE events (`data: ...`) sent so far, `[DONE]` included (NDJSON lines for Ollama's
+    /// native API).
     pub events_sent: usize,
+    /// The connection it came on: a number unique to this fake, counted from 1.
+    pub connection: u64,
+    /// When that connection closed (either side); `None` while it is open.
+    pub connection_closed_at: Option<Instant>,
 }
 
 impl RequestRecord {
@@ -135,6 +144,10 @@ pub struct Snapshot {
     pub ended: usize,
     /// The same counters per served model.
     pub models: BTreeMap<String, ModelCounts>,
+    /// Connections open now.
+    pub connections_open: usize,
+    /// Connections accepted since start.
+    pub connections_accepted: usize,
 }
 
 impl Snapshot {
@@ -340,6 +353,39 @@ impl Observer {
         .await
     }
 
+    /// Waits until exactly `n` connections are open.
+    pub async fn wait_for_open_connections(
+        &self,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<(), WaitTimeout> {
+        self.wait_until(&format!("connections_open == {n}"), timeout, |s| {
+            s.connections_open == n
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Waits until the connection that carried the request with this id has closed, and returns
+    /// the request's record: proof that the client (the gateway) let go of the engine's
+    /// connection.
+    pub async fn wait_for_connection_closed(
+        &self,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<RequestRecord, WaitTimeout> {
+        let what = format!("the connection of request {id:?} to close");
+        self.wait_for(&what, timeout, |state| {
+            state
+                .records
+                .iter()
+                .rev()
+                .find(|r| r.id == id && r.connection_closed_at.is_some())
+                .cloned()
+        })
+        .await
+    }
+
     async fn wait_for<T>(
         &self,
         what: &str,
@@ -370,6 +416,34 @@ impl Observer {
 
     // === the fake's side ===
 
+    /// Counts a new connection and returns its state.
+    pub(crate) fn connection_opened(&self) -> Arc<ConnectionState> {
+        let mut state = self.inner.state.lock();
+        state.counts.connections_accepted += 1;
+        state.counts.connections_open += 1;
+        let id = state.counts.connections_accepted as u64;
+        drop(state);
+        self.notify();
+        Arc::new(ConnectionState {
+            id,
+            ..ConnectionState::default()
+        })
+    }
+
+    /// Counts a connection as closed and stamps the records of its requests.
+    pub(crate) fn connection_closed(&self, connection: &ConnectionState) {
+        let mut state = self.inner.state.lock();
+        state.counts.connections_open -= 1;
+        let now = Instant::now();
+        for record in state.records.iter_mut().rev() {
+            if record.connection == connection.id && record.connection_closed_at.is_none() {
+                record.connection_closed_at = Some(now);
+            }
+        }
+        drop(state);
+        self.notify();
+    }
+
     /// Starts recording a request.
     pub(crate) fn track(
         &self,
@@ -399,6 +473,8 @@ impl Observer {
             outcome: None,
             status: None,
             events_sent: 0,
+            connection: connection.id,
+            connection_closed_at: None,
         });
         drop(state);
         self.notify();
@@ -433,12 +509,51 @@ impl Observer {
     }
 }
 
-/// Per-connection state the trackers consult when they are dropped.
+/// Per-connection state: what the trackers consult when they are dropped, and how a request
+/// asks the server to end its connection abnormally (an injected reset or garbage).
 #[derive(Debug, Default)]
 pub(crate) struct ConnectionState {
+    /// The observer's number for it (0 outside a server, in unit tests).
+    pub(crate) id: u64,
     /// Set by the server right before it cuts the connection, so requests dropped with it are
     /// recorded as [`Outcome::ServerDropped`] rather than as the client leaving.
     pub(crate) killed: AtomicBool,
+    /// The [`Fate`] a request asked for, as its `u8`.
+    fate: AtomicU8,
+    doomed: Notify,
+}
+
+/// How a request asks its connection to end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fate {
+    /// Close with a TCP reset (`SO_LINGER` 0).
+    Reset = 1,
+    /// Write bytes that are not HTTP, then close.
+    Garbage = 2,
+}
+
+impl ConnectionState {
+    /// Asks the server to end this connection this way; the first request to ask wins.
+    pub(crate) fn doom(&self, fate: Fate) {
+        let _ = self
+            .fate
+            .compare_exchange(0, fate as u8, Ordering::AcqRel, Ordering::Acquire);
+        self.doomed.notify_one();
+    }
+
+    /// The fate asked for, if any.
+    pub(crate) fn fate(&self) -> Option<Fate> {
+        match self.fate.load(Ordering::Acquire) {
+            1 => Some(Fate::Reset),
+            2 => Some(Fate::Garbage),
+            _ => None,
+        }
+    }
+
+    /// Resolves once a request has asked for a fate.
+    pub(crate) async fn doomed(&self) {
+        self.doomed.notified().await;
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -474,6 +589,11 @@ impl Tracker {
     /// The request id.
     pub(crate) fn id(&self) -> &str {
         &self.id
+    }
+
+    /// The connection the request came on.
+    pub(crate) fn connection(&self) -> &Arc<ConnectionState> {
+        &self.connection
     }
 
     /// Records what the body asked for.

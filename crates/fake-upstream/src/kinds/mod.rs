@@ -33,6 +33,18 @@ pub(crate) fn error_json(kind: Kind, status: u16, message: &str, param: Option<&
     }
 }
 
+/// The message of an injected `status-<code>` answer: a kind's own words where the engine has
+/// them for that status (llama-server's 503 is its "Loading model"; Ollama's is its queue-full
+/// "server busy"), a plain note otherwise. Engines do not answer 502 or 504 themselves (a proxy
+/// in front of them does); the fake still uses the kind's envelope for them.
+pub(crate) fn injected_status_message(kind: Kind, status: u16) -> String {
+    match (kind, status) {
+        (Kind::LlamaServer, 503) => "Loading model".to_owned(),
+        (Kind::Ollama, 503) => ollama::SERVER_BUSY.to_owned(),
+        _ => format!("injected failure: status {status}"),
+    }
+}
+
 /// The error event a kind sends inside a stream, and whether `[DONE]` still follows it.
 ///
 /// llama-server ends the stream right after the error (no `[DONE]`); vLLM sends `[DONE]` after

@@ -3,6 +3,7 @@
 //! slows these tests down but does not make them fail.
 
 mod failures;
+mod faults;
 mod layering;
 mod llama;
 mod observer;
