@@ -143,7 +143,14 @@ impl App {
         if let Some(response) = self.check_context(endpoint, plan.prompt_tokens) {
             return finish(tracker, response, Outcome::Rejected(400));
         }
-        let lease = match self.admit(&model, &mut tracker, plan.prompt_tokens).await {
+        let sequences = match self.sequences(&request, endpoint) {
+            Ok(sequences) => sequences,
+            Err(refusal) => return self.reject(tracker, &refusal),
+        };
+        let lease = match self
+            .admit(&model, &mut tracker, plan.prompt_tokens, sequences)
+            .await
+        {
             Ok(lease) => lease,
             Err(refusal) => return self.reject(tracker, &refusal),
         };
@@ -160,6 +167,7 @@ impl App {
             model: request.model.as_deref().unwrap_or(&model.name),
             plan: &plan,
             include_usage: request.include_usage(),
+            choices: u32::try_from(sequences).unwrap_or(1),
         };
         let generation = Generation {
             answer,
@@ -234,9 +242,10 @@ impl App {
         model: &Arc<Model>,
         tracker: &mut Tracker,
         prompt_tokens: u32,
+        sequences: usize,
     ) -> Result<Lease, Refusal> {
         if model.is_loaded()
-            && let Some(lease) = model.pool.try_acquire(prompt_tokens)
+            && let Some(lease) = model.pool.try_acquire(prompt_tokens, sequences)
         {
             return Ok(lease);
         }
@@ -251,7 +260,24 @@ impl App {
         };
         tracker.queued();
         self.registry.ensure_loaded(model).await;
-        Ok(model.pool.acquire(prompt_tokens).await)
+        Ok(model.pool.acquire(prompt_tokens, sequences).await)
+    }
+
+    /// The sequences (engine slots) a request runs: `n` choices (chat), `max(n, best_of)`
+    /// (completions), each in its own slot (real-engine-notes: llama-server showed
+    /// `requests_processing 2` for one `"n":2` request). llama-server refuses more than its slots
+    /// with 400; vLLM takes every slot; Ollama ignores `n` and runs one.
+    fn sequences(&self, request: &InferenceRequest, endpoint: Endpoint) -> Result<usize, Refusal> {
+        let n = request.sequences(endpoint);
+        let parallel = self.config.parallel;
+        match self.kind() {
+            Kind::Ollama => Ok(1),
+            Kind::LlamaServer if n as usize > parallel => Err(Refusal::new(
+                400,
+                format!("Field 'n': Value must be between 1 <= value <= {parallel}, but got {n}"),
+            )),
+            Kind::LlamaServer | Kind::Vllm => Ok((n as usize).min(parallel)),
+        }
     }
 
     // === answering ===
@@ -332,34 +358,26 @@ impl App {
         finish(tracker, json_response(200, &body), Outcome::Completed)
     }
 
-    /// The SSE answer: the role chunk at once, one chunk per token `interval` apart, the closing
-    /// chunks, `[DONE]`; with the injected failures and the collapse applied on the way.
+    /// A streamed answer: its steps, each paced token `interval` apart (the first after the
+    /// injected first-token delay), with the injected failures and the collapse applied on the
+    /// way.
     fn stream(&self, generation: Generation<'_>, mut tracker: Tracker) -> Response<ResponseBody> {
         let answer = &generation.answer;
         let plan = answer.plan;
         // Counted up front: the stream owns no pool handle, and the figure is only a metric.
-        generation.pool.add_predicted(plan.tokens);
-        let content = answer.content_chunks();
-        let first_token = usize::from(answer.endpoint == Endpoint::Chat);
-        let mut events: VecDeque<(Duration, Bytes)> = content
-            .iter()
-            .enumerate()
-            .map(|(i, chunk)| {
-                let gap = if i < first_token {
-                    Duration::ZERO
-                } else {
+        generation.pool.add_predicted(answer.completion_tokens());
+        let (steps, content_type) = (answer.steps(), "text/event-stream");
+        let mut events: VecDeque<(Duration, Bytes)> = steps
+            .into_iter()
+            .map(|step| {
+                let gap = if step.paced {
                     plan.interval
+                } else {
+                    Duration::ZERO
                 };
-                (gap, sse::event(chunk))
+                (gap, step.bytes)
             })
             .collect();
-        events.extend(
-            answer
-                .closing_chunks()
-                .iter()
-                .map(|chunk| (Duration::ZERO, sse::event(chunk))),
-        );
-        events.push_back((Duration::ZERO, Bytes::from_static(sse::DONE)));
         if let (Some(delay), Some((gap, _))) = (plan.failures.first_token_delay, events.front_mut())
         {
             // The head goes out now; the first event waits for the "prefill".
@@ -380,7 +398,7 @@ impl App {
             futures::stream::unfold(script, Script::next).boxed(),
             tracker,
         );
-        stream_response("text/event-stream", body)
+        stream_response(content_type, body)
     }
 
     fn answer_id(&self, endpoint: Endpoint) -> String {

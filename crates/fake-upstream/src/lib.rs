@@ -78,6 +78,10 @@
 //! Ollama 503: its queue-full `server busy`). Engines do not send 502 or 504 themselves (a proxy
 //! in front of them does); the fake sends them in the kind's envelope anyway.
 //!
+//! A request runs one sequence per choice: `n` (chat), `max(n, best_of)` (completions), each in
+//! its own slot, taken together and in FIFO order; llama-server refuses `n` above its slots with
+//! 400 (as measured on a real one), vLLM caps it at `max_num_seqs`, Ollama ignores `n`.
+//!
 //! A non-streaming request holds its slot for the whole generation time (embeddings too) and then
 //! answers; a streaming one holds it until its last event is sent.
 //!
@@ -85,9 +89,11 @@
 //!
 //! Per request ([`RequestRecord`]): arrival, slot start, end, [`Outcome`] (a client that left
 //! is [`Outcome::ClientGoneWhileQueued`] or [`Outcome::ClientGoneMidResponse`]), status,
-//! events sent, its connection and when that connection closed
+//! events sent, the slots it held (`weight`), its connection and when that connection closed
 //! ([`Observer::wait_for_connection_closed`]). Counters ([`Snapshot`]): requests in flight and
-//! queued with their peak, per model and in total, and connections open and accepted
+//! queued with their peak, sequences in flight (engine slots in use) with their peak, per model
+//! and in total (the total over a fake's models is the engine-wide figure: vLLM's `LoRA`
+//! adapters share one engine), and connections open and accepted
 //! ([`Observer::wait_for_open_connections`]).
 //!
 //! # Server-level switches

@@ -1,7 +1,11 @@
 //! The observer: what the fake saw. It records every request (id, path, model, timeline,
 //! outcome) and keeps the concurrency counters tests assert on: requests holding a slot now
 //! (in flight), requests waiting for one (queued: llama-server's deferred, vLLM's waiting), and
-//! the peak of in flight since the last [`Observer::reset_peak`].
+//! the peak of in flight since the last [`Observer::reset_peak`]. Next to the request counts it
+//! keeps the *sequences* in flight and their peak: a request with `n` choices runs `n`
+//! sequences, each in its own engine slot, so the sequences are what an engine's slot count
+//! (`--parallel`, `max_num_seqs`) caps. Both exist per model and in total; the total over the
+//! models of one fake is the engine-wide figure (vLLM `LoRA` adapters share one engine).
 //!
 //! # Implementation Details
 //!
@@ -77,6 +81,8 @@ pub struct RequestRecord {
     pub received_at: Instant,
     /// When it got a slot; `None` if it never did (or never needed one: probes, listings).
     pub started_at: Option<Instant>,
+    /// The slots (sequences) it held once started: `n` for `n` choices, else 1; 0 before.
+    pub weight: usize,
     /// When it ended; `None` while it is still going.
     pub ended_at: Option<Instant>,
     /// How it ended; `None` while it is still going.
@@ -126,6 +132,10 @@ pub struct ModelCounts {
     pub queued: usize,
     /// The most requests that held a slot at once since the last reset.
     pub peak_in_flight: usize,
+    /// Sequences running now: the slots the requests in flight hold (`n` for `n` choices).
+    pub sequences_in_flight: usize,
+    /// The most sequences that ran at once since the last reset.
+    pub peak_sequences_in_flight: usize,
 }
 
 /// The counters at one instant.
@@ -138,6 +148,12 @@ pub struct Snapshot {
     pub queued: usize,
     /// The most requests that held a slot at once since start or the last reset.
     pub peak_in_flight: usize,
+    /// Sequences running now over all models: the engine slots in use (a request with `n`
+    /// choices holds `n`).
+    pub sequences_in_flight: usize,
+    /// The most sequences that ran at once, over all models, since start or the last reset:
+    /// what a shared engine-wide cap must bound.
+    pub peak_sequences_in_flight: usize,
     /// Inference requests received so far (probes and listings are recorded but not counted).
     pub received: usize,
     /// Inference requests that have ended so far.
@@ -237,12 +253,26 @@ impl Observer {
         self.inner.state.lock().counts.peak_in_flight
     }
 
-    /// Restarts peak tracking from the current in-flight numbers (overall and per model).
+    /// Sequences running now over all models (engine slots in use).
+    pub fn sequences_in_flight(&self) -> usize {
+        self.inner.state.lock().counts.sequences_in_flight
+    }
+
+    /// The most sequences that ran at once over all models since start or the last
+    /// [`reset_peak`](Observer::reset_peak).
+    pub fn peak_sequences_in_flight(&self) -> usize {
+        self.inner.state.lock().counts.peak_sequences_in_flight
+    }
+
+    /// Restarts peak tracking from the current in-flight numbers (requests and sequences,
+    /// overall and per model).
     pub fn reset_peak(&self) {
         let mut state = self.inner.state.lock();
         state.counts.peak_in_flight = state.counts.in_flight;
+        state.counts.peak_sequences_in_flight = state.counts.sequences_in_flight;
         for counts in state.counts.models.values_mut() {
             counts.peak_in_flight = counts.in_flight;
+            counts.peak_sequences_in_flight = counts.sequences_in_flight;
         }
         drop(state);
         self.notify();
@@ -469,6 +499,7 @@ impl Observer {
             failures: Vec::new(),
             received_at: Instant::now(),
             started_at: None,
+            weight: 0,
             ended_at: None,
             outcome: None,
             status: None,
@@ -485,6 +516,7 @@ impl Observer {
             inference,
             model_key: None,
             phase: Phase::Received,
+            weight: 0,
             lease: None,
             connection,
         }
@@ -572,6 +604,8 @@ pub(crate) struct Tracker {
     inference: bool,
     model_key: Option<String>,
     phase: Phase,
+    /// The slots it holds once running.
+    weight: usize,
     lease: Option<Lease>,
     connection: Arc<ConnectionState>,
 }
@@ -627,21 +661,28 @@ impl Tracker {
         });
     }
 
-    /// The request got its slot.
+    /// The request got its slots.
     pub(crate) fn start(&mut self, lease: Lease) {
         let was_queued = self.phase == Phase::Queued;
         self.phase = Phase::Running;
+        let weight = lease.weight();
+        self.weight = weight;
         self.lease = Some(lease);
         let key = self.model_key.clone();
         self.observer.update(self, |record, counts| {
             if let Some(record) = record {
                 record.started_at = Some(Instant::now());
+                record.weight = weight;
             }
             if was_queued {
                 counts.queued -= 1;
             }
             counts.in_flight += 1;
             counts.peak_in_flight = counts.peak_in_flight.max(counts.in_flight);
+            counts.sequences_in_flight += weight;
+            counts.peak_sequences_in_flight = counts
+                .peak_sequences_in_flight
+                .max(counts.sequences_in_flight);
             if let Some(key) = key {
                 let model = counts.models.entry(key).or_default();
                 if was_queued {
@@ -649,6 +690,10 @@ impl Tracker {
                 }
                 model.in_flight += 1;
                 model.peak_in_flight = model.peak_in_flight.max(model.in_flight);
+                model.sequences_in_flight += weight;
+                model.peak_sequences_in_flight = model
+                    .peak_sequences_in_flight
+                    .max(model.sequences_in_flight);
             }
         });
     }
@@ -679,6 +724,7 @@ impl Tracker {
         }
         let key = self.model_key.clone();
         let inference = self.inference;
+        let weight = self.weight;
         self.observer.update(self, |record, counts| {
             if let Some(record) = record {
                 record.ended_at = Some(Instant::now());
@@ -697,8 +743,10 @@ impl Tracker {
                 }
                 Phase::Running => {
                     counts.in_flight -= 1;
+                    counts.sequences_in_flight -= weight;
                     if let Some(m) = model {
                         m.in_flight -= 1;
+                        m.sequences_in_flight -= weight;
                     }
                 }
                 Phase::Received | Phase::Done => {}
@@ -739,7 +787,7 @@ mod tests {
         a.set_model_key("m");
         a.queued();
         assert_eq!(observer.queued(), 1);
-        a.start(pool.try_acquire(1).unwrap());
+        a.start(pool.try_acquire(1, 1).unwrap());
         let s = observer.snapshot();
         assert_eq!((s.in_flight, s.queued, s.peak_in_flight), (1, 0, 1));
         assert_eq!(s.model("m").in_flight, 1);
@@ -764,11 +812,11 @@ mod tests {
         queued.queued();
         drop(queued);
         let mut running = observer.track(Some("r".into()), "POST", "/v1/completions", conn());
-        running.start(pool.try_acquire(1).unwrap());
+        running.start(pool.try_acquire(1, 1).unwrap());
         drop(running);
         let killed = conn();
         let mut cut = observer.track(Some("k".into()), "POST", "/v1/completions", killed.clone());
-        cut.start(pool.try_acquire(1).unwrap());
+        cut.start(pool.try_acquire(1, 1).unwrap());
         killed.killed.store(true, Ordering::Release);
         drop(cut);
         let outcome = |id| observer.request(id).unwrap().outcome.unwrap();

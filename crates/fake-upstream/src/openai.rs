@@ -3,11 +3,13 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::config::Kind;
 use crate::control::Plan;
+use crate::sse::{self, Step};
 
 /// The inference endpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +65,12 @@ pub(crate) struct InferenceRequest {
     pub(crate) prompt: Option<Value>,
     #[serde(default)]
     pub(crate) input: Option<Value>,
+    /// Choices to generate: each runs as its own sequence in its own slot.
+    #[serde(default)]
+    pub(crate) n: Option<u32>,
+    /// Completions: candidates generated server-side, of which `n` are returned.
+    #[serde(default)]
+    pub(crate) best_of: Option<u32>,
 }
 
 /// `stream_options`.
@@ -91,6 +99,17 @@ impl InferenceRequest {
         self.max_completion_tokens
             .or(self.max_tokens)
             .and_then(|n| u32::try_from(n).ok())
+    }
+
+    /// The sequences the request runs on an engine that honours `n`: `n` for chat, the larger
+    /// of `n` and `best_of` for completions, 1 for everything else.
+    pub(crate) fn sequences(&self, endpoint: Endpoint) -> u32 {
+        let n = self.n.unwrap_or(1).max(1);
+        match endpoint {
+            Endpoint::Chat => n,
+            Endpoint::Completions => n.max(self.best_of.unwrap_or(1)),
+            Endpoint::Embeddings => 1,
+        }
     }
 
     /// The body of the endpoint's required field, if present.
@@ -158,12 +177,19 @@ pub(crate) struct Answer<'a> {
     pub(crate) model: &'a str,
     pub(crate) plan: &'a Plan,
     pub(crate) include_usage: bool,
+    /// Choices returned (`n`; 1 where the kind ignores it).
+    pub(crate) choices: u32,
 }
 
 impl Answer<'_> {
+    /// Completion tokens over all choices.
+    pub(crate) fn completion_tokens(&self) -> u32 {
+        self.plan.tokens.saturating_mul(self.choices.max(1))
+    }
+
     fn usage(&self) -> Value {
         let prompt = self.plan.prompt_tokens;
-        let completion = self.plan.tokens;
+        let completion = self.completion_tokens();
         let mut usage = json!({
             "prompt_tokens": prompt,
             "completion_tokens": completion,
@@ -185,7 +211,8 @@ impl Answer<'_> {
         }
     }
 
-    fn text(&self) -> String {
+    /// The generated text of one choice.
+    pub(crate) fn text(&self) -> String {
         (0..self.plan.tokens).map(token_text).collect()
     }
 
@@ -198,12 +225,12 @@ impl Answer<'_> {
                 "created": self.created,
                 "model": self.model,
                 "system_fingerprint": self.fingerprint(),
-                "choices": [{
-                    "index": 0,
+                "choices": self.each_choice(|index| json!({
+                    "index": index,
                     "message": {"role": "assistant", "content": self.text()},
                     "logprobs": null,
                     "finish_reason": self.plan.finish_reason,
-                }],
+                })),
                 "usage": self.usage(),
             }),
             Endpoint::Completions => json!({
@@ -212,12 +239,12 @@ impl Answer<'_> {
                 "created": self.created,
                 "model": self.model,
                 "system_fingerprint": self.fingerprint(),
-                "choices": [{
-                    "index": 0,
+                "choices": self.each_choice(|index| json!({
+                    "index": index,
                     "text": self.text(),
                     "logprobs": null,
                     "finish_reason": self.plan.finish_reason,
-                }],
+                })),
                 "usage": self.usage(),
             }),
             Endpoint::Embeddings => unreachable!("embeddings are built by `embeddings`"),
@@ -244,60 +271,75 @@ impl Answer<'_> {
         chunk
     }
 
-    /// The chunks before the final one: the role chunk (chat only), then one per token.
-    pub(crate) fn content_chunks(&self) -> Vec<Value> {
-        let mut chunks = Vec::with_capacity(self.plan.tokens as usize + 1);
-        if self.endpoint == Endpoint::Chat {
-            chunks.push(self.chunk(json!({
-                "index": 0,
-                "delta": {"role": "assistant", "content": ""},
-                "logprobs": null,
-                "finish_reason": null,
-            })));
-        }
-        for i in 0..self.plan.tokens {
-            chunks.push(self.chunk(match self.endpoint {
-                Endpoint::Chat => json!({
-                    "index": 0,
-                    "delta": {"content": token_text(i)},
-                    "logprobs": null,
-                    "finish_reason": null,
-                }),
-                _ => json!({
-                    "index": 0,
-                    "text": token_text(i),
-                    "logprobs": null,
-                    "finish_reason": null,
-                }),
-            }));
-        }
-        chunks
+    fn each_choice(&self, choice: impl Fn(u32) -> Value) -> Value {
+        Value::Array((0..self.choices.max(1)).map(choice).collect())
     }
 
-    /// The chunk with `finish_reason` and an empty delta, then the usage chunk if asked for.
-    pub(crate) fn closing_chunks(&self) -> Vec<Value> {
-        let last = match self.endpoint {
-            Endpoint::Chat => json!({
-                "index": 0,
-                "delta": {},
-                "logprobs": null,
-                "finish_reason": self.plan.finish_reason,
-            }),
-            _ => json!({
-                "index": 0,
-                "text": "",
-                "logprobs": null,
-                "finish_reason": self.plan.finish_reason,
-            }),
-        };
-        let mut chunks = vec![self.chunk(last)];
+    /// The stream: the role chunk of each choice (chat only), one chunk per token and choice
+    /// (the choices of one token go out together), the closing chunk of each choice, the usage
+    /// chunk if asked for, and `[DONE]`.
+    pub(crate) fn steps(&self) -> Vec<Step> {
+        let choices = self.choices.max(1);
+        let mut steps = Vec::with_capacity(((self.plan.tokens + 2) * choices) as usize + 2);
+        if self.endpoint == Endpoint::Chat {
+            for index in 0..choices {
+                steps.push(Step::at_once(sse::event(&self.chunk(json!({
+                    "index": index,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": null,
+                    "finish_reason": null,
+                })))));
+            }
+        }
+        for i in 0..self.plan.tokens {
+            for index in 0..choices {
+                let chunk = self.chunk(match self.endpoint {
+                    Endpoint::Chat => json!({
+                        "index": index,
+                        "delta": {"content": token_text(i)},
+                        "logprobs": null,
+                        "finish_reason": null,
+                    }),
+                    _ => json!({
+                        "index": index,
+                        "text": token_text(i),
+                        "logprobs": null,
+                        "finish_reason": null,
+                    }),
+                });
+                let bytes = sse::event(&chunk);
+                steps.push(if index == 0 {
+                    Step::token(bytes)
+                } else {
+                    Step::at_once(bytes)
+                });
+            }
+        }
+        for index in 0..choices {
+            let last = match self.endpoint {
+                Endpoint::Chat => json!({
+                    "index": index,
+                    "delta": {},
+                    "logprobs": null,
+                    "finish_reason": self.plan.finish_reason,
+                }),
+                _ => json!({
+                    "index": index,
+                    "text": "",
+                    "logprobs": null,
+                    "finish_reason": self.plan.finish_reason,
+                }),
+            };
+            steps.push(Step::at_once(sse::event(&self.chunk(last))));
+        }
         if self.include_usage {
             let mut usage_chunk = self.chunk(json!(null));
             usage_chunk["choices"] = json!([]);
             usage_chunk["usage"] = self.usage();
-            chunks.push(usage_chunk);
+            steps.push(Step::at_once(sse::event(&usage_chunk)));
         }
-        chunks
+        steps.push(Step::at_once(Bytes::from_static(sse::DONE)));
+        steps
     }
 }
 
@@ -360,6 +402,16 @@ mod tests {
         assert_eq!(req.max_tokens(), None);
     }
 
+    fn parsed(steps: &[Step]) -> Vec<Value> {
+        steps
+            .iter()
+            .filter_map(|s| {
+                let text = std::str::from_utf8(&s.bytes).unwrap();
+                serde_json::from_str(text.trim().strip_prefix("data: ")?).ok()
+            })
+            .collect()
+    }
+
     #[test]
     fn chat_answer_shapes() {
         let plan = plan(3);
@@ -371,18 +423,21 @@ mod tests {
             model: "m",
             plan: &plan,
             include_usage: true,
+            choices: 1,
         };
         let full = answer.full();
         assert_eq!(full["choices"][0]["message"]["content"], "tok0 tok1 tok2");
         assert_eq!(full["usage"]["total_tokens"], 6);
-        let chunks = answer.content_chunks();
-        assert_eq!(chunks.len(), 4, "role chunk + 3 tokens");
+        let steps = answer.steps();
+        assert_eq!(steps.len(), 7, "role + 3 tokens + closing + usage + [DONE]");
+        assert_eq!(steps.iter().filter(|s| s.paced).count(), 3);
+        let chunks = parsed(&steps);
         assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
         assert!(chunks[1]["usage"].is_null());
-        let closing = answer.closing_chunks();
-        assert_eq!(closing[0]["choices"][0]["finish_reason"], "stop");
-        assert_eq!(closing[1]["choices"], json!([]));
-        assert_eq!(closing[1]["usage"]["completion_tokens"], 3);
+        assert_eq!(chunks[4]["choices"][0]["finish_reason"], "stop");
+        assert_eq!(chunks[5]["choices"], json!([]));
+        assert_eq!(chunks[5]["usage"]["completion_tokens"], 3);
+        assert_eq!(&steps[6].bytes[..], sse::DONE);
     }
 
     #[test]
@@ -396,12 +451,44 @@ mod tests {
             model: "m",
             plan: &plan,
             include_usage: false,
+            choices: 1,
         };
-        let chunks = answer.content_chunks();
-        assert_eq!(chunks.len(), 2);
+        let chunks = parsed(&answer.steps());
+        assert_eq!(chunks.len(), 3, "2 tokens + closing");
         assert_eq!(chunks[1]["object"], "text_completion");
         assert_eq!(chunks[1]["choices"][0]["text"], " tok1");
         assert!(chunks[1].get("usage").is_none());
-        assert_eq!(answer.closing_chunks().len(), 1);
+    }
+
+    #[test]
+    fn n_choices_answer_n_times() {
+        let plan = plan(2);
+        let answer = Answer {
+            kind: Kind::Vllm,
+            endpoint: Endpoint::Chat,
+            id: "chatcmpl-1".into(),
+            created: 1,
+            model: "m",
+            plan: &plan,
+            include_usage: false,
+            choices: 3,
+        };
+        assert_eq!(answer.full()["choices"].as_array().unwrap().len(), 3);
+        assert_eq!(answer.full()["usage"]["completion_tokens"], 6);
+        let steps = answer.steps();
+        assert_eq!(
+            steps.iter().filter(|s| s.paced).count(),
+            2,
+            "paced per token"
+        );
+        let indices: Vec<u64> = parsed(&steps)
+            .iter()
+            .map(|c| c["choices"][0]["index"].as_u64().unwrap())
+            .collect();
+        assert_eq!(indices, [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2]);
+        let req: InferenceRequest =
+            serde_json::from_value(json!({"prompt": "x", "n": 2, "best_of": 4})).unwrap();
+        assert_eq!(req.sequences(Endpoint::Completions), 4);
+        assert_eq!(req.sequences(Endpoint::Embeddings), 1);
     }
 }

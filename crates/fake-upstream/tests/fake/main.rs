@@ -12,3 +12,4 @@ mod server;
 mod streaming;
 mod support;
 mod vllm;
+mod weights;
