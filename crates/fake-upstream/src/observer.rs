@@ -34,6 +34,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::failure::Failure;
+use crate::route::is_inference_path;
 use crate::slots::Lease;
 
 /// How a request ended.
@@ -99,8 +100,10 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
-    /// True for the OpenAI inference endpoints (chat completions, completions, embeddings); false
-    /// for probes and listings.
+    /// True for the routes that run inference on some kind (OpenAI chat, completions,
+    /// embeddings, responses; Anthropic messages; Ollama's and llama-server's native generation
+    /// and embeddings; rerank, score, audio, images); false for probes, listings and the
+    /// slot-free helpers (tokenize, count tokens, stored responses).
     pub fn is_inference(&self) -> bool {
         is_inference_path(&self.path)
     }
@@ -114,12 +117,6 @@ impl RequestRecord {
     pub fn queue_wait(&self) -> Option<Duration> {
         self.started_at.map(|s| s - self.received_at)
     }
-}
-
-pub(crate) fn is_inference_path(path: &str) -> bool {
-    path.ends_with("/chat/completions")
-        || path.ends_with("/completions")
-        || path.ends_with("/embeddings")
 }
 
 /// Counters of one model (the served model name).

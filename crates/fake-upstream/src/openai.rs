@@ -9,42 +9,8 @@ use serde_json::{Value, json};
 
 use crate::config::Kind;
 use crate::control::Plan;
+pub(crate) use crate::route::Endpoint;
 use crate::sse::{self, Step};
-
-/// The inference endpoints.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Endpoint {
-    Chat,
-    Completions,
-    Embeddings,
-}
-
-impl Endpoint {
-    /// The endpoint a path names, accepting llama-server's un-prefixed aliases when `bare` is
-    /// allowed.
-    pub(crate) fn from_path(path: &str, bare: bool) -> Option<Self> {
-        let rest = match path.strip_prefix("/v1") {
-            Some(rest) => rest,
-            None if bare => path,
-            None => return None,
-        };
-        match rest {
-            "/chat/completions" => Some(Self::Chat),
-            "/completions" => Some(Self::Completions),
-            "/embeddings" => Some(Self::Embeddings),
-            _ => None,
-        }
-    }
-
-    /// The body field the endpoint requires besides `model`.
-    pub(crate) fn required_field(self) -> &'static str {
-        match self {
-            Self::Chat => "messages",
-            Self::Completions => "prompt",
-            Self::Embeddings => "input",
-        }
-    }
-}
 
 /// The request fields the fake looks at. Everything else is accepted and ignored.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -71,6 +37,45 @@ pub(crate) struct InferenceRequest {
     /// Completions: candidates generated server-side, of which `n` are returned.
     #[serde(default)]
     pub(crate) best_of: Option<u32>,
+    /// Responses: the limit on output tokens.
+    #[serde(default)]
+    pub(crate) max_output_tokens: Option<i64>,
+    /// Responses: the answer this one continues.
+    #[serde(default)]
+    pub(crate) previous_response_id: Option<String>,
+    /// llama-server native: the completion limit (-1: none).
+    #[serde(default)]
+    pub(crate) n_predict: Option<i64>,
+    /// Ollama native: `options.num_predict` is its completion limit.
+    #[serde(default)]
+    pub(crate) options: Option<Value>,
+    /// llama-server `/infill`: the text before the cursor.
+    #[serde(default)]
+    pub(crate) input_prefix: Option<Value>,
+    /// llama-server `/embedding`, `/tokenize`: the text.
+    #[serde(default)]
+    pub(crate) content: Option<Value>,
+    /// Rerank: the query.
+    #[serde(default)]
+    pub(crate) query: Option<Value>,
+    /// Rerank: the documents.
+    #[serde(default)]
+    pub(crate) documents: Option<Value>,
+    /// Rerank: how many results to return.
+    #[serde(default)]
+    pub(crate) top_n: Option<usize>,
+    /// vLLM score: the first text(s).
+    #[serde(default)]
+    pub(crate) text_1: Option<Value>,
+    /// vLLM score: the second text(s).
+    #[serde(default)]
+    pub(crate) text_2: Option<Value>,
+    /// Audio (a form field) and others: how to answer (`json`, `text`, ...).
+    #[serde(default)]
+    pub(crate) response_format: Option<Value>,
+    /// Audio: the uploaded file's size, from the form (never in JSON).
+    #[serde(skip)]
+    pub(crate) file_len: Option<usize>,
 }
 
 /// `stream_options`.
@@ -85,6 +90,22 @@ impl InferenceRequest {
         self.stream.unwrap_or(false)
     }
 
+    /// The request built from an audio form's fields.
+    pub(crate) fn from_form(
+        fields: &std::collections::BTreeMap<String, String>,
+        file_len: Option<usize>,
+    ) -> Self {
+        Self {
+            model: fields.get("model").cloned(),
+            prompt: fields.get("prompt").map(|p| Value::from(p.as_str())),
+            response_format: fields
+                .get("response_format")
+                .map(|f| Value::from(f.as_str())),
+            file_len,
+            ..Self::default()
+        }
+    }
+
     pub(crate) fn include_usage(&self) -> bool {
         self.is_stream()
             && self
@@ -96,8 +117,16 @@ impl InferenceRequest {
     /// The client's completion limit; `max_completion_tokens` supersedes the deprecated
     /// `max_tokens`, and a negative value (llama-server's "no limit") means none.
     pub(crate) fn max_tokens(&self) -> Option<u32> {
+        let num_predict = self
+            .options
+            .as_ref()
+            .and_then(|o| o.get("num_predict"))
+            .and_then(Value::as_i64);
         self.max_completion_tokens
             .or(self.max_tokens)
+            .or(self.max_output_tokens)
+            .or(self.n_predict)
+            .or(num_predict)
             .and_then(|n| u32::try_from(n).ok())
     }
 
@@ -108,41 +137,37 @@ impl InferenceRequest {
         match endpoint {
             Endpoint::Chat => n,
             Endpoint::Completions => n.max(self.best_of.unwrap_or(1)),
-            Endpoint::Embeddings => 1,
+            _ => 1,
         }
     }
 
     /// The body of the endpoint's required field, if present.
     pub(crate) fn required(&self, endpoint: Endpoint) -> Option<&Value> {
-        match endpoint {
-            Endpoint::Chat => self.messages.as_ref(),
-            Endpoint::Completions => self.prompt.as_ref(),
-            Endpoint::Embeddings => self.input.as_ref(),
+        match endpoint.required_field() {
+            "messages" => self.messages.as_ref(),
+            "prompt" => self.prompt.as_ref(),
+            "input" => self.input.as_ref(),
+            "input_prefix" => self.input_prefix.as_ref(),
+            "content" => self.content.as_ref(),
+            "documents" => self.documents.as_ref(),
+            "text_1" => self.text_1.as_ref(),
+            "file" => self.file_len.map(|_| &Value::Bool(true)),
+            _ => None,
         }
         .filter(|v| !v.is_null())
     }
 
     /// A rough prompt size: the words of every string in the prompt, at least 1.
     pub(crate) fn count_prompt_tokens(&self, endpoint: Endpoint) -> u32 {
-        fn words(v: &Value) -> usize {
-            match v {
-                Value::String(s) => s.split_whitespace().count(),
-                Value::Array(items) => items.iter().map(words).sum(),
-                Value::Object(map) => map
-                    .iter()
-                    .filter(|(k, _)| matches!(k.as_str(), "content" | "text"))
-                    .map(|(_, v)| words(v))
-                    .sum(),
-                _ => 0,
-            }
-        }
-        let n = self.required(endpoint).map_or(0, words);
+        // A rerank's query is part of every pair the engine scores.
+        let n = self.required(endpoint).map_or(0, words) + self.query.as_ref().map_or(0, words);
         u32::try_from(n).unwrap_or(u32::MAX).max(1)
     }
 
-    /// How many inputs an embeddings request has.
+    /// How many inputs an embeddings request has (`input`, or `content` for llama-server's
+    /// `/embedding`).
     pub(crate) fn embedding_inputs(&self) -> usize {
-        match &self.input {
+        match self.input.as_ref().or(self.content.as_ref()) {
             Some(Value::Array(items)) if items.iter().all(Value::is_string) => items.len(),
             // A token array (`[1, 2, 3]`) or array of token arrays is one input per inner array.
             Some(Value::Array(items)) if items.iter().all(Value::is_array) => items.len(),
@@ -157,6 +182,30 @@ pub(crate) fn token_text(i: u32) -> String {
         "tok0".to_owned()
     } else {
         format!(" tok{i}")
+    }
+}
+
+/// The fake's token count of a prompt: the words of every string in it (message `content`s and
+/// `text` parts included).
+pub(crate) fn words(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.split_whitespace().count(),
+        Value::Array(items) => items.iter().map(words).sum(),
+        Value::Object(map) => map
+            .iter()
+            .filter(|(k, _)| matches!(k.as_str(), "content" | "text"))
+            .map(|(_, v)| words(v))
+            .sum(),
+        _ => 0,
+    }
+}
+
+/// The number of items of a string-or-array field (rerank documents, score pairs).
+pub(crate) fn count_items(value: Option<&Value>) -> usize {
+    match value {
+        Some(Value::Array(items)) => items.len(),
+        Some(Value::Null) | None => 0,
+        Some(_) => 1,
     }
 }
 
@@ -233,7 +282,8 @@ impl Answer<'_> {
                 })),
                 "usage": self.usage(),
             }),
-            Endpoint::Completions => json!({
+            // Completions; the other routes build their bodies with their own modules.
+            _ => json!({
                 "id": self.id,
                 "object": "text_completion",
                 "created": self.created,
@@ -247,7 +297,6 @@ impl Answer<'_> {
                 })),
                 "usage": self.usage(),
             }),
-            Endpoint::Embeddings => unreachable!("embeddings are built by `embeddings`"),
         }
     }
 
@@ -368,20 +417,6 @@ mod tests {
 
     fn plan(tokens: u32) -> Plan {
         Plan::new(tokens, Pacing::Instant, &[], Overrides::default(), None, 3)
-    }
-
-    #[test]
-    fn paths_map_to_endpoints() {
-        assert_eq!(
-            Endpoint::from_path("/v1/chat/completions", false),
-            Some(Endpoint::Chat)
-        );
-        assert_eq!(Endpoint::from_path("/chat/completions", false), None);
-        assert_eq!(
-            Endpoint::from_path("/completions", true),
-            Some(Endpoint::Completions)
-        );
-        assert_eq!(Endpoint::from_path("/v1/models", true), None);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use crate::observer::Observer;
 use crate::openai::unix_now;
 use crate::reply::Refusal;
 use crate::slots::QueueBound;
+use crate::store::ResponseStore;
 
 /// The defaults that can change while the server runs.
 #[derive(Clone, Debug)]
@@ -36,8 +37,12 @@ pub(crate) struct App {
     pub(crate) ready_at: Instant,
     /// Process start, for `created` and `Process-Start-Time-Unix`.
     pub(crate) started_unix: u64,
+    /// Process start in nanoseconds, to make ids unique across instances.
+    pub(crate) started_unix_nanos: u128,
     /// Set by `FakeUpstream::set_healthy(false)`.
     pub(crate) unhealthy: AtomicBool,
+    /// The Responses API answers this instance created (when the store is on).
+    pub(crate) responses: ResponseStore,
     answer_ids: AtomicU64,
 }
 
@@ -53,7 +58,11 @@ impl App {
             }),
             ready_at: Instant::now() + config.startup_delay,
             started_unix: unix_now(),
+            started_unix_nanos: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
             unhealthy: AtomicBool::new(false),
+            responses: ResponseStore::default(),
             answer_ids: AtomicU64::new(0),
             observer,
             config,

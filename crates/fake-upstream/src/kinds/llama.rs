@@ -10,6 +10,7 @@ use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 
+use crate::api::llama as llama_api;
 use crate::body::ResponseBody;
 use crate::models::{Model, Residency};
 use crate::observer::Outcome;
@@ -44,7 +45,7 @@ pub(crate) fn error_json(status: u16, message: &str, error_type_override: Option
 
 /// The 400 for a prompt that does not fit a slot's context.
 pub(crate) fn context_exceeded(endpoint: Endpoint, prompt: u32, n_ctx: u32) -> Value {
-    let message = if endpoint == Endpoint::Embeddings {
+    let message = if matches!(endpoint, Endpoint::Embeddings | Endpoint::Embedding) {
         format!(
             "input ({prompt} tokens) is larger than the max context size ({n_ctx} tokens). skipping"
         )
@@ -72,6 +73,11 @@ fn refused(refusal: &Refusal) -> Reply {
     )
 }
 
+/// The answer to an unknown route.
+pub(crate) fn not_found() -> Reply {
+    refused(&Refusal::new(404, "File Not Found"))
+}
+
 pub(crate) async fn route(app: &App, req: Request<Incoming>) -> Reply {
     let router = app.config.router;
     let path = req.uri().path().to_owned();
@@ -93,7 +99,23 @@ pub(crate) async fn route(app: &App, req: Request<Incoming>) -> Reply {
         (Method::GET, "/metrics") => return metrics(app, &req).await,
         (Method::POST, "/models/load") if router => return load(app, req).await,
         (Method::POST, "/models/unload") if router => return unload(app, req).await,
-        _ => return refused(&Refusal::new(404, "File Not Found")),
+        (Method::POST, "/tokenize") => {
+            let body = read_json(req).await;
+            let content = body["content"].as_str().unwrap_or_default();
+            let pieces = body["with_pieces"].as_bool().unwrap_or(false);
+            json_response(200, &llama_api::tokenize(content, pieces))
+        }
+        (Method::POST, "/detokenize") => {
+            let body = read_json(req).await;
+            let tokens = body["tokens"].as_array().cloned().unwrap_or_default();
+            json_response(200, &llama_api::detokenize(&tokens))
+        }
+        (Method::POST, "/apply-template") => {
+            let body = read_json(req).await;
+            let messages = body["messages"].as_array().cloned().unwrap_or_default();
+            json_response(200, &llama_api::apply_template(&messages))
+        }
+        _ => return not_found(),
     };
     (reply, Outcome::Completed)
 }

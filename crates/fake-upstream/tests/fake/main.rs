@@ -8,6 +8,7 @@ mod layering;
 mod llama;
 mod observer;
 mod ollama;
+mod routes;
 mod server;
 mod streaming;
 mod support;
