@@ -49,6 +49,10 @@
 //! 7. [`proxy::body`]: the response body that holds the slot until it ends, fails or is dropped.
 //! 8. [`proxy::problems`]: every error → its problem document, in one place.
 //!
+//! Which path is which API is in [`proxy::endpoint`]: where the model is named, whether the
+//! route takes a slot, which kinds of upstream serve it. [`proxy::ollama`] answers Ollama's
+//! model listings from the routing table.
+//!
 //! A request starts by taking the configuration in force, [`proxy::live`]; a route's targets
 //! ([`upstreams::target`]) carry the per-(upstream, model) state: hold times
 //! ([`upstreams::hold`] → `Retry-After`), metric handles, the `auto` slot count, the engine's load.

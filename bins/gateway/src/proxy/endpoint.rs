@@ -1,4 +1,4 @@
-//! Step 2: which of the engines' APIs a request is for, and what that route needs: where the
+//! The route table, read by steps 3 to 5: which of the engines' APIs a request is for, and what that route needs: where the
 //! model is named, whether it takes a slot, which kinds of upstream serve it.
 //!
 //! The table follows what each engine really serves (the team's `PROTOCOLS.md`, §7, with
