@@ -161,7 +161,7 @@ async fn metadata_routes_answer_while_every_slot_is_busy() {
     .await;
     let addr = gw.api_addr();
     // Every slot taken, on both.
-    let busy_llama = open(
+    let hung_completion = open(
         addr,
         post(
             addr,
@@ -171,7 +171,7 @@ async fn metadata_routes_answer_while_every_slot_is_busy() {
         ),
     )
     .await;
-    let busy_ollama = open(
+    let hung_chat = open(
         addr,
         post(
             addr,
@@ -224,8 +224,8 @@ async fn metadata_routes_answer_while_every_slot_is_busy() {
     // None of that reached an inference slot.
     assert_eq!(llama.observer().peak_in_flight(), 1);
     assert_eq!(ollama.observer().peak_in_flight(), 1);
-    busy_llama.disconnect();
-    busy_ollama.disconnect();
+    hung_completion.disconnect();
+    hung_chat.disconnect();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
