@@ -1,4 +1,10 @@
-//! The state of one (host, model) key: its limits, its in-flight count and its wait queue.
+//! The state of one (host, model) key: its limits, its in-flight units and its wait queue.
+//!
+//! Every change of state ends in [`State::fill`], the one place that grants: it hands free units
+//! to the head waiter while its whole weight fits, and stops at the first one that does not.
+//! Units left free while somebody waits are the head waiter's partial grant: nobody else may
+//! take them (a newcomer queues behind, `try_acquire` refuses), so they need no bookkeeping of
+//! their own and cannot leak — a head that leaves simply lets `fill` pour them into the next.
 //!
 //! Everything here runs under the key's own mutex and nothing else, which is what keeps keys
 //! from contending with each other (rule 5). No method wakes a task while holding the lock:
@@ -14,7 +20,8 @@ use crate::waiters::{Status, Token, WaitQueue};
 /// The limits of a key, as last configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Limits {
-    /// How many permits may be held at once. `usize::MAX` means unlimited.
+    /// How many units may be held at once (a permit of weight `w` holds `w` units).
+    /// `usize::MAX` means unlimited.
     pub parallel: usize,
     /// How many acquirers may wait for a permit at once.
     pub queue: usize,
@@ -37,7 +44,7 @@ impl Limits {
 /// The outcome of joining a key at acquire time.
 #[derive(Debug)]
 pub(crate) enum Joined {
-    /// A slot was free and nobody was ahead: the caller holds it.
+    /// Units were free and nobody was ahead: the caller holds them.
     Granted,
     /// The caller waits in line under this token.
     Queued(Token),
@@ -46,6 +53,7 @@ pub(crate) enum Joined {
 #[derive(Debug)]
 struct State {
     limits: Limits,
+    /// Units held by permits (and granted waiters not yet polled).
     in_flight: usize,
     waiters: WaitQueue,
     /// Set by `remove`: waiters fail with `Closed`, new acquirers too.
@@ -64,8 +72,35 @@ pub(crate) struct KeyState {
 pub(crate) struct Reading {
     pub(crate) limits: Limits,
     pub(crate) in_flight: usize,
+    pub(crate) reserved: usize,
     pub(crate) queued: usize,
     pub(crate) closed: bool,
+}
+
+/// Wakers collected under the lock, woken after it is released. The first needs no allocation,
+/// which covers every release and cancel that hands over to one waiter.
+#[derive(Debug, Default)]
+pub(crate) struct WakeList {
+    first: Option<Waker>,
+    rest: Vec<Waker>,
+}
+
+impl WakeList {
+    fn push(&mut self, waker: Option<Waker>) {
+        let Some(waker) = waker else { return };
+        if self.first.is_none() {
+            self.first = Some(waker);
+        } else {
+            self.rest.push(waker);
+        }
+    }
+
+    pub(crate) fn wake_all(self) {
+        if let Some(first) = self.first {
+            first.wake();
+        }
+        self.rest.into_iter().for_each(Waker::wake);
+    }
 }
 
 impl KeyState {
@@ -80,28 +115,37 @@ impl KeyState {
         }
     }
 
-    /// Takes a slot if one is free and nobody waits; otherwise joins the queue if it has room.
-    pub(crate) fn join(&self) -> Result<Joined, AcquireError> {
+    /// Takes `weight` units if they are free and nobody waits; otherwise joins the queue if it
+    /// has room.
+    pub(crate) fn join(&self, weight: usize) -> Result<Joined, AcquireError> {
         let mut s = self.state.lock();
         if s.closed {
             return Err(AcquireError::Closed);
         }
-        if s.take_free() {
+        if let Some(parallel) = s.too_heavy(weight) {
+            return Err(AcquireError::TooHeavy { weight, parallel });
+        }
+        if s.take_free(weight) {
             return Ok(Joined::Granted);
         }
         if s.waiters.len() >= s.limits.queue {
             return Err(AcquireError::QueueFull);
         }
-        Ok(Joined::Queued(s.waiters.push_back(None)))
+        // No fill needed: with the queue empty the weight did not fit, and with waiters ahead
+        // the newcomer is not the head.
+        Ok(Joined::Queued(s.waiters.push_back(weight)))
     }
 
-    /// Takes a slot only if one is free right now and nobody waits.
-    pub(crate) fn try_take(&self) -> Result<(), TryAcquireError> {
+    /// Takes `weight` units only if they are free right now and nobody waits.
+    pub(crate) fn try_take(&self, weight: usize) -> Result<(), TryAcquireError> {
         let mut s = self.state.lock();
         if s.closed {
             return Err(TryAcquireError::Closed);
         }
-        if s.take_free() {
+        if let Some(parallel) = s.too_heavy(weight) {
+            return Err(TryAcquireError::TooHeavy { weight, parallel });
+        }
+        if s.take_free(weight) {
             Ok(())
         } else {
             Err(TryAcquireError::NoSlot)
@@ -113,42 +157,40 @@ impl KeyState {
         self.state.lock().waiters.poll(token, waker)
     }
 
-    /// A queued waiter's future was dropped: leave the queue, or pass on a slot it was handed.
-    pub(crate) fn cancel(&self, token: Token) {
+    /// A queued waiter of `weight` units had its future dropped: it leaves the queue, or passes
+    /// on the units it was handed in the same instant (rule 3). Either way the units that were
+    /// set aside for it, if it was the head, go to whoever is head now.
+    pub(crate) fn cancel(&self, token: Token, weight: usize) {
         let mut s = self.state.lock();
-        let waker = match s.waiters.remove(token) {
-            // The slot was handed over in the same instant the future was dropped (rule 3).
-            Status::Granted => s.release_one(),
-            Status::Waiting | Status::Closed => None,
-        };
+        match s.waiters.remove(token) {
+            Status::Granted => s.in_flight = s.in_flight.saturating_sub(weight),
+            Status::Waiting | Status::Closed | Status::TooHeavy { .. } => {}
+        }
+        let mut wakers = WakeList::default();
+        s.fill(&mut wakers);
         drop(s);
-        wake(waker);
+        wakers.wake_all();
     }
 
-    /// A permit was released.
-    pub(crate) fn release(&self) {
+    /// A permit of `weight` units was released.
+    pub(crate) fn release(&self, weight: usize) {
         let mut s = self.state.lock();
-        let waker = s.release_one();
+        // Saturating: a release can never underflow, whatever a caller does.
+        s.in_flight = s.in_flight.saturating_sub(weight);
+        let mut wakers = WakeList::default();
+        s.fill(&mut wakers);
         drop(s);
-        wake(waker);
+        wakers.wake_all();
     }
 
     /// Changes the limits live. Held permits are never revoked; new room goes to waiters first.
     pub(crate) fn configure(&self, limits: Limits) {
         let mut s = self.state.lock();
         s.limits = limits;
-        let mut wakers = Vec::new();
-        while s.in_flight < s.limits.parallel {
-            match s.waiters.grant_front() {
-                Some(grant) => {
-                    s.in_flight += 1;
-                    wakers.extend(grant.waker);
-                }
-                None => break,
-            }
-        }
+        let mut wakers = WakeList::default();
+        s.fill(&mut wakers);
         drop(s);
-        wakers.into_iter().for_each(Waker::wake);
+        wakers.wake_all();
     }
 
     /// Closes the key: every waiter fails with `Closed`; held permits stay valid.
@@ -165,6 +207,7 @@ impl KeyState {
         Reading {
             limits: s.limits,
             in_flight: s.in_flight,
+            reserved: s.reserved(),
             queued: s.waiters.len(),
             closed: s.closed,
         }
@@ -172,34 +215,52 @@ impl KeyState {
 }
 
 impl State {
-    /// Takes a slot if one is free and nobody waits for one. FIFO: a free slot with waiters
-    /// ahead cannot happen (releases hand over first), but checking the queue keeps a late
-    /// arrival from overtaking even if it did.
-    fn take_free(&mut self) -> bool {
-        let free = self.in_flight < self.limits.parallel && self.waiters.is_empty();
+    /// `Some(parallel)` when `weight` can never fit under the limits. A paused key
+    /// (`parallel = 0`) refuses nothing: everything queues until it grows again.
+    fn too_heavy(&self, weight: usize) -> Option<usize> {
+        let parallel = self.limits.parallel;
+        (parallel > 0 && weight > parallel).then_some(parallel)
+    }
+
+    /// Whether `weight` more units fit under `parallel` now.
+    fn fits(&self, weight: usize) -> bool {
+        weight <= self.limits.parallel.saturating_sub(self.in_flight)
+    }
+
+    /// Takes `weight` units if they fit and nobody waits. FIFO: free units with a waiter ahead
+    /// are that waiter's partial grant, never a newcomer's.
+    fn take_free(&mut self, weight: usize) -> bool {
+        let free = self.waiters.is_empty() && self.fits(weight);
         if free {
-            self.in_flight += 1;
+            self.in_flight += weight;
         }
         free
     }
 
-    /// Gives one held slot back: to the head waiter if the limits leave room for it (handoff,
-    /// `in_flight` unchanged, rule 2), else to the pool. After a shrink, `in_flight` may exceed
-    /// `parallel`; then slots drain to the pool until it fits again (rule 4).
-    fn release_one(&mut self) -> Option<Waker> {
-        if self.in_flight <= self.limits.parallel
-            && let Some(grant) = self.waiters.grant_front()
-        {
-            return grant.waker;
+    /// Grants head waiters in order while each one's whole weight fits (rule 2: handoff, and a
+    /// heavy head is never overtaken by lighter waiters behind it). A head that can never fit
+    /// after a shrink leaves with `TooHeavy`, so it does not block the queue for ever. After a
+    /// shrink `in_flight` may exceed `parallel`; then nothing is granted until it drains (rule
+    /// 4).
+    fn fill(&mut self, wakers: &mut WakeList) {
+        while let Some(weight) = self.waiters.front_weight() {
+            if let Some(parallel) = self.too_heavy(weight) {
+                wakers.push(self.waiters.refuse_front(parallel));
+            } else if self.fits(weight) {
+                self.in_flight += weight;
+                wakers.push(self.waiters.grant_front());
+            } else {
+                break;
+            }
         }
-        // Saturating: a release can never underflow, whatever a caller does.
-        self.in_flight = self.in_flight.saturating_sub(1);
-        None
     }
-}
 
-fn wake(waker: Option<Waker>) {
-    if let Some(waker) = waker {
-        waker.wake();
+    /// Units free now but set aside for the head waiter, which needs more than that.
+    fn reserved(&self) -> usize {
+        if self.waiters.is_empty() {
+            0
+        } else {
+            self.limits.parallel.saturating_sub(self.in_flight)
+        }
     }
 }

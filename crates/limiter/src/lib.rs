@@ -14,15 +14,24 @@
 //!
 //! 1. An unconfigured key behaves as `parallel = 1, queue = 0`.
 //! 2. FIFO with direct handoff: a release gives the slot to the head waiter without ever
-//!    decrementing `in_flight`; only with no waiter does `in_flight` go down.
+//!    decrementing `in_flight`; only with no waiter does `in_flight` go down. With weighted
+//!    permits ([`Limiter::acquire_many`]) `parallel` and `in_flight` count units, and the order
+//!    is still strictly FIFO: the head is granted when its whole weight fits, a heavy head is
+//!    never overtaken by lighter waiters behind it, and released units it cannot use yet are set
+//!    aside for it (its *partial grant*, [`KeySnapshot::reserved`]), never given to anyone else.
 //! 3. An acquire future dropped in the same instant its slot was handed over passes the slot on:
-//!    no leak, no double grant.
+//!    no leak, no double grant. A heavy head dropped while holding a partial grant passes that
+//!    on to the next head.
 //! 4. Reconfiguring never revokes a held permit. Shrinking `parallel` lets `in_flight` drain
 //!    before new grants; growing it grants waiters at once. Shrinking `queue` keeps existing
 //!    waiters.
 //! 5. Never panics; `Send + Sync`; no lock held across an await (there are no awaits inside);
 //!    keys do not contend with each other on the acquire/release path.
-//! 6. Acquire, release and cancellation are O(1) in the number of waiters.
+//! 6. Acquire, release and cancellation are O(1) in the number of waiters (plus O(1) per waiter
+//!    a release or cancellation grants).
+//! 7. A weight above `parallel` could never be granted: it is refused at once with
+//!    [`AcquireError::TooHeavy`] (and [`TryAcquireError::TooHeavy`]); a queued waiter gets the
+//!    same error when a shrink of `parallel` leaves it too heavy.
 //!
 //! ## Example: a limiter in front of a backend
 //!
@@ -79,7 +88,13 @@
 //!
 //! The wait queue is an indexed slab of waiter entries linked by index, which gives the O(1)
 //! push, pop and removal-from-anywhere of tokio's intrusive waiter list without `unsafe`
-//! (`waiters.rs`). A waiter handed a slot is unlinked but keeps its entry, marked granted, until
+//! (`waiters.rs`). Each entry carries its weight. Every change of a key's state (acquire,
+//! release, cancel, reconfigure) ends in one `fill` step that grants head waiters while their
+//! whole weight fits under `parallel` and stops at the first that does not. tokio's semaphore
+//! assigns released permits to the head waiter one by one, because it has no lock around its
+//! counter; under our per-key mutex, the units free while somebody waits *are* the head's partial
+//! grant (no newcomer may take them), so a partial grant needs no bookkeeping and a cancelled head
+//! leaks nothing: the next `fill` hands its units to the new head. A waiter handed a slot is unlinked but keeps its entry, marked granted, until
 //! its future sees it; a future dropped in that state passes the slot on under the same lock,
 //! which is how rule 3 holds. Wakers are always woken after the key's lock is released.
 //!

@@ -92,8 +92,11 @@ pub struct KeySnapshot<H, M> {
     pub model: M,
     /// The key's limits.
     pub limits: Limits,
-    /// Permits held now.
+    /// Units held now: the sum of the weights of the permits held.
     pub in_flight: usize,
+    /// Units free now but set aside for a heavy head waiter that needs more (its partial
+    /// grant): not held, yet not free for anybody else. 0 when nobody waits.
+    pub reserved: usize,
     /// Acquirers waiting now.
     pub queued: usize,
 }
@@ -105,8 +108,10 @@ pub struct KeySnapshot<H, M> {
 pub struct KeyReading {
     /// The key's limits.
     pub limits: Limits,
-    /// Permits held now.
+    /// Units held now: the sum of the weights of the permits held.
     pub in_flight: usize,
+    /// Units set aside for a heavy head waiter (see [`KeySnapshot::reserved`]).
+    pub reserved: usize,
     /// Acquirers waiting now.
     pub queued: usize,
 }
@@ -178,7 +183,74 @@ where
         Q: Hash + Eq + ToOwned<Owned = H> + ?Sized,
         R: Hash + Eq + ToOwned<Owned = M> + ?Sized,
     {
-        Acquire::new(self.resolve(host, model))
+        Acquire::new(self.resolve(host, model), 1)
+    }
+
+    /// Acquires a permit of `weight` units (slots) at once, for a request that occupies several
+    /// of the engine's slots (an OpenAI request with `n = 3` decodes three sequences).
+    ///
+    /// The same queue as [`acquire`](Limiter::acquire), strictly FIFO by units: the acquire is
+    /// granted when its whole weight fits under `parallel`, never in pieces, and a heavy head
+    /// waiter is **never overtaken** by lighter waiters behind it, even when enough units for
+    /// them are free (as tokio's `Semaphore::acquire_many`). Units released while it waits are
+    /// set aside for it (its partial grant, counted in [`KeySnapshot::reserved`]); if it is
+    /// cancelled they pass on to the next head, so nothing leaks.
+    ///
+    /// A weight above the key's `parallel` could never be granted: the future fails at once
+    /// (first poll) with [`TooHeavy`](crate::AcquireError::TooHeavy), without queueing. A
+    /// waiter already queued fails with it too when a reconfiguration shrinks `parallel` below
+    /// its weight. A paused key (`parallel = 0`) refuses no weight: everything queues. A weight
+    /// of 0 holds nothing and is granted as soon as nobody is ahead of it.
+    ///
+    /// The permit releases all its units at once when dropped.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::future::Future;
+    /// use std::pin::pin;
+    /// use std::task::{Context, Waker};
+    /// use slotgate_limiter::{AcquireError, Limiter};
+    ///
+    /// let limiter: Limiter = Limiter::new();
+    /// limiter.configure("gpu-1", "llama", 4, 8);
+    /// let one = limiter.try_acquire("gpu-1", "llama").unwrap();
+    ///
+    /// // Three units needed, three free: granted at once.
+    /// let mut three = pin!(limiter.acquire_many("gpu-1", "llama", 3));
+    /// let mut cx = Context::from_waker(Waker::noop());
+    /// let three = match three.as_mut().poll(&mut cx) {
+    ///     std::task::Poll::Ready(Ok(permit)) => permit,
+    ///     other => panic!("{other:?}"),
+    /// };
+    /// assert_eq!(limiter.in_flight("gpu-1", "llama"), 4);
+    ///
+    /// // A heavy waiter at the head holds back a light one behind it.
+    /// let mut heavy = pin!(limiter.acquire_many("gpu-1", "llama", 2));
+    /// let mut light = pin!(limiter.acquire("gpu-1", "llama"));
+    /// assert!(heavy.as_mut().poll(&mut cx).is_pending());
+    /// assert!(light.as_mut().poll(&mut cx).is_pending());
+    /// drop(one); // one unit free: set aside for `heavy`, not given to `light`
+    /// assert!(light.as_mut().poll(&mut cx).is_pending());
+    /// drop(three); // now `heavy` fits (2), and then `light` (1)
+    /// assert!(heavy.as_mut().poll(&mut cx).is_ready());
+    /// assert!(light.as_mut().poll(&mut cx).is_ready());
+    ///
+    /// // More than `parallel` can never be granted: refused at once.
+    /// let mut huge = pin!(limiter.acquire_many("gpu-1", "llama", 5));
+    /// assert!(matches!(
+    ///     huge.as_mut().poll(&mut cx),
+    ///     std::task::Poll::Ready(Err(AcquireError::TooHeavy { weight: 5, parallel: 4 }))
+    /// ));
+    /// ```
+    pub fn acquire_many<Q, R>(&self, host: &Q, model: &R, weight: usize) -> Acquire
+    where
+        H: Borrow<Q>,
+        M: Borrow<R>,
+        Q: Hash + Eq + ToOwned<Owned = H> + ?Sized,
+        R: Hash + Eq + ToOwned<Owned = M> + ?Sized,
+    {
+        Acquire::new(self.resolve(host, model), weight)
     }
 
     /// Takes a permit only if a slot is free now and nobody waits for one. Never waits.
@@ -190,6 +262,41 @@ where
         R: Hash + Eq + ToOwned<Owned = M> + ?Sized,
     {
         self.handle(host, model).try_acquire()
+    }
+
+    /// Takes a permit of `weight` units only if they are all free now and nobody waits. Never
+    /// waits; a weight above `parallel` fails with
+    /// [`TooHeavy`](crate::TryAcquireError::TooHeavy).
+    ///
+    /// ```
+    /// use slotgate_limiter::{Limiter, TryAcquireError};
+    ///
+    /// let limiter: Limiter = Limiter::new();
+    /// limiter.configure("gpu-1", "llama", 4, 0);
+    /// let three = limiter.try_acquire_many("gpu-1", "llama", 3).unwrap();
+    /// assert_eq!(three.weight(), 3);
+    /// assert_eq!(
+    ///     limiter.try_acquire_many("gpu-1", "llama", 2).unwrap_err(),
+    ///     TryAcquireError::NoSlot
+    /// );
+    /// assert_eq!(
+    ///     limiter.try_acquire_many("gpu-1", "llama", 9).unwrap_err(),
+    ///     TryAcquireError::TooHeavy { weight: 9, parallel: 4 }
+    /// );
+    /// ```
+    pub fn try_acquire_many<Q, R>(
+        &self,
+        host: &Q,
+        model: &R,
+        weight: usize,
+    ) -> Result<Permit, TryAcquireError>
+    where
+        H: Borrow<Q>,
+        M: Borrow<R>,
+        Q: Hash + Eq + ToOwned<Owned = H> + ?Sized,
+        R: Hash + Eq + ToOwned<Owned = M> + ?Sized,
+    {
+        self.handle(host, model).try_acquire_many(weight)
     }
 
     /// Resolves the key once, for acquires that skip the map. Creates an unconfigured key if
@@ -206,7 +313,8 @@ where
         }
     }
 
-    /// Permits of the key held now; 0 for an unknown key.
+    /// Units of the key held now (one per [`acquire`](Limiter::acquire), `weight` per
+    /// [`acquire_many`](Limiter::acquire_many)); 0 for an unknown key.
     pub fn in_flight<Q, R>(&self, host: &Q, model: &R) -> usize
     where
         H: Borrow<Q>,
@@ -241,7 +349,8 @@ where
 
     /// Free slots of a host: the sum over its models of `parallel - in_flight`, never below 0
     /// per model (a shrunk key still draining counts 0), saturating at `usize::MAX`; 0 for an
-    /// unknown host.
+    /// unknown host. Units set aside for a heavy head waiter count as free here: they are not
+    /// in use, and the next release may grant them.
     ///
     /// # Examples
     ///
@@ -282,6 +391,7 @@ where
                     model: model.clone(),
                     limits: r.limits,
                     in_flight: r.in_flight,
+                    reserved: r.reserved,
                     queued: r.queued,
                 });
             }
@@ -384,14 +494,29 @@ impl<H: fmt::Debug, M: fmt::Debug> fmt::Debug for Limiter<H, M> {
 impl KeyHandle {
     /// Acquires a permit for this key; see [`Limiter::acquire`].
     pub fn acquire(&self) -> Acquire {
-        Acquire::new(self.key.clone())
+        Acquire::new(self.key.clone(), 1)
+    }
+
+    /// Acquires a permit of `weight` units for this key; see [`Limiter::acquire_many`].
+    pub fn acquire_many(&self, weight: usize) -> Acquire {
+        Acquire::new(self.key.clone(), weight)
     }
 
     /// Takes a permit only if a slot is free now and nobody waits; see
     /// [`Limiter::try_acquire`].
     pub fn try_acquire(&self) -> Result<Permit, TryAcquireError> {
-        self.key.try_take()?;
-        Ok(Permit::new(self.key.clone(), std::time::Duration::ZERO))
+        self.try_acquire_many(1)
+    }
+
+    /// Takes a permit of `weight` units only if they are free now and nobody waits; see
+    /// [`Limiter::try_acquire_many`].
+    pub fn try_acquire_many(&self, weight: usize) -> Result<Permit, TryAcquireError> {
+        self.key.try_take(weight)?;
+        Ok(Permit::new(
+            self.key.clone(),
+            weight,
+            std::time::Duration::ZERO,
+        ))
     }
 
     /// The key's limits, permits held and acquirers waiting, read together under one lock, so
@@ -413,11 +538,12 @@ impl KeyHandle {
         KeyReading {
             limits: r.limits,
             in_flight: r.in_flight,
+            reserved: r.reserved,
             queued: r.queued,
         }
     }
 
-    /// Permits of this key held now.
+    /// Units of this key held now.
     pub fn in_flight(&self) -> usize {
         self.key.read().in_flight
     }

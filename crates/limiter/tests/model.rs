@@ -1,15 +1,16 @@
 //! A proptest state-machine test of the limiter against a reference model.
 //!
-//! Random sequences of configure, acquire, try-acquire, cancel, release and remove over three
-//! keys (two hosts) are applied both to a plain reference model and to the real limiter, whose
-//! futures are polled by hand with counting wakers so runs are deterministic and shrink well.
-//! After every step the test checks, per key:
+//! Random sequences of configure, acquire, try-acquire (each of weight 1 to 3), cancel, release
+//! and remove over three keys (two hosts) are applied both to a plain reference model and to the
+//! real limiter, whose futures are polled by hand with counting wakers so runs are
+//! deterministic and shrink well. After every step the test checks, per key:
 //!
-//! - `QueueFull` / `Closed` / an immediate grant exactly when the model says so;
+//! - `QueueFull` / `TooHeavy` / `Closed` / an immediate grant exactly when the model says so;
 //! - grant order: exactly the waiters the model granted are ready, each was woken, and no other
-//!   waiter is ready (FIFO, no overtaking);
-//! - `in_flight`, `queued` and `free_slots(host)` equal the model's;
-//! - invariants: a waiter exists only when the key is at or above its limit.
+//!   waiter is ready (FIFO by units: a heavy head is never overtaken);
+//! - waiters refused as too heavy after a shrink: exactly those the model refused;
+//! - `in_flight` (units), `reserved`, `queued` and `free_slots(host)` equal the model's;
+//! - invariants: a waiter exists only when the head's weight does not fit.
 //!
 //! At the end every permit and waiter is dropped and every key must read zero in flight.
 #![cfg(not(loom))]
@@ -35,8 +36,8 @@ struct KeyModel {
     parallel: usize,
     queue: usize,
     in_flight: usize,
-    /// Waiter ids in grant order.
-    waiters: VecDeque<u64>,
+    /// Waiters (id, weight) in grant order.
+    waiters: VecDeque<(u64, usize)>,
 }
 
 impl KeyModel {
@@ -48,15 +49,38 @@ impl KeyModel {
         }
     }
 
-    /// A slot was given back: hand it to the head waiter if the limit leaves room.
-    fn release(&mut self) -> Option<u64> {
-        if self.in_flight <= self.parallel
-            && let Some(w) = self.waiters.pop_front()
-        {
-            return Some(w);
+    fn too_heavy(&self, weight: usize) -> bool {
+        self.parallel > 0 && weight > self.parallel
+    }
+
+    fn fits(&self, weight: usize) -> bool {
+        self.in_flight + weight <= self.parallel
+    }
+
+    /// Grants heads in order while each fits; refuses heads that never can. Returns the
+    /// granted and the refused ids.
+    fn fill(&mut self) -> (Vec<u64>, Vec<u64>) {
+        let (mut granted, mut refused) = (Vec::new(), Vec::new());
+        while let Some(&(id, weight)) = self.waiters.front() {
+            if self.too_heavy(weight) {
+                refused.push(id);
+            } else if self.fits(weight) {
+                self.in_flight += weight;
+                granted.push(id);
+            } else {
+                break;
+            }
+            self.waiters.pop_front();
         }
-        self.in_flight -= 1;
-        None
+        (granted, refused)
+    }
+
+    fn reserved(&self) -> usize {
+        if self.waiters.is_empty() {
+            0
+        } else {
+            self.parallel.saturating_sub(self.in_flight)
+        }
     }
 }
 
@@ -72,14 +96,16 @@ struct Model {
     keys: Vec<Option<KeyModel>>,
     epochs: Vec<u64>,
     next_id: u64,
-    /// Permits held: id → owner.
-    permits: BTreeMap<u64, Owner>,
-    /// Waiters queued: id → owner.
-    waiting: BTreeMap<u64, Owner>,
+    /// Permits held: id → (owner, weight).
+    permits: BTreeMap<u64, (Owner, usize)>,
+    /// Waiters queued: id → (owner, weight).
+    waiting: BTreeMap<u64, (Owner, usize)>,
     /// Waiters granted by the last step, which the SUT must see ready.
     just_granted: Vec<u64>,
     /// Waiters closed by the last step.
     just_closed: Vec<u64>,
+    /// Waiters refused as too heavy by the last step (a shrink).
+    just_refused: Vec<u64>,
     /// Outcome of the last acquire / try-acquire.
     last: Option<Outcome>,
 }
@@ -90,6 +116,7 @@ enum Outcome {
     Queued,
     QueueFull,
     NoSlot,
+    TooHeavy,
 }
 
 #[derive(Debug, Clone)]
@@ -101,9 +128,11 @@ enum Transition {
     },
     Acquire {
         key: usize,
+        weight: usize,
     },
     TryAcquire {
         key: usize,
+        weight: usize,
     },
     Cancel(Index),
     Release(Index),
@@ -124,15 +153,31 @@ impl Model {
         }
     }
 
-    /// Gives a slot back to `owner`'s key, if that incarnation is still current.
-    fn release_to(&mut self, owner: Owner) {
+    /// Gives `weight` units back to `owner`'s key, if that incarnation is still current.
+    fn release_to(&mut self, owner: Owner, weight: usize) {
         if owner.epoch != self.epochs[owner.key] {
             return; // a removed key: its state is gone from the limiter's view
         }
-        if let Some(granted) = self.keys[owner.key].as_mut().and_then(KeyModel::release) {
-            self.waiting.remove(&granted);
-            self.permits.insert(granted, owner);
-            self.just_granted.push(granted);
+        if let Some(k) = self.keys[owner.key].as_mut() {
+            k.in_flight -= weight;
+        }
+        self.fill(owner);
+    }
+
+    /// Runs the key's fill and moves the waiters it granted or refused.
+    fn fill(&mut self, owner: Owner) {
+        let Some(k) = self.keys[owner.key].as_mut() else {
+            return;
+        };
+        let (granted, refused) = k.fill();
+        for w in granted {
+            let (_, weight) = self.waiting.remove(&w).expect("granted waiter waits");
+            self.permits.insert(w, (owner, weight));
+            self.just_granted.push(w);
+        }
+        for w in refused {
+            self.waiting.remove(&w);
+            self.just_refused.push(w);
         }
     }
 }
@@ -154,11 +199,15 @@ impl ReferenceStateMachine for LimiterModel {
 
     fn transitions(_state: &Self::State) -> BoxedStrategy<Self::Transition> {
         let key = 0..KEYS.len();
+        // Mostly weight 1 (today's traffic), some heavier, now and then above `parallel`.
+        let weight = prop_oneof![3 => Just(1usize), 2 => 2..4usize];
         prop_oneof![
-            2 => (key.clone(), 0..4usize, 0..4usize)
+            2 => (key.clone(), 0..5usize, 0..4usize)
                 .prop_map(|(key, parallel, queue)| Transition::Configure { key, parallel, queue }),
-            6 => key.clone().prop_map(|key| Transition::Acquire { key }),
-            2 => key.clone().prop_map(|key| Transition::TryAcquire { key }),
+            6 => (key.clone(), weight.clone())
+                .prop_map(|(key, weight)| Transition::Acquire { key, weight }),
+            2 => (key.clone(), weight)
+                .prop_map(|(key, weight)| Transition::TryAcquire { key, weight }),
             3 => any::<Index>().prop_map(Transition::Cancel),
             5 => any::<Index>().prop_map(Transition::Release),
             1 => key.prop_map(|key| Transition::Remove { key }),
@@ -177,6 +226,7 @@ impl ReferenceStateMachine for LimiterModel {
     fn apply(mut state: Self::State, t: &Self::Transition) -> Self::State {
         state.just_granted.clear();
         state.just_closed.clear();
+        state.just_refused.clear();
         state.last = None;
         match *t {
             Transition::Configure {
@@ -188,63 +238,55 @@ impl ReferenceStateMachine for LimiterModel {
                 let k = state.key_mut(key);
                 k.parallel = parallel;
                 k.queue = queue;
-                let mut granted = Vec::new();
-                while k.in_flight < k.parallel {
-                    let Some(w) = k.waiters.pop_front() else {
-                        break;
-                    };
-                    k.in_flight += 1;
-                    granted.push(w);
-                }
-                for w in granted {
-                    state.waiting.remove(&w);
-                    state.permits.insert(w, owner);
-                    state.just_granted.push(w);
-                }
+                state.fill(owner);
             }
-            Transition::Acquire { key } | Transition::TryAcquire { key } => {
+            Transition::Acquire { key, weight } | Transition::TryAcquire { key, weight } => {
                 let is_try = matches!(t, Transition::TryAcquire { .. });
                 let owner = state.owner(key);
                 let id = state.next_id;
                 state.next_id += 1;
                 let k = state.key_mut(key);
-                let outcome = if k.in_flight < k.parallel && k.waiters.is_empty() {
-                    k.in_flight += 1;
+                let outcome = if k.too_heavy(weight) {
+                    Outcome::TooHeavy
+                } else if k.fits(weight) && k.waiters.is_empty() {
+                    k.in_flight += weight;
                     Outcome::Granted
                 } else if is_try {
                     Outcome::NoSlot
                 } else if k.waiters.len() >= k.queue {
                     Outcome::QueueFull
                 } else {
-                    k.waiters.push_back(id);
+                    k.waiters.push_back((id, weight));
                     Outcome::Queued
                 };
                 match outcome {
                     Outcome::Granted => {
-                        state.permits.insert(id, owner);
+                        state.permits.insert(id, (owner, weight));
                     }
                     Outcome::Queued => {
-                        state.waiting.insert(id, owner);
+                        state.waiting.insert(id, (owner, weight));
                     }
-                    Outcome::QueueFull | Outcome::NoSlot => {}
+                    Outcome::QueueFull | Outcome::NoSlot | Outcome::TooHeavy => {}
                 }
                 state.last = Some(outcome);
             }
             Transition::Cancel(index) => {
                 let id = *index.get(&state.waiting.keys().copied().collect::<Vec<_>>());
-                let owner = state.waiting.remove(&id).expect("precondition");
+                let (owner, _) = state.waiting.remove(&id).expect("precondition");
                 if let Some(k) = state.keys[owner.key].as_mut() {
-                    k.waiters.retain(|w| *w != id);
+                    k.waiters.retain(|(w, _)| *w != id);
                 }
+                // A head that leaves lets the next one take the units set aside for it.
+                state.fill(owner);
             }
             Transition::Release(index) => {
                 let id = *index.get(&state.permits.keys().copied().collect::<Vec<_>>());
-                let owner = state.permits.remove(&id).expect("precondition");
-                state.release_to(owner);
+                let (owner, weight) = state.permits.remove(&id).expect("precondition");
+                state.release_to(owner, weight);
             }
             Transition::Remove { key } => {
                 if let Some(k) = state.keys[key].take() {
-                    for w in k.waiters {
+                    for (w, _) in k.waiters {
                         state.waiting.remove(&w);
                         state.just_closed.push(w);
                     }
@@ -310,17 +352,28 @@ impl StateMachineTest for LimiterTest {
                 let (h, m) = KEYS[key];
                 sut.limiter.configure(h, m, parallel, queue);
             }
-            Transition::Acquire { key } => {
+            Transition::Acquire { key, weight } => {
                 let (h, m) = KEYS[key];
+                // Weight 1 through `acquire`, so the original entry point stays covered.
+                let fut = if weight == 1 {
+                    sut.limiter.acquire(h, m)
+                } else {
+                    sut.limiter.acquire_many(h, m, weight)
+                };
                 let mut waiter = Waiter {
-                    fut: sut.limiter.acquire(h, m),
+                    fut,
                     wakes: Arc::default(),
                 };
                 match (waiter.poll(), model.last) {
                     (Poll::Ready(Ok(permit)), Some(Outcome::Granted)) => {
                         assert_eq!(permit.waited(), std::time::Duration::ZERO);
+                        assert_eq!(permit.weight(), weight);
                         sut.permits.insert(id, permit);
                     }
+                    (
+                        Poll::Ready(Err(AcquireError::TooHeavy { weight: w, .. })),
+                        Some(Outcome::TooHeavy),
+                    ) => assert_eq!(w, weight),
                     (Poll::Pending, Some(Outcome::Queued)) => {
                         sut.waiters.insert(id, waiter);
                     }
@@ -328,13 +381,20 @@ impl StateMachineTest for LimiterTest {
                     (got, want) => panic!("acquire: got {got:?}, model says {want:?}"),
                 }
             }
-            Transition::TryAcquire { key } => {
+            Transition::TryAcquire { key, weight } => {
                 let (h, m) = KEYS[key];
-                match (sut.limiter.try_acquire(h, m), model.last) {
+                let outcome = if weight == 1 {
+                    sut.limiter.try_acquire(h, m)
+                } else {
+                    sut.limiter.try_acquire_many(h, m, weight)
+                };
+                match (outcome, model.last) {
                     (Ok(permit), Some(Outcome::Granted)) => {
+                        assert_eq!(permit.weight(), weight);
                         sut.permits.insert(id, permit);
                     }
-                    (Err(TryAcquireError::NoSlot), Some(Outcome::NoSlot)) => {}
+                    (Err(TryAcquireError::NoSlot), Some(Outcome::NoSlot))
+                    | (Err(TryAcquireError::TooHeavy { .. }), Some(Outcome::TooHeavy)) => {}
                     (got, want) => panic!("try_acquire: got {got:?}, model says {want:?}"),
                 }
             }
@@ -365,31 +425,7 @@ impl StateMachineTest for LimiterTest {
             }
         }
 
-        // Grants and closes: exactly the waiters the model moved are ready, each was woken.
-        for w in &model.just_granted {
-            let mut waiter = sut.waiters.remove(w).expect("granted waiter exists");
-            assert!(
-                waiter.wakes.0.load(Ordering::SeqCst) >= 1,
-                "granted waiter {w} was woken"
-            );
-            match waiter.poll() {
-                Poll::Ready(Ok(permit)) => {
-                    sut.permits.insert(*w, permit);
-                }
-                other => panic!("waiter {w} should be granted, got {other:?}"),
-            }
-        }
-        for w in &model.just_closed {
-            let mut waiter = sut.waiters.remove(w).expect("closed waiter exists");
-            assert!(waiter.wakes.0.load(Ordering::SeqCst) >= 1);
-            assert!(matches!(
-                waiter.poll(),
-                Poll::Ready(Err(AcquireError::Closed))
-            ));
-        }
-        for (w, waiter) in &mut sut.waiters {
-            assert!(waiter.poll().is_pending(), "waiter {w} overtook the queue");
-        }
+        observe_moved(&mut sut, model);
         sut
     }
 
@@ -405,7 +441,17 @@ impl StateMachineTest for LimiterTest {
             );
             assert_eq!(sut.limiter.queued(*h, *m), queued, "queued of {h}/{m}");
             if let Some(k) = &model.keys[i] {
-                assert!(k.waiters.is_empty() || k.in_flight >= k.parallel);
+                // A waiter exists only when the head's weight does not fit.
+                if let Some(&(_, weight)) = k.waiters.front() {
+                    assert!(!k.fits(weight));
+                }
+                let snapshot = sut
+                    .limiter
+                    .snapshot()
+                    .into_iter()
+                    .find(|s| s.host == *h && s.model == *m)
+                    .expect("configured key in the snapshot");
+                assert_eq!(snapshot.reserved, k.reserved(), "reserved of {h}/{m}");
             }
         }
         for host in ["h1", "h2"] {
@@ -434,6 +480,43 @@ impl StateMachineTest for LimiterTest {
             assert_eq!(limiter.in_flight(h, m), 0, "leak on {h}/{m}");
             assert_eq!(limiter.queued(h, m), 0);
         }
+    }
+}
+
+/// Grants, closes and refusals of the last step: exactly the waiters the model moved are ready
+/// (each was woken), and every other waiter is still pending.
+fn observe_moved(sut: &mut Sut, model: &Model) {
+    for w in &model.just_granted {
+        let mut waiter = sut.waiters.remove(w).expect("granted waiter exists");
+        assert!(
+            waiter.wakes.0.load(Ordering::SeqCst) >= 1,
+            "granted waiter {w} was woken"
+        );
+        match waiter.poll() {
+            Poll::Ready(Ok(permit)) => {
+                sut.permits.insert(*w, permit);
+            }
+            other => panic!("waiter {w} should be granted, got {other:?}"),
+        }
+    }
+    for w in &model.just_closed {
+        let mut waiter = sut.waiters.remove(w).expect("closed waiter exists");
+        assert!(waiter.wakes.0.load(Ordering::SeqCst) >= 1);
+        assert!(matches!(
+            waiter.poll(),
+            Poll::Ready(Err(AcquireError::Closed))
+        ));
+    }
+    for w in &model.just_refused {
+        let mut waiter = sut.waiters.remove(w).expect("refused waiter exists");
+        assert!(waiter.wakes.0.load(Ordering::SeqCst) >= 1);
+        assert!(matches!(
+            waiter.poll(),
+            Poll::Ready(Err(AcquireError::TooHeavy { .. }))
+        ));
+    }
+    for (w, waiter) in &mut sut.waiters {
+        assert!(waiter.poll().is_pending(), "waiter {w} overtook the queue");
     }
 }
 

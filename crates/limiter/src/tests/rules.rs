@@ -384,3 +384,173 @@ fn rule6_cancel_anywhere_in_a_long_queue() {
     let mut last = Probe::new(waiters[n - 1].take().unwrap());
     let _p = last.granted();
 }
+
+// ===== weighted permits =====
+
+#[test]
+fn weighted_in_flight_counts_units_and_release_frees_the_whole_weight() {
+    let l = limiter();
+    l.configure(H, M, 5, 0);
+    let three = l.try_acquire_many(H, M, 3).unwrap();
+    let two = l.try_acquire_many(H, M, 2).unwrap();
+    assert_eq!((three.weight(), two.weight()), (3, 2));
+    assert_eq!(l.in_flight(H, M), 5);
+    assert_eq!(l.try_acquire(H, M).unwrap_err(), TryAcquireError::NoSlot);
+    drop(three);
+    assert_eq!(l.in_flight(H, M), 2);
+    assert_eq!(l.free_slots(H), 3);
+    drop(two);
+    assert_eq!(l.in_flight(H, M), 0);
+}
+
+#[test]
+fn weighted_heavy_head_is_never_overtaken() {
+    let l = limiter();
+    l.configure(H, M, 3, 10);
+    let held: Vec<_> = (0..3).map(|_| l.try_acquire(H, M).unwrap()).collect();
+    let mut heavy = Probe::new(l.acquire_many(H, M, 3));
+    let mut light = Probe::new(l.acquire(H, M));
+    assert!(heavy.poll().is_pending() && light.poll().is_pending());
+
+    let mut held = held.into_iter();
+    drop(held.next());
+    // One unit free: it is the heavy head's partial grant, not the light waiter's.
+    let r = l.handle(H, M).reading();
+    assert_eq!((r.in_flight, r.reserved, r.queued), (2, 1, 2));
+    assert!(
+        light.poll().is_pending(),
+        "light waiter overtook the heavy head"
+    );
+    assert_eq!(light.wakes(), 0);
+    assert_eq!(
+        l.try_acquire(H, M).unwrap_err(),
+        TryAcquireError::NoSlot,
+        "a newcomer cannot take the set-aside unit either"
+    );
+    drop(held.next());
+    assert!(heavy.poll().is_pending() && light.poll().is_pending());
+    drop(held.next());
+    assert_eq!(
+        heavy.wakes(),
+        1,
+        "the release that completes its weight wakes it"
+    );
+    let big = heavy.granted();
+    assert_eq!(big.weight(), 3);
+    assert!(light.poll().is_pending());
+    drop(big);
+    let _small = light.granted();
+    assert_eq!(l.in_flight(H, M), 1);
+}
+
+#[test]
+fn weighted_one_release_grants_several_waiters_in_order() {
+    let l = limiter();
+    l.configure(H, M, 3, 10);
+    let big = l.try_acquire_many(H, M, 3).unwrap();
+    let mut a = Probe::new(l.acquire(H, M));
+    let mut b = Probe::new(l.acquire_many(H, M, 2));
+    let mut c = Probe::new(l.acquire(H, M));
+    for p in [&mut a, &mut b, &mut c] {
+        assert!(p.poll().is_pending());
+    }
+    drop(big);
+    assert_eq!((a.wakes(), b.wakes(), c.wakes()), (1, 1, 0));
+    assert_eq!((l.in_flight(H, M), l.queued(H, M)), (3, 1));
+    let _a = a.granted();
+    let _b = b.granted();
+    assert!(c.poll().is_pending());
+}
+
+#[test]
+fn weighted_cancelled_head_passes_its_partial_grant_on() {
+    let l = limiter();
+    l.configure(H, M, 3, 10);
+    let two = l.try_acquire_many(H, M, 2).unwrap();
+    let one = l.try_acquire(H, M).unwrap();
+    let mut heavy = Probe::new(l.acquire_many(H, M, 3));
+    let mut light = Probe::new(l.acquire_many(H, M, 2));
+    assert!(heavy.poll().is_pending() && light.poll().is_pending());
+    drop(two); // two units set aside for the heavy head
+    assert_eq!(l.handle(H, M).reading().reserved, 2);
+    drop(heavy); // cancelled holding its partial grant: the next head gets it
+    assert_eq!(light.wakes(), 1);
+    let light = light.granted();
+    let r = l.handle(H, M).reading();
+    assert_eq!((r.in_flight, r.reserved, r.queued), (3, 0, 0));
+    drop((one, light));
+    assert_eq!(l.in_flight(H, M), 0, "nothing leaked");
+}
+
+#[test]
+fn weighted_above_parallel_is_refused_at_once() {
+    let l = limiter();
+    l.configure(H, M, 2, 10);
+    let mut p = Probe::new(l.acquire_many(H, M, 3));
+    assert!(!p.fut.is_queued());
+    assert!(matches!(
+        p.poll(),
+        Poll::Ready(Err(AcquireError::TooHeavy {
+            weight: 3,
+            parallel: 2
+        }))
+    ));
+    assert_eq!(
+        l.try_acquire_many(H, M, 3).unwrap_err(),
+        TryAcquireError::TooHeavy {
+            weight: 3,
+            parallel: 2
+        }
+    );
+    assert_eq!((l.in_flight(H, M), l.queued(H, M)), (0, 0));
+    // The error names the limit, for a caller that explains the refusal.
+    let e = AcquireError::TooHeavy {
+        weight: 3,
+        parallel: 2,
+    };
+    assert!(e.to_string().contains("weight 3") && e.to_string().contains('2'));
+}
+
+#[test]
+fn weighted_shrink_below_a_queued_weight_fails_it_when_it_reaches_the_head() {
+    let l = limiter();
+    l.configure(H, M, 4, 10);
+    let all = l.try_acquire_many(H, M, 4).unwrap();
+    let mut heavy = Probe::new(l.acquire_many(H, M, 3));
+    let mut light = Probe::new(l.acquire(H, M));
+    assert!(heavy.poll().is_pending() && light.poll().is_pending());
+    l.configure(H, M, 2, 10);
+    assert_eq!(heavy.wakes(), 1);
+    assert!(matches!(
+        heavy.poll(),
+        Poll::Ready(Err(AcquireError::TooHeavy {
+            weight: 3,
+            parallel: 2
+        }))
+    ));
+    assert!(light.poll().is_pending(), "still over the new limit");
+    drop(all);
+    let _light = light.granted();
+    assert_eq!(l.in_flight(H, M), 1);
+}
+
+#[test]
+fn weighted_paused_key_queues_any_weight() {
+    let l = limiter();
+    l.configure(H, M, 0, 2);
+    let mut heavy = Probe::new(l.acquire_many(H, M, 5));
+    assert!(heavy.poll().is_pending());
+    l.configure(H, M, 5, 2);
+    assert_eq!(heavy.granted().weight(), 5);
+}
+
+#[test]
+fn weighted_granted_at_call_time_but_dropped_gives_the_whole_weight_back() {
+    let l = limiter();
+    l.configure(H, M, 3, 0);
+    drop(l.acquire_many(H, M, 3));
+    assert_eq!(l.in_flight(H, M), 0);
+    let key = l.handle(H, M);
+    let _p = key.try_acquire_many(3).unwrap();
+    assert_eq!(key.in_flight(), 3);
+}
