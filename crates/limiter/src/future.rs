@@ -47,7 +47,7 @@ enum State {
 
 impl Acquire {
     pub(crate) fn new(key: Arc<KeyState>, weight: usize) -> Self {
-        let state = match key.join(weight) {
+        let state = match KeyState::join(&key, weight) {
             Ok(Joined::Granted) => State::Ready(Ok(())),
             Ok(Joined::Queued(token)) => State::Waiting {
                 token,
@@ -115,8 +115,8 @@ impl Drop for Acquire {
     fn drop(&mut self) {
         match std::mem::replace(&mut self.state, State::Done) {
             // Granted at call time but never collected: give the slot back.
-            State::Ready(Ok(())) => self.key.release(self.weight),
-            State::Waiting { token, .. } => self.key.cancel(token, self.weight),
+            State::Ready(Ok(())) => KeyState::release(&self.key, self.weight),
+            State::Waiting { token, .. } => KeyState::cancel(&self.key, token, self.weight),
             State::Ready(Err(_)) | State::Done => {}
         }
     }

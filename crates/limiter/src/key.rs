@@ -1,7 +1,9 @@
 //! The state of one (host, model) key: its limits, its in-flight units and its wait queue.
 //!
 //! Every change of state ends in [`State::fill`], the one place that grants: it hands free units
-//! to the head waiter while its whole weight fits, and stops at the first one that does not.
+//! to the head waiter while its whole weight fits (under the key's limit and, if the host has a
+//! cap, the host's: see `group.rs` for the second level), and stops at the first one that does
+//! not.
 //! Units left free while somebody waits are the head waiter's partial grant: nobody else may
 //! take them (a newcomer queues behind, `try_acquire` refuses), so they need no bookkeeping of
 //! their own and cannot leak — a head that leaves simply lets `fill` pour them into the next.
@@ -14,7 +16,8 @@
 use std::task::Waker;
 
 use crate::error::{AcquireError, TryAcquireError};
-use crate::sync::Mutex;
+use crate::group::Group;
+use crate::sync::{Arc, Mutex};
 use crate::waiters::{Status, Token, WaitQueue};
 
 /// The limits of a key, as last configured.
@@ -58,6 +61,10 @@ struct State {
     waiters: WaitQueue,
     /// Set by `remove`: waiters fail with `Closed`, new acquirers too.
     closed: bool,
+    /// The host cap this key counts against, from the moment its host has one.
+    group: Option<Arc<Group>>,
+    /// Whether this key is in its host's queue of blocked keys.
+    blocked: bool,
 }
 
 /// One key's shared state. Permits and acquire futures hold it by `Arc`, so the hot path never
@@ -104,36 +111,48 @@ impl WakeList {
 }
 
 impl KeyState {
-    pub(crate) fn new(limits: Limits) -> Self {
+    pub(crate) fn new(limits: Limits, group: Option<Arc<Group>>) -> Self {
         Self {
             state: Mutex::new(State {
                 limits,
                 in_flight: 0,
                 waiters: WaitQueue::new(),
                 closed: false,
+                group,
+                blocked: false,
             }),
         }
     }
 
-    /// Takes `weight` units if they are free and nobody waits; otherwise joins the queue if it
-    /// has room.
-    pub(crate) fn join(&self, weight: usize) -> Result<Joined, AcquireError> {
-        let mut s = self.state.lock();
+    /// Takes `weight` units if they are free (at the key and its host) and nobody waits;
+    /// otherwise joins the queue if it has room.
+    pub(crate) fn join(this: &Arc<Self>, weight: usize) -> Result<Joined, AcquireError> {
+        let mut s = this.state.lock();
         if s.closed {
             return Err(AcquireError::Closed);
         }
         if let Some(parallel) = s.too_heavy(weight) {
             return Err(AcquireError::TooHeavy { weight, parallel });
         }
-        if s.take_free(weight) {
-            return Ok(Joined::Granted);
+        match s.take_free(weight) {
+            Take::Taken => return Ok(Joined::Granted),
+            Take::TooHeavy(parallel) => return Err(AcquireError::TooHeavy { weight, parallel }),
+            Take::NoRoom => {}
         }
         if s.waiters.len() >= s.limits.queue {
             return Err(AcquireError::QueueFull);
         }
-        // No fill needed: with the queue empty the weight did not fit, and with waiters ahead
-        // the newcomer is not the head.
-        Ok(Joined::Queued(s.waiters.push_back(weight)))
+        let token = s.waiters.push_back(weight);
+        let mut wakers = WakeList::default();
+        // A newcomer at the head may have to join the host's queue of blocked keys.
+        let moved = s.group.is_some() && s.fill(this, &mut wakers);
+        let group = s.group.clone().filter(|_| moved);
+        drop(s);
+        wakers.wake_all();
+        if let Some(group) = group {
+            group.kick();
+        }
+        Ok(Joined::Queued(token))
     }
 
     /// Takes `weight` units only if they are free right now and nobody waits.
@@ -145,10 +164,10 @@ impl KeyState {
         if let Some(parallel) = s.too_heavy(weight) {
             return Err(TryAcquireError::TooHeavy { weight, parallel });
         }
-        if s.take_free(weight) {
-            Ok(())
-        } else {
-            Err(TryAcquireError::NoSlot)
+        match s.take_free(weight) {
+            Take::Taken => Ok(()),
+            Take::TooHeavy(parallel) => Err(TryAcquireError::TooHeavy { weight, parallel }),
+            Take::NoRoom => Err(TryAcquireError::NoSlot),
         }
     }
 
@@ -160,46 +179,66 @@ impl KeyState {
     /// A queued waiter of `weight` units had its future dropped: it leaves the queue, or passes
     /// on the units it was handed in the same instant (rule 3). Either way the units that were
     /// set aside for it, if it was the head, go to whoever is head now.
-    pub(crate) fn cancel(&self, token: Token, weight: usize) {
-        let mut s = self.state.lock();
+    pub(crate) fn cancel(this: &Arc<Self>, token: Token, weight: usize) {
+        let mut s = this.state.lock();
         match s.waiters.remove(token) {
-            Status::Granted => s.in_flight = s.in_flight.saturating_sub(weight),
+            Status::Granted => s.give_back(weight),
             Status::Waiting | Status::Closed | Status::TooHeavy { .. } => {}
         }
-        let mut wakers = WakeList::default();
-        s.fill(&mut wakers);
-        drop(s);
-        wakers.wake_all();
+        Self::settle(this, s);
     }
 
     /// A permit of `weight` units was released.
-    pub(crate) fn release(&self, weight: usize) {
-        let mut s = self.state.lock();
-        // Saturating: a release can never underflow, whatever a caller does.
-        s.in_flight = s.in_flight.saturating_sub(weight);
-        let mut wakers = WakeList::default();
-        s.fill(&mut wakers);
-        drop(s);
-        wakers.wake_all();
+    pub(crate) fn release(this: &Arc<Self>, weight: usize) {
+        let mut s = this.state.lock();
+        s.give_back(weight);
+        Self::settle(this, s);
     }
 
     /// Changes the limits live. Held permits are never revoked; new room goes to waiters first.
-    pub(crate) fn configure(&self, limits: Limits) {
-        let mut s = self.state.lock();
+    pub(crate) fn configure(this: &Arc<Self>, limits: Limits) {
+        let mut s = this.state.lock();
         s.limits = limits;
+        Self::settle(this, s);
+    }
+
+    /// Makes the key count against its host's cap from now on, with the units it holds now.
+    pub(crate) fn attach(this: &Arc<Self>, group: &Arc<Group>) {
+        let mut s = this.state.lock();
+        if s.group.is_some() {
+            return;
+        }
+        group.state.lock().in_flight += s.in_flight;
+        s.group = Some(group.clone());
+        Self::settle(this, s);
+    }
+
+    /// A kick from the host: runs the grant step; whether it made progress on the host's queue
+    /// (this key was granted from its front, or left it).
+    pub(crate) fn unblock(this: &Arc<Self>) -> bool {
+        let mut s = this.state.lock();
         let mut wakers = WakeList::default();
-        s.fill(&mut wakers);
+        let moved = s.fill(this, &mut wakers);
         drop(s);
         wakers.wake_all();
+        moved
     }
 
     /// Closes the key: every waiter fails with `Closed`; held permits stay valid.
-    pub(crate) fn close(&self) {
-        let mut s = self.state.lock();
+    pub(crate) fn close(this: &Arc<Self>) {
+        let mut s = this.state.lock();
         s.closed = true;
         let wakers = s.waiters.close_all();
+        let mut rest = WakeList::default();
+        // No waiter left: this takes the key off its host's queue if it was there.
+        let moved = s.fill(this, &mut rest);
+        let group = s.group.clone().filter(|_| moved);
         drop(s);
         wakers.into_iter().for_each(Waker::wake);
+        rest.wake_all();
+        if let Some(group) = group {
+            group.kick();
+        }
     }
 
     pub(crate) fn read(&self) -> Reading {
@@ -212,6 +251,32 @@ impl KeyState {
             closed: s.closed,
         }
     }
+
+    /// The host cap this key counts against, if any.
+    pub(crate) fn group(&self) -> Option<Arc<Group>> {
+        self.state.lock().group.clone()
+    }
+
+    /// Runs the grant step, releases the lock, wakes who was granted, and kicks the host if
+    /// host units may now be free for another key.
+    fn settle(this: &Arc<Self>, mut s: crate::sync::MutexGuard<'_, State>) {
+        let mut wakers = WakeList::default();
+        s.fill(this, &mut wakers);
+        let group = s.group.clone();
+        drop(s);
+        wakers.wake_all();
+        if let Some(group) = group {
+            group.kick();
+        }
+    }
+}
+
+/// What [`State::take_free`] did.
+enum Take {
+    Taken,
+    NoRoom,
+    /// The weight is above the host cap's `parallel`.
+    TooHeavy(usize),
 }
 
 impl State {
@@ -227,14 +292,39 @@ impl State {
         weight <= self.limits.parallel.saturating_sub(self.in_flight)
     }
 
-    /// Takes `weight` units if they fit and nobody waits. FIFO: free units with a waiter ahead
-    /// are that waiter's partial grant, never a newcomer's.
-    fn take_free(&mut self, weight: usize) -> bool {
+    /// Takes `weight` units if they fit and nobody waits, at the key and at its host. FIFO:
+    /// free units with a waiter ahead are that waiter's partial grant, never a newcomer's; free
+    /// host units with a model blocked on the host are that model's.
+    fn take_free(&mut self, weight: usize) -> Take {
         let free = self.waiters.is_empty() && self.fits(weight);
-        if free {
-            self.in_flight += weight;
+        let Some(group) = &self.group else {
+            if free {
+                self.in_flight += weight;
+                return Take::Taken;
+            }
+            return Take::NoRoom;
+        };
+        let mut g = group.state.lock();
+        if let Some(parallel) = g.too_heavy(weight) {
+            return Take::TooHeavy(parallel);
         }
-        free
+        if free && g.blocked.is_empty() && g.fits(weight) {
+            g.in_flight += weight;
+            drop(g);
+            self.in_flight += weight;
+            return Take::Taken;
+        }
+        Take::NoRoom
+    }
+
+    /// Units of a permit come back, at the key and at its host.
+    fn give_back(&mut self, weight: usize) {
+        // Saturating: a release can never underflow, whatever a caller does.
+        self.in_flight = self.in_flight.saturating_sub(weight);
+        if let Some(group) = &self.group {
+            let mut g = group.state.lock();
+            g.in_flight = g.in_flight.saturating_sub(weight);
+        }
     }
 
     /// Grants head waiters in order while each one's whole weight fits (rule 2: handoff, and a
@@ -242,17 +332,59 @@ impl State {
     /// after a shrink leaves with `TooHeavy`, so it does not block the queue for ever. After a
     /// shrink `in_flight` may exceed `parallel`; then nothing is granted until it drains (rule
     /// 4).
-    fn fill(&mut self, wakers: &mut WakeList) {
+    ///
+    /// With a host cap, a head that fits the key also needs its whole weight free at the host,
+    /// and its turn there; if not, the key joins the host's queue of blocked keys (`me` is the
+    /// key's own `Arc`, for that queue) and the step stops. Returns whether the host queue's
+    /// front changed (this key was granted from it, or left it), after which the host must be
+    /// kicked for the next front.
+    fn fill(&mut self, me: &Arc<KeyState>, wakers: &mut WakeList) -> bool {
+        let mut moved = false;
         while let Some(weight) = self.waiters.front_weight() {
             if let Some(parallel) = self.too_heavy(weight) {
                 wakers.push(self.waiters.refuse_front(parallel));
-            } else if self.fits(weight) {
-                self.in_flight += weight;
-                wakers.push(self.waiters.grant_front());
-            } else {
+                continue;
+            }
+            if !self.fits(weight) {
                 break;
             }
+            let Some(group) = &self.group else {
+                self.in_flight += weight;
+                wakers.push(self.waiters.grant_front());
+                continue;
+            };
+            let mut g = group.state.lock();
+            if let Some(parallel) = g.too_heavy(weight) {
+                drop(g);
+                wakers.push(self.waiters.refuse_front(parallel));
+                continue;
+            }
+            if g.turn_of(me) && g.fits(weight) {
+                g.in_flight += weight;
+                if self.blocked {
+                    g.blocked.pop_front();
+                    self.blocked = false;
+                    moved = true;
+                }
+                drop(g);
+                self.in_flight += weight;
+                wakers.push(self.waiters.grant_front());
+                continue;
+            }
+            if !self.blocked {
+                g.blocked.push_back(me.clone());
+                self.blocked = true;
+            }
+            return moved;
         }
+        // Nobody waits, or the head waits for the key's own units: not blocked on the host.
+        if self.blocked {
+            self.blocked = false;
+            if let Some(group) = &self.group {
+                moved |= group.state.lock().unblock(me);
+            }
+        }
+        moved
     }
 
     /// Units free now but set aside for the head waiter, which needs more than that.

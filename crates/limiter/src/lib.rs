@@ -28,10 +28,17 @@
 //! 5. Never panics; `Send + Sync`; no lock held across an await (there are no awaits inside);
 //!    keys do not contend with each other on the acquire/release path.
 //! 6. Acquire, release and cancellation are O(1) in the number of waiters (plus O(1) per waiter
-//!    a release or cancellation grants).
+//!    a release or cancellation grants). Under a host cap, a model leaving the cap's line from
+//!    the middle costs O(models of the host) (see rule 8).
 //! 7. A weight above `parallel` could never be granted: it is refused at once with
 //!    [`AcquireError::TooHeavy`] (and [`TryAcquireError::TooHeavy`]); a queued waiter gets the
 //!    same error when a shrink of `parallel` leaves it too heavy.
+//! 8. A host may carry its own cap ([`Limiter::configure_host`]) shared by all its models, for
+//!    an engine whose models share one pool of slots. A request then needs its whole weight
+//!    free at both levels and takes both at once: key before host, always in that order (no
+//!    deadlock), nothing held at either level while it waits, its place in its own model's
+//!    bounded, cancellable queue, and FIFO across the host's models for the cap. Releasing
+//!    frees both. [`Limiter::host_reading`] and [`Limiter::host_snapshot`] expose the cap.
 //!
 //! ## Example: a limiter in front of a backend
 //!
@@ -98,6 +105,12 @@
 //! its future sees it; a future dropped in that state passes the slot on under the same lock,
 //! which is how rule 3 holds. Wakers are always woken after the key's lock is released.
 //!
+//! A host cap is a second, smaller state of the same shape (`group.rs`): a limit, the units in
+//! flight over the host's keys, and a FIFO of the keys whose head waits for it. Locks are taken
+//! key first, host second, never the other way, and code holding the host's lock never locks a
+//! key; a release that frees host units *kicks* the first key in line after letting go of every
+//! lock. The details and the argument for why no wake-up is lost are in that module.
+//!
 //! All locks and `Arc`s come from one `sync` module that swaps in loom's under `--cfg loom`;
 //! the loom models live in `src/tests/`.
 //!
@@ -105,6 +118,7 @@
 
 mod error;
 mod future;
+mod group;
 mod key;
 mod limiter;
 mod permit;
@@ -113,8 +127,9 @@ mod waiters;
 
 pub use error::{AcquireError, TryAcquireError};
 pub use future::Acquire;
+pub use group::HostReading;
 pub use key::Limits;
-pub use limiter::{KeyHandle, KeyReading, KeySnapshot, Limiter};
+pub use limiter::{HostSnapshot, KeyHandle, KeyReading, KeySnapshot, Limiter};
 pub use permit::Permit;
 
 #[cfg(test)]

@@ -64,7 +64,7 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.key.release(self.weight);
+        KeyState::release(&self.key, self.weight);
     }
 }
 

@@ -10,7 +10,11 @@
 //!   waiter is ready (FIFO by units: a heavy head is never overtaken);
 //! - waiters refused as too heavy after a shrink: exactly those the model refused;
 //! - `in_flight` (units), `reserved`, `queued` and `free_slots(host)` equal the model's;
-//! - invariants: a waiter exists only when the head's weight does not fit.
+//! - invariants: a waiter exists only when the head's weight does not fit;
+//! - the host cap of `h1` (set now and then, before or after its keys exist): its reading
+//!   (limit, units in flight, units set aside, models in line) equals the model's, it counts
+//!   exactly the permits taken under it, and it is work-conserving: a key whose head fits its
+//!   own limit is in line for the cap, and the front of that line does not fit the cap.
 //!
 //! At the end every permit and waiter is dropped and every key must read zero in flight.
 #![cfg(not(loom))]
@@ -31,6 +35,9 @@ const KEYS: [(&str, &str); 3] = [("h1", "a"), ("h1", "b"), ("h2", "a")];
 
 // ===== the reference model =====
 
+/// Keys of host `h1`, which `ConfigureHost` caps.
+const H1_KEYS: [usize; 2] = [0, 1];
+
 #[derive(Debug, Clone, Default)]
 struct KeyModel {
     parallel: usize,
@@ -38,13 +45,18 @@ struct KeyModel {
     in_flight: usize,
     /// Waiters (id, weight) in grant order.
     waiters: VecDeque<(u64, usize)>,
+    /// Counts against the host cap.
+    attached: bool,
+    /// In the host cap's queue of blocked keys.
+    blocked: bool,
 }
 
 impl KeyModel {
-    fn unconfigured() -> Self {
+    fn unconfigured(attached: bool) -> Self {
         Self {
             parallel: 1,
             queue: 0,
+            attached,
             ..Self::default()
         }
     }
@@ -57,26 +69,35 @@ impl KeyModel {
         self.in_flight + weight <= self.parallel
     }
 
-    /// Grants heads in order while each fits; refuses heads that never can. Returns the
-    /// granted and the refused ids.
-    fn fill(&mut self) -> (Vec<u64>, Vec<u64>) {
-        let (mut granted, mut refused) = (Vec::new(), Vec::new());
-        while let Some(&(id, weight)) = self.waiters.front() {
-            if self.too_heavy(weight) {
-                refused.push(id);
-            } else if self.fits(weight) {
-                self.in_flight += weight;
-                granted.push(id);
-            } else {
-                break;
-            }
-            self.waiters.pop_front();
+    fn reserved(&self) -> usize {
+        if self.waiters.is_empty() {
+            0
+        } else {
+            self.parallel.saturating_sub(self.in_flight)
         }
-        (granted, refused)
+    }
+}
+
+/// The host cap of `h1`.
+#[derive(Debug, Clone, Default)]
+struct CapModel {
+    parallel: usize,
+    in_flight: usize,
+    /// Keys whose head waits for the cap, in line.
+    blocked: VecDeque<usize>,
+}
+
+impl CapModel {
+    fn too_heavy(&self, weight: usize) -> bool {
+        self.parallel > 0 && weight > self.parallel
+    }
+
+    fn fits(&self, weight: usize) -> bool {
+        self.in_flight + weight <= self.parallel
     }
 
     fn reserved(&self) -> usize {
-        if self.waiters.is_empty() {
+        if self.blocked.is_empty() {
             0
         } else {
             self.parallel.saturating_sub(self.in_flight)
@@ -91,13 +112,22 @@ struct Owner {
     epoch: u64,
 }
 
+/// A permit held.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    owner: Owner,
+    weight: usize,
+    /// Counts against the host cap.
+    counted: bool,
+}
+
 #[derive(Debug, Clone, Default)]
 struct Model {
     keys: Vec<Option<KeyModel>>,
     epochs: Vec<u64>,
+    cap: Option<CapModel>,
     next_id: u64,
-    /// Permits held: id → (owner, weight).
-    permits: BTreeMap<u64, (Owner, usize)>,
+    permits: BTreeMap<u64, Held>,
     /// Waiters queued: id → (owner, weight).
     waiting: BTreeMap<u64, (Owner, usize)>,
     /// Waiters granted by the last step, which the SUT must see ready.
@@ -126,6 +156,9 @@ enum Transition {
         parallel: usize,
         queue: usize,
     },
+    ConfigureHost {
+        parallel: usize,
+    },
     Acquire {
         key: usize,
         weight: usize,
@@ -143,7 +176,8 @@ enum Transition {
 
 impl Model {
     fn key_mut(&mut self, key: usize) -> &mut KeyModel {
-        self.keys[key].get_or_insert_with(KeyModel::unconfigured)
+        let attached = self.cap.is_some() && H1_KEYS.contains(&key);
+        self.keys[key].get_or_insert_with(|| KeyModel::unconfigured(attached))
     }
 
     fn owner(&self, key: usize) -> Owner {
@@ -153,32 +187,193 @@ impl Model {
         }
     }
 
-    /// Gives `weight` units back to `owner`'s key, if that incarnation is still current.
-    fn release_to(&mut self, owner: Owner, weight: usize) {
-        if owner.epoch != self.epochs[owner.key] {
-            return; // a removed key: its state is gone from the limiter's view
-        }
-        if let Some(k) = self.keys[owner.key].as_mut() {
-            k.in_flight -= weight;
-        }
-        self.fill(owner);
+    fn grant(&mut self, id: u64, held: Held) {
+        self.waiting.remove(&id).expect("granted waiter waits");
+        self.permits.insert(id, held);
+        self.just_granted.push(id);
     }
 
-    /// Runs the key's fill and moves the waiters it granted or refused.
-    fn fill(&mut self, owner: Owner) {
-        let Some(k) = self.keys[owner.key].as_mut() else {
-            return;
+    fn refuse(&mut self, id: u64) {
+        self.waiting.remove(&id);
+        self.just_refused.push(id);
+    }
+
+    /// The key's grant step, as the limiter's: heads in order while each fits the key and (if
+    /// attached) the cap with its turn there; else the key lines up for the cap. Returns
+    /// whether the cap's front changed.
+    fn fill(&mut self, key: usize) -> bool {
+        let owner = self.owner(key);
+        let mut moved = false;
+        loop {
+            let Some(k) = self.keys[key].as_mut() else {
+                return moved;
+            };
+            let Some(&(id, weight)) = k.waiters.front() else {
+                break;
+            };
+            if k.too_heavy(weight) {
+                k.waiters.pop_front();
+                self.refuse(id);
+                continue;
+            }
+            if !k.fits(weight) {
+                break;
+            }
+            let held = Held {
+                owner,
+                weight,
+                counted: k.attached,
+            };
+            if !k.attached {
+                k.in_flight += weight;
+                k.waiters.pop_front();
+                self.grant(id, held);
+                continue;
+            }
+            let cap = self.cap.as_mut().expect("attached keys have a cap");
+            if cap.too_heavy(weight) {
+                k.waiters.pop_front();
+                self.refuse(id);
+                continue;
+            }
+            let turn = cap.blocked.front().is_none_or(|&f| f == key);
+            if turn && cap.fits(weight) {
+                cap.in_flight += weight;
+                if k.blocked {
+                    cap.blocked.pop_front();
+                    k.blocked = false;
+                    moved = true;
+                }
+                k.in_flight += weight;
+                k.waiters.pop_front();
+                self.grant(id, held);
+                continue;
+            }
+            if !k.blocked {
+                cap.blocked.push_back(key);
+                k.blocked = true;
+            }
+            return moved;
+        }
+        if let Some(k) = self.keys[key].as_mut()
+            && k.blocked
+        {
+            k.blocked = false;
+            let cap = self.cap.as_mut().expect("blocked keys have a cap");
+            let at = cap.blocked.iter().position(|&f| f == key).expect("in line");
+            cap.blocked.remove(at);
+            moved |= at == 0;
+        }
+        moved
+    }
+
+    /// The cap's kick: the front key takes free cap units while it makes progress.
+    fn kick(&mut self) {
+        loop {
+            let Some(cap) = &self.cap else { return };
+            let Some(&front) = cap.blocked.front() else {
+                return;
+            };
+            if cap.in_flight >= cap.parallel || !self.fill(front) {
+                return;
+            }
+        }
+    }
+
+    fn configure_host(&mut self, parallel: usize) {
+        if self.cap.is_none() {
+            self.cap = Some(CapModel {
+                parallel,
+                ..CapModel::default()
+            });
+            for key in H1_KEYS {
+                let Some(k) = self.keys[key].as_mut() else {
+                    continue;
+                };
+                k.attached = true;
+                let units = k.in_flight;
+                self.cap.as_mut().expect("just made").in_flight += units;
+                let owner = self.owner(key);
+                for held in self.permits.values_mut() {
+                    if held.owner == owner {
+                        held.counted = true;
+                    }
+                }
+                self.fill(key);
+                self.kick();
+            }
+        }
+        self.cap.as_mut().expect("made above").parallel = parallel;
+        self.kick();
+    }
+
+    fn acquire(&mut self, key: usize, weight: usize, is_try: bool) {
+        let owner = self.owner(key);
+        let id = self.next_id;
+        self.next_id += 1;
+        let k = self.key_mut(key);
+        let free = k.waiters.is_empty() && k.fits(weight);
+        let attached = k.attached;
+        let outcome = if k.too_heavy(weight) {
+            Outcome::TooHeavy
+        } else if attached {
+            let cap = self.cap.as_mut().expect("attached keys have a cap");
+            if cap.too_heavy(weight) {
+                Outcome::TooHeavy
+            } else if free && cap.blocked.is_empty() && cap.fits(weight) {
+                cap.in_flight += weight;
+                Outcome::Granted
+            } else {
+                Outcome::NoSlot
+            }
+        } else if free {
+            Outcome::Granted
+        } else {
+            Outcome::NoSlot
         };
-        let (granted, refused) = k.fill();
-        for w in granted {
-            let (_, weight) = self.waiting.remove(&w).expect("granted waiter waits");
-            self.permits.insert(w, (owner, weight));
-            self.just_granted.push(w);
+        let k = self.keys[key].as_mut().expect("made above");
+        let outcome = match outcome {
+            Outcome::Granted => {
+                k.in_flight += weight;
+                self.permits.insert(
+                    id,
+                    Held {
+                        owner,
+                        weight,
+                        counted: attached,
+                    },
+                );
+                Outcome::Granted
+            }
+            Outcome::NoSlot if is_try => Outcome::NoSlot,
+            Outcome::NoSlot if k.waiters.len() >= k.queue => Outcome::QueueFull,
+            Outcome::NoSlot => {
+                k.waiters.push_back((id, weight));
+                self.waiting.insert(id, (owner, weight));
+                if attached && self.fill(key) {
+                    self.kick();
+                }
+                Outcome::Queued
+            }
+            other => other,
+        };
+        self.last = Some(outcome);
+    }
+
+    fn release(&mut self, held: Held) {
+        if held.counted {
+            let cap = self.cap.as_mut().expect("counted permits have a cap");
+            cap.in_flight -= held.weight;
         }
-        for w in refused {
-            self.waiting.remove(&w);
-            self.just_refused.push(w);
+        let owner = held.owner;
+        // A removed key's permit releases into its old state, gone from the limiter's view.
+        if owner.epoch == self.epochs[owner.key]
+            && let Some(k) = self.keys[owner.key].as_mut()
+        {
+            k.in_flight -= held.weight;
+            self.fill(owner.key);
         }
+        self.kick();
     }
 }
 
@@ -204,6 +399,7 @@ impl ReferenceStateMachine for LimiterModel {
         prop_oneof![
             2 => (key.clone(), 0..5usize, 0..4usize)
                 .prop_map(|(key, parallel, queue)| Transition::Configure { key, parallel, queue }),
+            1 => (0..5usize).prop_map(|parallel| Transition::ConfigureHost { parallel }),
             6 => (key.clone(), weight.clone())
                 .prop_map(|(key, weight)| Transition::Acquire { key, weight }),
             2 => (key.clone(), weight)
@@ -234,42 +430,15 @@ impl ReferenceStateMachine for LimiterModel {
                 parallel,
                 queue,
             } => {
-                let owner = state.owner(key);
                 let k = state.key_mut(key);
                 k.parallel = parallel;
                 k.queue = queue;
-                state.fill(owner);
+                state.fill(key);
+                state.kick();
             }
-            Transition::Acquire { key, weight } | Transition::TryAcquire { key, weight } => {
-                let is_try = matches!(t, Transition::TryAcquire { .. });
-                let owner = state.owner(key);
-                let id = state.next_id;
-                state.next_id += 1;
-                let k = state.key_mut(key);
-                let outcome = if k.too_heavy(weight) {
-                    Outcome::TooHeavy
-                } else if k.fits(weight) && k.waiters.is_empty() {
-                    k.in_flight += weight;
-                    Outcome::Granted
-                } else if is_try {
-                    Outcome::NoSlot
-                } else if k.waiters.len() >= k.queue {
-                    Outcome::QueueFull
-                } else {
-                    k.waiters.push_back((id, weight));
-                    Outcome::Queued
-                };
-                match outcome {
-                    Outcome::Granted => {
-                        state.permits.insert(id, (owner, weight));
-                    }
-                    Outcome::Queued => {
-                        state.waiting.insert(id, (owner, weight));
-                    }
-                    Outcome::QueueFull | Outcome::NoSlot | Outcome::TooHeavy => {}
-                }
-                state.last = Some(outcome);
-            }
+            Transition::ConfigureHost { parallel } => state.configure_host(parallel),
+            Transition::Acquire { key, weight } => state.acquire(key, weight, false),
+            Transition::TryAcquire { key, weight } => state.acquire(key, weight, true),
             Transition::Cancel(index) => {
                 let id = *index.get(&state.waiting.keys().copied().collect::<Vec<_>>());
                 let (owner, _) = state.waiting.remove(&id).expect("precondition");
@@ -277,20 +446,25 @@ impl ReferenceStateMachine for LimiterModel {
                     k.waiters.retain(|(w, _)| *w != id);
                 }
                 // A head that leaves lets the next one take the units set aside for it.
-                state.fill(owner);
+                state.fill(owner.key);
+                state.kick();
             }
             Transition::Release(index) => {
                 let id = *index.get(&state.permits.keys().copied().collect::<Vec<_>>());
-                let (owner, weight) = state.permits.remove(&id).expect("precondition");
-                state.release_to(owner, weight);
+                let held = state.permits.remove(&id).expect("precondition");
+                state.release(held);
             }
             Transition::Remove { key } => {
-                if let Some(k) = state.keys[key].take() {
-                    for (w, _) in k.waiters {
+                if let Some(k) = state.keys[key].as_mut() {
+                    for (w, _) in std::mem::take(&mut k.waiters) {
                         state.waiting.remove(&w);
                         state.just_closed.push(w);
                     }
+                    // No waiter left: off the cap's line, and the next key in line goes on.
+                    state.fill(key);
+                    state.kick();
                 }
+                state.keys[key] = None;
                 state.epochs[key] += 1;
             }
         }
@@ -352,6 +526,7 @@ impl StateMachineTest for LimiterTest {
                 let (h, m) = KEYS[key];
                 sut.limiter.configure(h, m, parallel, queue);
             }
+            Transition::ConfigureHost { parallel } => sut.limiter.configure_host("h1", parallel),
             Transition::Acquire { key, weight } => {
                 let (h, m) = KEYS[key];
                 // Weight 1 through `acquire`, so the original entry point stays covered.
@@ -441,8 +616,11 @@ impl StateMachineTest for LimiterTest {
             );
             assert_eq!(sut.limiter.queued(*h, *m), queued, "queued of {h}/{m}");
             if let Some(k) = &model.keys[i] {
-                // A waiter exists only when the head's weight does not fit.
-                if let Some(&(_, weight)) = k.waiters.front() {
+                // A waiter exists only when the head's weight does not fit (or, under a host
+                // cap, it waits for the cap: `check_cap`).
+                if let Some(&(_, weight)) = k.waiters.front()
+                    && !k.attached
+                {
                     assert!(!k.fits(weight));
                 }
                 let snapshot = sut
@@ -455,15 +633,21 @@ impl StateMachineTest for LimiterTest {
             }
         }
         for host in ["h1", "h2"] {
-            let free: usize = KEYS
+            let mut free: usize = KEYS
                 .iter()
                 .enumerate()
                 .filter(|(_, (h, _))| *h == host)
                 .filter_map(|(i, _)| model.keys[i].as_ref())
                 .map(|k| k.parallel.saturating_sub(k.in_flight))
                 .sum();
+            if host == "h1"
+                && let Some(cap) = &model.cap
+            {
+                free = free.min(cap.parallel.saturating_sub(cap.in_flight));
+            }
             assert_eq!(sut.limiter.free_slots(host), free, "free_slots({host})");
         }
+        check_cap(sut, model);
         assert_eq!(sut.permits.len(), model.permits.len());
         assert_eq!(sut.waiters.len(), model.waiting.len());
     }
@@ -480,6 +664,65 @@ impl StateMachineTest for LimiterTest {
             assert_eq!(limiter.in_flight(h, m), 0, "leak on {h}/{m}");
             assert_eq!(limiter.queued(h, m), 0);
         }
+        if let Some(cap) = limiter.host_reading("h1") {
+            assert_eq!(
+                (cap.in_flight, cap.blocked_models),
+                (0, 0),
+                "leak on the cap"
+            );
+        }
+    }
+}
+
+/// The host cap of `h1`: its reading equals the model's, it is work-conserving (a key whose
+/// head fits its own limit is in line for the cap, and the front of the line does not fit, or
+/// the cap is full), and counted permits add up.
+fn check_cap(sut: &Sut, model: &Model) {
+    let reading = sut.limiter.host_reading("h1");
+    let Some(cap) = &model.cap else {
+        assert!(reading.is_none());
+        return;
+    };
+    let reading = reading.expect("h1 has a cap");
+    assert_eq!(
+        (
+            reading.parallel,
+            reading.in_flight,
+            reading.reserved,
+            reading.blocked_models
+        ),
+        (
+            cap.parallel,
+            cap.in_flight,
+            cap.reserved(),
+            cap.blocked.len()
+        ),
+        "cap of h1"
+    );
+    let counted: usize = model
+        .permits
+        .values()
+        .filter(|held| held.counted)
+        .map(|held| held.weight)
+        .sum();
+    assert_eq!(cap.in_flight, counted, "the cap counts exactly its permits");
+    for key in H1_KEYS {
+        let Some(k) = &model.keys[key] else { continue };
+        if let Some(&(_, weight)) = k.waiters.front() {
+            assert_eq!(
+                k.blocked,
+                k.fits(weight),
+                "key {key} in line iff its head fits it"
+            );
+        }
+    }
+    if let Some(&front) = cap.blocked.front() {
+        let k = model.keys[front].as_ref().expect("keys in line exist");
+        let &(_, weight) = k.waiters.front().expect("keys in line have a head");
+        assert!(
+            cap.in_flight >= cap.parallel || !cap.fits(weight),
+            "the front of the line fits the cap but was not granted"
+        );
     }
 }
 

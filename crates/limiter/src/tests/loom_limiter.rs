@@ -313,3 +313,73 @@ fn weighted_release_completes_a_partial_grant() {
         assert_eq!(l.queued(H, M), 0);
     });
 }
+
+// ===== host caps (two levels) =====
+
+/// Two models under a host cap of 1, one slot each. A permit of model `a` is released while
+/// acquirers of `a` and `b` block on two threads: the host never has two permits out, nobody
+/// waits for ever (no lost wake-up across the two levels: `block_on` would hang the model), no
+/// deadlock between the key and host locks, and everything drains to zero.
+#[test]
+fn two_levels_release_races_acquirers_of_two_models() {
+    run_model("two_levels_release_races_acquirers_of_two_models", || {
+        let l: Limiter = Limiter::new();
+        l.configure_host(H, 1);
+        l.configure(H, "a", 1, 1);
+        l.configure(H, "b", 1, 1);
+        let held = l.try_acquire(H, "a").unwrap();
+        let holders = Arc::new(AtomicUsize::new(1));
+
+        let acquirer = |model: &'static str, l: Limiter, holders: Arc<AtomicUsize>| {
+            move || {
+                let permit = block_on(l.acquire(H, model)).expect("room in the queue");
+                let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
+                assert_eq!(now, 1, "two permits under a host cap of 1");
+                holders.fetch_sub(1, Ordering::SeqCst);
+                drop(permit);
+            }
+        };
+        let a = thread::spawn(acquirer("a", l.clone(), holders.clone()));
+        let b = thread::spawn(acquirer("b", l.clone(), holders.clone()));
+        holders.fetch_sub(1, Ordering::SeqCst);
+        drop(held);
+        a.join().unwrap();
+        b.join().unwrap();
+
+        let cap = l.host_reading(H).unwrap();
+        assert_eq!((cap.in_flight, cap.blocked_models), (0, 0));
+        assert_eq!(l.in_flight(H, "a") + l.in_flight(H, "b"), 0);
+    });
+}
+
+/// The model first in line for the host cap is cancelled while the unit it waits for comes
+/// back: the next model in line gets it either way, and the host queue empties.
+#[test]
+fn two_levels_cancel_of_the_front_model_races_a_release() {
+    run_model(
+        "two_levels_cancel_of_the_front_model_races_a_release",
+        || {
+            let l: Limiter = Limiter::new();
+            l.configure_host(H, 1);
+            l.configure(H, "a", 1, 0);
+            l.configure(H, "b", 1, 1);
+            l.configure(H, "c", 1, 1);
+            let held = l.try_acquire(H, "a").unwrap();
+            let mut b = l.acquire(H, "b");
+            let mut c = l.acquire(H, "c");
+            assert!(poll_once(&mut b).is_pending());
+            assert!(poll_once(&mut c).is_pending());
+
+            let releaser = thread::spawn(move || drop(held));
+            let canceller = thread::spawn(move || drop(b));
+            releaser.join().unwrap();
+            canceller.join().unwrap();
+
+            let cap = l.host_reading(H).unwrap();
+            assert_eq!((cap.in_flight, cap.blocked_models), (1, 0));
+            let permit = block_on(c).expect("c got the unit");
+            drop(permit);
+            assert_eq!(l.host_reading(H).unwrap().in_flight, 0);
+        },
+    );
+}
