@@ -20,6 +20,11 @@ step "cargo fetch (every platform's crates, so the --offline steps below work on
 # crates are not there until fetched. `cargo fetch` without --target fetches them all.
 cargo fetch --locked
 
+step "module circles (scripts/module-cycles.py, with its own tests first; a few seconds)"
+# Plain Python 3 from the standard library: nothing to install. See CONTRIBUTING.md.
+timeout 120 python3 scripts/test_module_cycles.py
+timeout 120 python3 scripts/module-cycles.py
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

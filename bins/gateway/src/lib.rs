@@ -29,33 +29,53 @@
 //!
 //! ## One request, file by file
 //!
-//! [`service`] calls the steps in order; each step has its own module:
+//! The source is grouped by role: [`proxy`] is the request path, [`upstreams`] what is known
+//! about the engines, [`ops`] the operator's side, and a few leaf modules hold what all of them
+//! share ([`base`]: the upstream URL, [`request_id`], [`error`]: the boxed error and its chain,
+//! [`metrics`]: the metric handles, [`shutdown`]). Each layer imports only the ones below it
+//! (`ops` → `proxy` → `upstreams` → leaves), and `scripts/module-cycles.py` fails CI on a circle.
 //!
-//! 1. [`server`]: accept (HTTP/1.1 and h2c), header-read timeout, connection limit, graceful
-//!    shutdown.
-//! 2. [`auth`]: the client's API key, when keys are configured.
-//! 3. [`request`]: the body under a size limit; `model` and `stream` found without
+//! [`proxy::service`] calls the steps in order; each step has its own module:
+//!
+//! 1. [`proxy::server`]: accept (HTTP/1.1 and h2c), header-read timeout, connection limit,
+//!    graceful shutdown.
+//! 2. [`proxy::auth`]: the client's API key, when keys are configured.
+//! 3. [`proxy::request`]: the body under a size limit; `model` and `stream` found without
 //!    re-serialising.
-//! 4. [`route`]: aliases, candidate upstreams, `slotgate-choose`'s ranking.
-//! 5. [`admit`]: a slot from `slotgate-limiter`, falling through to the next host when a queue
-//!    is full, waiting under `queue_timeout` otherwise.
-//! 6. [`forward`]: the pooled upstream client, timeouts, hop-by-hop headers, request id.
-//! 7. [`body`]: the response body that holds the slot until it ends, fails or is dropped.
-//! 8. [`rescue`]: every error → its problem document, in one place.
+//! 4. [`proxy::route`]: aliases, candidate upstreams, `slotgate-choose`'s ranking.
+//! 5. [`proxy::admit`]: a slot from `slotgate-limiter`, falling through to the next host when a
+//!    queue is full, waiting under `queue_timeout` otherwise.
+//! 6. [`proxy::forward`]: the pooled upstream client, timeouts, hop-by-hop headers, request id.
+//! 7. [`proxy::body`]: the response body that holds the slot until it ends, fails or is dropped.
+//! 8. [`proxy::problems`]: every error → its problem document, in one place.
 //!
-//! Around them: [`hold`] (slot hold times → `Retry-After`), [`metrics`] and [`admin`] (the
-//! admin listener).
+//! A request starts by taking the configuration in force, [`proxy::live`]; a route's targets
+//! ([`upstreams::target`]) carry the per-(upstream, model) state: hold times
+//! ([`upstreams::hold`] → `Retry-After`), metric handles, the `auto` slot count, the engine's load.
 //!
 //! ## Operating it
 //!
-//! - [`live`]: the configuration in force and everything derived from it, swapped as one piece
-//!   by [`reload`] (`SIGHUP`, `POST /admin/reload`).
-//! - [`upstream`]: what is known about each upstream now — [`health`] (active checks and
-//!   passive ejection), [`residency`] (which models are loaded), draining — kept up to date by
-//!   [`monitor`] through [`probe`], the typed client for the engines' own endpoints.
-//! - [`slots`]: `parallel = "auto"`, the slot count read from the engine.
-//! - [`reconcile`]: the engine's own busy count next to the gateway's, and a warning when
-//!   something bypasses the gateway.
+//! - [`ops::reload`] (`SIGHUP`, `POST /admin/reload`) builds the next [`proxy::live`] generation
+//!   and swaps it in as one piece.
+//! - [`ops::admin`]: the admin listener; [`ops::scrape`]: `/metrics` with gauges read at scrape
+//!   time.
+//! - [`upstreams::state`]: what is known about each upstream now — [`upstreams::health`] (active
+//!   checks and passive ejection), [`upstreams::residency`] (which models are loaded), draining —
+//!   kept up to date by [`upstreams::monitor`] through [`upstreams::probe`], the typed client for
+//!   the engines' own endpoints.
+//! - [`upstreams::slot_discovery`]: `parallel = "auto"`, the slot count read from the engine.
+//! - [`upstreams::reconcile`]: the engine's own busy count next to the gateway's, and a warning
+//!   when something bypasses the gateway.
+//!
+//! The public API is [`Gateway`], [`check`] and [`probe_config`] with their types; everything
+//! else is internal to the crate.
+
+// The map above links the crate's internal modules: rustdoc still checks that every link
+// resolves, which keeps the map true, while the public docs show the names as text.
+#![allow(
+    rustdoc::private_intra_doc_links,
+    reason = "the file-by-file map names internal modules on purpose"
+)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -68,32 +88,26 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tracing::info;
 
-pub mod admin;
-pub mod admit;
-pub mod auth;
-pub mod body;
-pub mod forward;
-pub mod health;
-pub mod hold;
-pub mod live;
-pub mod metrics;
-pub mod monitor;
-pub mod probe;
-pub mod reconcile;
-pub mod reload;
-pub mod request;
-pub mod rescue;
-pub mod residency;
-pub mod route;
-pub mod server;
-pub mod service;
-pub mod slots;
-pub mod upstream;
+mod base;
+mod error;
+mod metrics;
+mod ops;
+mod proxy;
+mod request_id;
+mod shutdown;
+mod upstreams;
 
-use crate::live::{Generation, Live};
-use crate::probe::Prober;
-use crate::reload::{ReloadError, Reloaded, Reloader};
-use crate::server::{ServerSettings, ShutdownTrigger, shutdown_pair};
+pub use crate::ops::reload::{ReloadError, Reloaded};
+pub use crate::upstreams::slot_discovery::{ProbedSlots, probe_config};
+
+use crate::ops::admin;
+use crate::ops::reload::Reloader;
+use crate::proxy::live::{Generation, Live};
+use crate::proxy::server::{self, ServerSettings};
+use crate::proxy::{forward, service};
+use crate::shutdown::{ShutdownSignal, ShutdownTrigger, shutdown_pair};
+use crate::upstreams::probe::Prober;
+use crate::upstreams::{monitor, slot_discovery};
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -123,7 +137,6 @@ pub struct Gateway {
     api_addr: SocketAddr,
     admin_addr: Option<SocketAddr>,
     limiter: Limiter,
-    live: Arc<Live>,
     reloader: Arc<Reloader>,
     api_trigger: ShutdownTrigger,
     admin_trigger: ShutdownTrigger,
@@ -167,15 +180,15 @@ impl Gateway {
         // One round of checks before the first request, so requests only go to upstreams
         // that answered (connections arriving meanwhile wait in the listen backlog).
         let prober = Prober::new(generation.policy.timeout);
-        monitor::round(
+        monitor::check_upstreams(
             generation.upstreams.iter().cloned().collect(),
             &prober,
             generation.policy,
         )
         .await;
         // `parallel = "auto"` models get their slot count before the first request too.
-        slots::round(
-            generation.routes.routes().cloned().collect(),
+        slot_discovery::read_slot_counts(
+            generation.routes.targets().cloned().collect(),
             &prober,
             generation.policy,
             true,
@@ -195,16 +208,21 @@ impl Gateway {
         let (api_trigger, api_signal) = shutdown_pair();
         let (admin_trigger, admin_signal) = shutdown_pair();
         let (monitor_trigger, monitor_signal) = shutdown_pair();
-        let monitor_task = tokio::spawn(monitor::run(Arc::clone(&live), prober, monitor_signal));
+        let watched = Arc::clone(&live);
+        let monitor_task = tokio::spawn(monitor::run(
+            move || watched.current().watched(),
+            prober,
+            monitor_signal,
+        ));
 
         // Clients told "shutting down" should come back once a restart is likely done.
         let shutdown_retry_after = server.drain_grace.max(Duration::from_secs(1));
         let app = Arc::new(service::App {
             live: Arc::clone(&live),
-            forwarder: forward::Forwarder::new(forward::ClientSettings {
-                connect_timeout: server.connect_timeout,
-                first_byte_timeout: server.first_byte_timeout,
-                pool_idle_timeout: server.idle_timeout,
+            forwarder: forward::Forwarder::new(forward::Timeouts {
+                connect: server.connect_timeout,
+                first_byte: server.first_byte_timeout,
+                pool_idle: server.idle_timeout,
             }),
             shutdown_retry_after,
             shutdown: api_signal.clone(),
@@ -226,7 +244,7 @@ impl Gateway {
 
         let admin_task = admin_listener.map(|listener| {
             let admin = admin::Admin {
-                registry: metrics.registry(Arc::clone(&live)),
+                registry: ops::scrape::registry(&metrics, Arc::clone(&live)),
                 live: Arc::clone(&live),
                 reloader: Arc::clone(&reloader),
                 shutdown: api_signal,
@@ -242,7 +260,6 @@ impl Gateway {
             api_addr,
             admin_addr,
             limiter,
-            live,
             reloader,
             api_trigger,
             admin_trigger,
@@ -268,13 +285,8 @@ impl Gateway {
         &self.limiter
     }
 
-    /// The configuration in force and the upstreams' state, for inspection.
-    pub fn live(&self) -> &Arc<Live> {
-        &self.live
-    }
-
     /// Reads the configuration file again and puts it in force without dropping requests (see
-    /// [`reload`]). Refused, with the running configuration kept, when the new one is invalid
+    /// [`ops::reload`]). Refused, with the running configuration kept, when the new one is invalid
     /// or the gateway was not started from a file.
     pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
         self.reloader.reload().await
@@ -304,7 +316,7 @@ impl Gateway {
 /// accepted (an upstream URL this gateway cannot use, an unreadable API keys file), without
 /// binding anything. `slotgate check` runs it.
 pub fn check(config: &Config) -> Result<(), StartError> {
-    Generation::check(config).map_err(|problems| StartError::Config(problems.join("; ")))
+    Generation::validate(config).map_err(|problems| StartError::Config(problems.join("; ")))
 }
 
 /// Serves the admin endpoints on `listener` until `stop` fires.
@@ -312,7 +324,7 @@ fn spawn_admin(
     admin: admin::Admin,
     listener: TcpListener,
     api_settings: ServerSettings,
-    stop: server::ShutdownSignal,
+    stop: ShutdownSignal,
 ) -> JoinHandle<()> {
     let admin = Arc::new(admin);
     let settings = ServerSettings {

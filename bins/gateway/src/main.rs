@@ -111,7 +111,7 @@ fn report_auto_slots(config: &Config) -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    for found in runtime.block_on(slotgate_gateway::slots::probe_config(config)) {
+    for found in runtime.block_on(slotgate_gateway::probe_config(config)) {
         let key = format!("upstreams.{}.models.{}", found.upstream, found.model);
         match found.slots {
             Ok(slots) => eprintln!("  {key}: {slots} slots (total_slots at {})", found.url),

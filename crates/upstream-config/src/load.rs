@@ -2,9 +2,9 @@
 
 use std::path::Path;
 
-use figment::Figment;
 use figment::providers::{Env, Format as _, Toml};
 use figment::value::Value;
+use figment::{Figment, Provider as _};
 
 use crate::error::{ConfigError, Issue};
 use crate::raw::Reader;
@@ -62,7 +62,7 @@ impl Config {
     /// [`ConfigError::Invalid`] listing every rule violation otherwise.
     pub fn from_figment(figment: &Figment) -> Result<Config, ConfigError> {
         let root: Value = figment.extract()?;
-        let mut reader = Reader::new(figment);
+        let mut reader = Reader::new(figment, env_provider().metadata().name.into_owned());
         let config = validate::build(&mut reader, &root);
         match config {
             Some(config) if !reader.has_issues() => Ok(config),

@@ -10,11 +10,10 @@ use std::fmt::{self, Write as _};
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use figment::Figment;
 use figment::value::{Dict, Num, Value};
-use figment::{Figment, Provider as _};
 
 use crate::error::Issue;
-use crate::load::env_provider;
 
 // ===== KeyPath =====
 
@@ -103,10 +102,12 @@ pub(crate) struct Reader<'f> {
 }
 
 impl<'f> Reader<'f> {
-    pub(crate) fn new(figment: &'f Figment) -> Self {
+    /// A reader of `figment`, whose environment overrides come from the provider named
+    /// `env_name` (its metadata name; passed in so that this module stays below `load`).
+    pub(crate) fn new(figment: &'f Figment, env_name: String) -> Self {
         Reader {
             figment,
-            env_name: env_provider().metadata().name.into_owned(),
+            env_name,
             issues: Vec::new(),
         }
     }

@@ -1,0 +1,54 @@
+//! Where an upstream lives: the one parsed form of an upstream URL, shared by the request path
+//! ([`proxy::forward`](crate::proxy::forward)) and the probes
+//! ([`upstreams::probe`](crate::upstreams::probe)).
+
+use http::uri::{Authority, PathAndQuery, Scheme, Uri};
+
+/// Where an upstream lives: scheme, authority and an optional path prefix.
+#[derive(Debug, Clone)]
+pub(crate) struct Base {
+    scheme: Scheme,
+    authority: Authority,
+    /// Without a trailing `/`; empty when the URL has no path.
+    prefix: String,
+}
+
+impl Base {
+    /// Parses an upstream URL such as `http://127.0.0.1:8081` or `http://host:80/openai/`.
+    ///
+    /// Only `http` is accepted: the gateway speaks plain HTTP to engines on a private network.
+    pub(crate) fn parse(url: &str) -> Result<Self, String> {
+        let uri: Uri = url
+            .parse()
+            .map_err(|e| format!("invalid URL {url:?}: {e}"))?;
+        let scheme = uri.scheme().cloned().ok_or("the URL has no scheme")?;
+        if scheme != Scheme::HTTP {
+            return Err(format!("unsupported scheme {scheme} (only http)"));
+        }
+        let authority = uri.authority().cloned().ok_or("the URL has no host")?;
+        let prefix = uri.path().trim_end_matches('/').to_owned();
+        Ok(Self {
+            scheme,
+            authority,
+            prefix,
+        })
+    }
+
+    /// The upstream URI for a client request's path and query.
+    pub(crate) fn uri_for(
+        &self,
+        path_and_query: Option<&PathAndQuery>,
+    ) -> Result<Uri, http::Error> {
+        let tail = path_and_query.map_or("/", PathAndQuery::as_str);
+        let path = if self.prefix.is_empty() {
+            tail.to_owned()
+        } else {
+            format!("{}{tail}", self.prefix)
+        };
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(path)
+            .build()
+    }
+}

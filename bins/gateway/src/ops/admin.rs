@@ -1,0 +1,344 @@
+//! The admin listener (`server.admin_listen`): probes, metrics and the operator's API, apart
+//! from the client API so that they can be firewalled separately and never queue behind client
+//! traffic.
+//!
+//! | endpoint | answer |
+//! |---|---|
+//! | `GET /healthz` | liveness: `200 {"status":"ok"}` while the process serves at all |
+//! | `GET /readyz` | readiness: `200` while the configuration is loaded, at least one upstream is healthy and not draining, and the gateway is not shutting down; `503` otherwise. The JSON body says which |
+//! | `GET /metrics` | Prometheus metrics, `OpenMetrics` text format (see [`metrics`](crate::metrics) and `docs/metrics.md`) |
+//! | `GET /admin/upstreams` | every upstream: health, draining, resident models, and per model the limits, the slot count in force (`slots`; `discovery` for `parallel = "auto"`), in-flight and queued requests, and the engine's own counts (`engine`, see [`reconcile`](crate::upstreams::reconcile)) |
+//! | `POST /admin/upstreams/{name}/drain` | stop sending new requests to the upstream; in-flight ones finish. Answers the upstream's status |
+//! | `POST /admin/upstreams/{name}/undrain` | take new requests again |
+//! | `POST /admin/reload` | reload the configuration file (see [`reload`](crate::ops::reload)): `200` with what changed, or `422` listing every problem (the running configuration stays); `409` when the gateway was not started from a file |
+//!
+//! When `server.admin_token` is set, every `/admin/*` request must carry it as
+//! `Authorization: Bearer <token>` (compared in constant time; never logged); otherwise it gets
+//! a `401` problem. The probes and `/metrics` stay open, so that orchestrators and scrapers need
+//! no secret.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::Full;
+use prometheus_client::registry::Registry;
+use serde_json::{Value, json};
+use slotgate_config::ModelLimits;
+
+use crate::ops::reload::{ReloadError, Reloader};
+use crate::proxy::live::{Generation, Live};
+use crate::proxy::problems::{self, Error, GET_ONLY, POST_ONLY, allow, not_found};
+use crate::request_id::{REQUEST_ID, request_id};
+use crate::shutdown::ShutdownSignal;
+use crate::upstreams::state::UpstreamState;
+
+/// The admin endpoints' state.
+#[derive(Debug)]
+pub(crate) struct Admin {
+    /// Every metric.
+    pub(crate) registry: Registry,
+    /// The configuration in force and the upstreams' state.
+    pub(crate) live: Arc<Live>,
+    /// Reloads the configuration file.
+    pub(crate) reloader: Arc<Reloader>,
+    /// Fired when the gateway starts shutting down.
+    pub(crate) shutdown: ShutdownSignal,
+    /// `Retry-After` on `/readyz` while not ready.
+    pub(crate) retry_after: Duration,
+}
+
+impl Admin {
+    /// Answers one admin request.
+    pub(crate) async fn handle<B>(&self, req: Request<B>) -> Response<Full<Bytes>> {
+        let request_id = request_id(req.headers());
+        let mut response = match self.dispatch(&req).await {
+            Ok(response) => response,
+            Err(error) => problems::respond(&error, &request_id),
+        };
+        response.headers_mut().insert(REQUEST_ID, request_id);
+        response
+    }
+
+    async fn dispatch<B>(&self, req: &Request<B>) -> Result<Response<Full<Bytes>>, Error> {
+        let path = req.uri().path();
+        let generation = self.live.current();
+        match path {
+            "/healthz" => {
+                allow(req, GET_ONLY)?;
+                Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
+            }
+            "/readyz" => {
+                allow(req, GET_ONLY)?;
+                Ok(self.readiness(&generation))
+            }
+            "/metrics" => {
+                allow(req, GET_ONLY)?;
+                let mut buffer = String::new();
+                prometheus_client::encoding::text::encode(&mut buffer, &self.registry)
+                    .map_err(|_| Error::Internal("encoding metrics failed".into()))?;
+                Ok(text(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    Bytes::from(buffer),
+                ))
+            }
+            _ if path == "/admin" || path.starts_with("/admin/") => {
+                authorize(&generation, req.headers())?;
+                self.operator(req, path, &generation).await
+            }
+            _ => Err(not_found(path)),
+        }
+    }
+
+    /// `/admin/*`, once authorized.
+    async fn operator<B>(
+        &self,
+        req: &Request<B>,
+        path: &str,
+        generation: &Generation,
+    ) -> Result<Response<Full<Bytes>>, Error> {
+        if path == "/admin/upstreams" {
+            allow(req, GET_ONLY)?;
+            let upstreams: Vec<Value> = generation
+                .upstreams
+                .iter()
+                .map(|u| upstream_status(generation, u))
+                .collect();
+            return Ok(json_response(
+                StatusCode::OK,
+                &json!({
+                    "generation": generation.number,
+                    "loaded_at": rfc3339(generation.loaded_at),
+                    "upstreams": upstreams,
+                }),
+            ));
+        }
+        if path == "/admin/reload" {
+            allow(req, POST_ONLY)?;
+            return Ok(match self.reloader.reload().await {
+                Ok(reloaded) => json_response(
+                    StatusCode::OK,
+                    &json!({
+                        "reloaded": true,
+                        "generation": reloaded.generation,
+                        "added": reloaded.added,
+                        "removed": reloaded.removed,
+                        "changed": reloaded.changed,
+                        "restart_required": reloaded.restart_required,
+                    }),
+                ),
+                Err(refused) => {
+                    let status = match refused {
+                        ReloadError::NoSource => StatusCode::CONFLICT,
+                        _ => StatusCode::UNPROCESSABLE_ENTITY,
+                    };
+                    json_response(
+                        status,
+                        &json!({
+                            "reloaded": false,
+                            "error": refused.to_string(),
+                            "issues": refused.issues(),
+                            "generation": generation.number,
+                        }),
+                    )
+                }
+            });
+        }
+        if let Some(rest) = path.strip_prefix("/admin/upstreams/")
+            && let Some((name, action)) = rest.rsplit_once('/')
+            && matches!(action, "drain" | "undrain")
+        {
+            let Some(upstream) = generation.upstreams.get(name) else {
+                return Err(not_found(path));
+            };
+            allow(req, POST_ONLY)?;
+            upstream.set_draining(action == "drain");
+            return Ok(json_response(
+                StatusCode::OK,
+                &upstream_status(generation, upstream),
+            ));
+        }
+        Err(not_found(path))
+    }
+
+    /// `/readyz`: ready while configured, not shutting down, and some upstream can take
+    /// requests.
+    fn readiness(&self, generation: &Generation) -> Response<Full<Bytes>> {
+        let shutting_down = self.shutdown.is_fired();
+        let available = generation
+            .upstreams
+            .iter()
+            .filter(|u| u.is_available())
+            .count();
+        let ready = !shutting_down && available > 0;
+        let mut response = json_response(
+            if ready {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            },
+            &json!({
+                "status": if ready { "ready" } else { "not ready" },
+                "config_generation": generation.number,
+                "shutting_down": shutting_down,
+                "upstreams": generation.upstreams.len(),
+                "available_upstreams": available,
+            }),
+        );
+        if !ready {
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(self.retry_after.as_secs().max(1)),
+            );
+        }
+        response
+    }
+}
+
+/// Checks the admin token, when one is configured.
+fn authorize(generation: &Generation, headers: &HeaderMap) -> Result<(), Error> {
+    let Some(expected) = &generation.config.server.admin_token else {
+        return Ok(());
+    };
+    let offered = crate::proxy::auth::bearer_token(headers).unwrap_or_default();
+    if constant_time_eq::constant_time_eq(offered.as_bytes(), expected.expose().as_bytes()) {
+        Ok(())
+    } else {
+        Err(Error::Unauthorized)
+    }
+}
+
+/// One upstream's status document.
+fn upstream_status(generation: &Generation, upstream: &UpstreamState) -> Value {
+    let health = upstream.health.view();
+    let residency = upstream.residency.view();
+    let models: Vec<Value> = generation
+        .routes
+        .routes()
+        .flat_map(|route| {
+            route
+                .targets
+                .iter()
+                .filter(|t| t.upstream.name == upstream.name)
+                .map(|t| {
+                    let (parallel, queue, queue_timeout, capacity) = match t.limits {
+                        ModelLimits::Limited {
+                            parallel,
+                            queue,
+                            queue_timeout,
+                            capacity,
+                        } => (
+                            json!(parallel),
+                            json!(queue),
+                            duration(queue_timeout),
+                            json!(capacity),
+                        ),
+                        ModelLimits::Unlimited => {
+                            (json!("unlimited"), json!(0), Value::Null, Value::Null)
+                        }
+                        ModelLimits::Auto {
+                            queue,
+                            queue_timeout,
+                        } => (
+                            json!("auto"),
+                            json!(queue),
+                            duration(queue_timeout),
+                            Value::Null,
+                        ),
+                    };
+                    let mut doc = json!({
+                        "name": route.model,
+                        "loaded": t.is_loaded(),
+                        "parallel": parallel,
+                        // The count in force: `parallel`, or the one read for "auto"
+                        // (null while unknown, and for unlimited models).
+                        "slots": t.slots(),
+                        "queue": queue,
+                        "queue_timeout": queue_timeout,
+                        "capacity": capacity,
+                        "in_flight": t.key.in_flight(),
+                        "queued": t.key.queued(),
+                    });
+                    let engine = t.engine.view();
+                    if engine.checked.is_some() {
+                        doc["engine"] = json!({
+                            "busy": engine.reading.map(|r| r.busy),
+                            "waiting": engine.reading.and_then(|r| r.waiting),
+                            "gateway_in_flight": engine.reading.map(|r| r.gateway_in_flight),
+                            "unaccounted": engine.reading.map(|r| r.unaccounted()),
+                            "whole_engine": engine.reading.map(|r| r.whole_engine),
+                            "warning": engine.warned,
+                            "last_check": engine.checked.map(rfc3339),
+                            "last_error": engine.error,
+                        });
+                    }
+                    if let Some(auto) = &t.auto {
+                        let view = auto.view();
+                        doc["discovery"] = json!({
+                            "source": "/props total_slots",
+                            "slots": view.found,
+                            "last_check": view.checked.map(rfc3339),
+                            "last_error": view.error,
+                        });
+                    }
+                    doc
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let loaded: Vec<&Value> = models
+        .iter()
+        .filter(|m| m["loaded"] == true)
+        .map(|m| &m["name"])
+        .collect();
+    json!({
+        "name": upstream.name,
+        "url": upstream.url.as_str(),
+        "kind": upstream.kind.as_str(),
+        "health": {
+            "status": health.status.as_str(),
+            "since": rfc3339(health.since),
+            "last_check": health.last_check.map(rfc3339),
+            "consecutive_successes": health.successes,
+            "consecutive_failures": health.failures,
+            "last_error": health.last_error,
+        },
+        "draining": upstream.is_draining(),
+        "loaded": loaded,
+        "residency": {
+            "resident": residency.resident.map(|r| r.names()),
+            "last_check": residency.checked.map(rfc3339),
+            "last_error": residency.error,
+        },
+        "models": models,
+    })
+}
+
+/// A configured duration as the configuration writes it (`30s`).
+fn duration(value: Duration) -> Value {
+    json!(humantime::format_duration(value).to_string())
+}
+
+fn rfc3339(at: SystemTime) -> String {
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
+    let mut response = text("application/json", Bytes::from(body.to_string()));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+fn text(content_type: &'static str, body: Bytes) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = StatusCode::OK;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}

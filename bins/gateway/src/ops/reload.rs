@@ -1,0 +1,287 @@
+//! Hot reload: `SIGHUP` or `POST /admin/reload` reads the configuration file again and puts it in
+//! force without dropping a request.
+//!
+//! In order:
+//!
+//! 1. Load and validate the file (with its `SLOTGATE_*` environment overrides), then check what
+//!    the gateway itself would refuse ([`Generation::build`]). Any problem refuses the whole
+//!    reload: every issue is logged and returned, and the configuration in force stays.
+//! 2. Build the new generation. Limits of existing keys change in the limiter at once (live: a
+//!    grown `parallel` grants waiters immediately, a shrunk one lets in-flight requests drain
+//!    down); new keys are created. An upstream that keeps its name and engine keeps its health,
+//!    residency and draining state.
+//! 3. Check the new and changed upstreams once, so the new configuration starts with their real
+//!    health, and read the slot count of every `parallel = "auto"` model again
+//!    ([`slot_discovery`]).
+//! 4. Swap: requests arriving from now on use the new configuration; requests already routed
+//!    finish under the old one.
+//! 5. Remove the limiter keys the new configuration no longer has: requests still *waiting* on
+//!    them get a `503 upstream-unavailable` problem; requests *running* on them keep their slot
+//!    and finish normally. Their metric series are dropped.
+//!
+//! Keys that only take effect at start (the listeners, connection and client settings) are
+//! reported, and keep their running values until a restart. Reloads are serialised.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use slotgate_config::{Config, ConfigError, Server};
+use slotgate_limiter::Limiter;
+use tracing::{error, info, warn};
+
+use crate::metrics::Metrics;
+use crate::proxy::live::{Generation, Live};
+use crate::upstreams::monitor;
+use crate::upstreams::probe::Prober;
+use crate::upstreams::slot_discovery;
+
+/// Reloads the configuration from the file the gateway started with.
+#[derive(Debug)]
+pub(crate) struct Reloader {
+    source: Option<PathBuf>,
+    live: Arc<Live>,
+    limiter: Limiter,
+    metrics: Metrics,
+    prober: Prober,
+    serial: tokio::sync::Mutex<()>,
+}
+
+/// What a successful reload changed ([`Gateway::reload`](crate::Gateway::reload)).
+///
+/// ```no_run
+/// # async fn demo(gateway: &slotgate_gateway::Gateway) -> Result<(), slotgate_gateway::ReloadError> {
+/// let reloaded = gateway.reload().await?;
+/// println!("generation {}: added {:?}", reloaded.generation, reloaded.added);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Reloaded {
+    /// The new generation's number.
+    pub generation: u64,
+    /// Upstreams that are new.
+    pub added: Vec<String>,
+    /// Upstreams that are gone.
+    pub removed: Vec<String>,
+    /// Upstreams whose settings or models changed.
+    pub changed: Vec<String>,
+    /// `[server]` keys that changed but only take effect at the next start.
+    pub restart_required: Vec<&'static str>,
+}
+
+/// Why a reload was refused. The configuration in force stays.
+///
+/// ```no_run
+/// # async fn demo(gateway: &slotgate_gateway::Gateway) {
+/// if let Err(refused) = gateway.reload().await {
+///     for issue in refused.issues() {
+///         eprintln!("{issue}");
+///     }
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReloadError {
+    /// The gateway was started from a configuration in memory, not a file.
+    #[error("the gateway was not started from a configuration file; there is nothing to reload")]
+    NoSource,
+    /// The file could not be read or parsed.
+    #[error("cannot load the configuration: {0}")]
+    Load(String),
+    /// The file parsed but breaks rules; every problem, each `path: message`.
+    #[error("the new configuration has {} problem(s)", .0.len())]
+    Invalid(Vec<String>),
+}
+
+impl ReloadError {
+    /// Every problem, one per entry (one entry for the errors that are not a list).
+    pub fn issues(&self) -> Vec<String> {
+        match self {
+            ReloadError::Invalid(issues) => issues.clone(),
+            other => vec![other.to_string()],
+        }
+    }
+}
+
+impl Reloader {
+    /// A reloader for the gateway whose configuration is in `live`; `source` is the file to
+    /// read again (`None`: reloads are refused).
+    pub(crate) fn new(
+        source: Option<PathBuf>,
+        live: Arc<Live>,
+        limiter: Limiter,
+        metrics: Metrics,
+        prober: Prober,
+    ) -> Self {
+        Self {
+            source,
+            live,
+            limiter,
+            metrics,
+            prober,
+            serial: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Reads the file again and puts it in force (see the [module docs](self)). Logs the
+    /// outcome either way.
+    pub(crate) async fn reload(&self) -> Result<Reloaded, ReloadError> {
+        let _serial = self.serial.lock().await;
+        let result = self.reload_locked().await;
+        self.metrics.reload(result.is_ok());
+        match &result {
+            Ok(reloaded) => {
+                info!(
+                    generation = reloaded.generation,
+                    added = ?reloaded.added,
+                    removed = ?reloaded.removed,
+                    changed = ?reloaded.changed,
+                    "configuration reloaded"
+                );
+                if !reloaded.restart_required.is_empty() {
+                    warn!(
+                        keys = ?reloaded.restart_required,
+                        "configuration reloaded, but these keys only take effect at restart"
+                    );
+                }
+            }
+            Err(refused) => {
+                for issue in refused.issues() {
+                    error!(%issue, "configuration reload refused");
+                }
+                warn!(%refused, "configuration reload refused; the running configuration stays");
+            }
+        }
+        result
+    }
+
+    async fn reload_locked(&self) -> Result<Reloaded, ReloadError> {
+        let path = self.source.clone().ok_or(ReloadError::NoSource)?;
+        // File I/O: off the async workers.
+        let loaded = tokio::task::spawn_blocking(move || Config::load(&path))
+            .await
+            .map_err(|e| ReloadError::Load(format!("the loading task failed: {e}")))?;
+        let config = loaded.map_err(|error| match error {
+            ConfigError::Invalid(issues) => {
+                ReloadError::Invalid(issues.iter().map(ToString::to_string).collect())
+            }
+            other => ReloadError::Load(other.to_string()),
+        })?;
+
+        let old = self.live.current();
+        let new = Generation::build(config, Some(&old), &self.limiter, &self.metrics)
+            .map_err(ReloadError::Invalid)?;
+
+        // New and changed engines start unknown: learn their state before they get traffic.
+        let fresh = new
+            .upstreams
+            .iter()
+            .filter(|u| !old.upstreams.contains(u))
+            .cloned()
+            .collect();
+        monitor::check_upstreams(fresh, &self.prober, new.policy).await;
+        // `parallel = "auto"`: every such model's slot count is read again.
+        slot_discovery::read_slot_counts(
+            new.routes.targets().cloned().collect(),
+            &self.prober,
+            new.policy,
+            true,
+        )
+        .await;
+
+        let reloaded = summarise(&old, &new);
+        let old_keys = old.routes.keys();
+        let new_keys = new.routes.keys();
+        let old_series = series(&old);
+        let new_series = series(&new);
+        let old_models: BTreeSet<&str> = old.routes.routes().map(|r| r.model.as_str()).collect();
+        let new_models: BTreeSet<String> = new.routes.routes().map(|r| r.model.clone()).collect();
+        self.live.replace(new);
+
+        for (authority, model) in old_keys.difference(&new_keys) {
+            // Waiters fail with `Closed` (→ 503); held permits stay valid until released.
+            self.limiter.remove(authority.as_str(), model.as_str());
+        }
+        for (upstream, model) in old_series.difference(&new_series) {
+            self.metrics.forget_target(upstream, model);
+        }
+        for model in old_models {
+            if !new_models.contains(model) {
+                self.metrics.forget_model(model);
+            }
+        }
+        Ok(reloaded)
+    }
+}
+
+/// Every (upstream name, model) of a generation: the labels of its metric series.
+fn series(generation: &Generation) -> BTreeSet<(String, String)> {
+    generation
+        .routes
+        .routes()
+        .flat_map(|route| {
+            route
+                .targets
+                .iter()
+                .map(|t| (t.upstream.name.clone(), route.model.clone()))
+        })
+        .collect()
+}
+
+fn summarise(old: &Generation, new: &Generation) -> Reloaded {
+    let before = &old.config.upstreams;
+    let after = &new.config.upstreams;
+    Reloaded {
+        generation: new.number,
+        added: after
+            .keys()
+            .filter(|name| !before.contains_key(*name))
+            .cloned()
+            .collect(),
+        removed: before
+            .keys()
+            .filter(|name| !after.contains_key(*name))
+            .cloned()
+            .collect(),
+        changed: after
+            .iter()
+            .filter(|(name, upstream)| before.get(*name).is_some_and(|old| old != *upstream))
+            .map(|(name, _)| name.clone())
+            .collect(),
+        restart_required: restart_required(&old.config.server, &new.config.server),
+    }
+}
+
+/// The `[server]` keys read only at start that differ between `old` and `new`.
+fn restart_required(old: &Server, new: &Server) -> Vec<&'static str> {
+    let mut keys = Vec::new();
+    let mut check = |key, differs: bool| {
+        if differs {
+            keys.push(key);
+        }
+    };
+    check("server.listen", old.listen != new.listen);
+    check("server.admin_listen", old.admin_listen != new.admin_listen);
+    check(
+        "server.header_read_timeout",
+        old.header_read_timeout != new.header_read_timeout,
+    );
+    check(
+        "server.max_connections",
+        old.max_connections != new.max_connections,
+    );
+    check(
+        "server.connect_timeout",
+        old.connect_timeout != new.connect_timeout,
+    );
+    check(
+        "server.first_byte_timeout",
+        old.first_byte_timeout != new.first_byte_timeout,
+    );
+    check("server.idle_timeout", old.idle_timeout != new.idle_timeout);
+    check("server.drain_grace", old.drain_grace != new.drain_grace);
+    keys
+}

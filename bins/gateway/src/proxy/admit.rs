@@ -1,0 +1,257 @@
+//! Steps 5 and 6: take a slot on a target, waiting in its queue for at most `queue_timeout`.
+//!
+//! [`enter`] joins the target's limiter key at once (the limiter enqueues at call time, so
+//! arrival order is grant order). A full queue is known without waiting and reported as
+//! [`Refused::Full`], so the caller can try the next ranked target. Otherwise the request waits
+//! under the target's `queue_timeout`. The wait is a future like any other: if the client goes
+//! away, hyper drops the request's future, the limiter's acquire future with it, and the place in
+//! the queue is given up — the request never reaches the upstream.
+//!
+//! A granted slot is a [`Slot`]: the limiter's permit plus what is needed to learn from it. It is
+//! handed to the response body ([`SlotBody`](crate::proxy::body::SlotBody)), which ends it when the
+//! answer is done; ending it records how long the slot was held (for `Retry-After`) and counts a
+//! client that left mid-stream.
+//!
+//! Between the grant and the response head the slot is held by a [`Sending`] guard, for the
+//! case the body cannot cover: the client leaving while the engine works on a request that has
+//! not answered yet. The upstream connection is closed at once (hyper drops the request), but
+//! the engine may not notice for a while, so the slot is kept for the upstream's `cancel_grace`
+//! before it goes to the next request (see [`Sending`]).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use slotgate_limiter::{AcquireError, Permit};
+use tracing::debug;
+
+use crate::metrics::{TargetMetrics, observe};
+use crate::proxy::body::{Completion, SlotGuard};
+use crate::shutdown::ShutdownSignal;
+use crate::upstreams::hold::HoldStats;
+use crate::upstreams::target::Target;
+
+/// Why no slot was had on a target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The queue was full: try elsewhere.
+    Full,
+    /// Waited `queue_timeout` without a slot.
+    Timeout(Duration),
+    /// The key was removed while waiting (a reload removed the model from the upstream).
+    Closed,
+    /// The gateway started shutting down while the request waited: only requests already
+    /// running get the drain grace period.
+    ShuttingDown,
+}
+
+/// Whether a released slot's hold time feeds the `Retry-After` estimate and the duration
+/// histogram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    Record,
+    Ignore,
+}
+
+/// A held slot on one target.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    permit: Permit,
+    granted: Instant,
+    hold: Arc<HoldStats>,
+    metrics: Arc<TargetMetrics>,
+}
+
+/// Takes a slot on `target`, waiting up to its `queue_timeout`, or until `stop` fires.
+pub(crate) async fn enter(target: &Target, stop: &mut ShutdownSignal) -> Result<Slot, Refused> {
+    if stop.is_fired() {
+        return Err(Refused::ShuttingDown);
+    }
+    let acquire = target.key.acquire();
+    let outcome = match target.queue_timeout {
+        Some(limit) if acquire.is_queued() => {
+            // Counts the client leaving while queued: this future is then dropped mid-await,
+            // and the guard with it, still armed.
+            let mut waiting = QueuedGuard(Some(&target.metrics));
+            let outcome = tokio::select! {
+                biased;
+                () = stop.fired() => None,
+                outcome = tokio::time::timeout(limit, acquire) => Some(outcome),
+            };
+            waiting.0 = None;
+            match outcome {
+                // The acquire future is dropped here: the place in the queue is given up.
+                None => return Err(Refused::ShuttingDown),
+                Some(Ok(outcome)) => outcome,
+                Some(Err(_elapsed)) => return Err(Refused::Timeout(limit)),
+            }
+        }
+        // Granted or refused at call time: the first poll answers without waiting.
+        _ => acquire.await,
+    };
+    let permit = outcome.map_err(|error| match error {
+        AcquireError::QueueFull => Refused::Full,
+        _ => Refused::Closed,
+    })?;
+    observe(&target.metrics.queue_wait, permit.waited());
+    Ok(Slot {
+        permit,
+        granted: Instant::now(),
+        hold: Arc::clone(&target.hold),
+        metrics: Arc::clone(&target.metrics),
+    })
+}
+
+/// A slot whose request is with the upstream, before the response head came back.
+///
+/// Made by [`Slot::sending`] just before the request goes out, and turned back into the slot by
+/// [`Sending::answered`] on every path where the send returns (an answer, a connect error, a
+/// failure). The one way it is dropped still holding the slot is the request's future being
+/// dropped mid-send: the client went away (or the gateway stopped) before the answer began.
+///
+/// hyper then drops the upstream request and closes its connection, so the engine is told at
+/// once; but it may take a while to *notice*. A llama-server checks a non-streamed request's
+/// connection only at its next 1 s poll (measured: idle 0.9–1.8 s after the close, longer under
+/// load; `docs/real-engine-notes.md`, "Client disconnects"). Handing the slot to the next queued
+/// request at once would give the engine `parallel + 1` requests, and it would queue one itself
+/// — what the gateway is there to prevent. So the slot is kept for the upstream's
+/// `cancel_grace`, by a task that sleeps it out and then releases the slot: bounded, and if the
+/// runtime shuts down first the task is dropped and the slot with it. A zero grace (the default
+/// of engines that abort at once, like vLLM) releases it at once.
+///
+/// Streams whose body is already flowing are not concerned: the engine notices the closed
+/// connection at its next write (~10 ms), so [`SlotBody`](crate::proxy::body::SlotBody) releases at once.
+#[derive(Debug)]
+pub(crate) struct Sending {
+    /// `None` only once [`Sending::answered`] took it.
+    slot: Option<Slot>,
+    grace: Duration,
+}
+
+impl Sending {
+    /// The send returned (whatever it returned): the slot, disarmed.
+    pub(crate) fn answered(mut self) -> Slot {
+        match self.slot.take() {
+            Some(slot) => slot,
+            // Only this method (which consumes the guard) and `drop` take the slot.
+            None => unreachable!("a Sending guard always holds its slot until answered"),
+        }
+    }
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        let Some(slot) = self.slot.take() else {
+            return;
+        };
+        debug!(grace = ?self.grace, "client went away before the upstream answered");
+        slot.metrics.client_gone.inc();
+        slot.metrics.gone_awaiting.inc();
+        slot.release_after(self.grace, Hold::Record);
+    }
+}
+
+/// Armed while a request waits in a queue; counts a disconnect if dropped armed.
+struct QueuedGuard<'a>(Option<&'a TargetMetrics>);
+
+impl Drop for QueuedGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(metrics) = self.0 {
+            debug!("client went away while queued");
+            metrics.gone_queued.inc();
+        }
+    }
+}
+
+impl Slot {
+    /// Gives the slot back without recording a hold time: the request never reached the
+    /// upstream (a connect error), so the time says nothing about how long answers take.
+    pub(crate) fn abandon(self) {
+        drop(self.permit);
+    }
+
+    /// Gives the slot back after an upstream failure before any answer: counted as an upstream
+    /// error; the hold time is not recorded (it measures the failure, not an answer).
+    pub(crate) fn fail(self) {
+        self.metrics.upstream_error.inc();
+        drop(self.permit);
+    }
+
+    /// Hands the slot to a [`Sending`] guard for the time the request is with the upstream:
+    /// if the request's future is dropped before [`Sending::answered`], the slot is kept for
+    /// `cancel_grace` more.
+    pub(crate) fn sending(self, cancel_grace: Duration) -> Sending {
+        Sending {
+            slot: Some(self),
+            grace: cancel_grace,
+        }
+    }
+
+    /// Gives the slot back after a first-byte timeout: counted as an upstream error, the hold
+    /// time not recorded (it measures the timeout, not an answer). The connection was just
+    /// closed, but the engine may still be winding the request down (a non-streamed request on
+    /// llama-server: up to a second or more), so the slot is kept for `cancel_grace` as for a
+    /// client that left before the answer.
+    pub(crate) fn timed_out(self, cancel_grace: Duration) {
+        self.metrics.upstream_error.inc();
+        self.release_after(cancel_grace, Hold::Ignore);
+    }
+
+    /// Gives the slot back after `grace` (at once when zero), recording how long it was held
+    /// when `hold` says so.
+    fn release_after(self, grace: Duration, record: Hold) {
+        let release = move |slot: Slot| {
+            if record == Hold::Record {
+                slot.record_hold();
+            }
+            drop(slot.permit);
+        };
+        if grace.is_zero() {
+            return release(self);
+        }
+        // Dropped futures are dropped on a runtime thread; without a runtime (never in the
+        // gateway) there is nothing to wait on, so the slot goes back at once.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    tokio::time::sleep(grace).await;
+                    release(self);
+                });
+            }
+            Err(_) => release(self),
+        }
+    }
+
+    /// Records how long the slot has been held (for `Retry-After` and the duration histogram);
+    /// returns it.
+    fn record_hold(&self) -> Duration {
+        let held = self.granted.elapsed();
+        self.hold.record(held);
+        observe(&self.metrics.duration, held);
+        held
+    }
+
+    /// This slot's target metrics.
+    pub(crate) fn metrics(&self) -> &TargetMetrics {
+        &self.metrics
+    }
+}
+
+impl SlotGuard for Slot {
+    fn finish(self, how: Completion) {
+        let held = self.record_hold();
+        match how {
+            Completion::Ended => {
+                self.metrics.completed.inc();
+            }
+            Completion::Failed => {
+                self.metrics.upstream_error.inc();
+            }
+            Completion::Dropped => {
+                debug!(?held, "client went away mid-stream");
+                self.metrics.client_gone.inc();
+                self.metrics.gone_streaming.inc();
+            }
+        }
+        drop(self.permit);
+    }
+}

@@ -1,0 +1,139 @@
+//! Step 2: client authentication, when API keys are configured.
+//!
+//! Keys come from `server.api_keys` and from `server.api_keys_file` (one key per line; blank
+//! lines and lines starting with `#` are skipped). A request must carry one of them as
+//! `Authorization: Bearer KEY`; with no keys configured, every request is let through.
+//!
+//! The offered token is compared with *every* accepted key, each comparison in constant time
+//! (`constant_time_eq`), and without stopping at a match: response timing reveals neither how
+//! much of a guessed key was right nor which key matched. Only a key's length can show through
+//! timing, which is public knowledge for generated keys anyway. Keys are never logged: `Debug`
+//! prints how many there are, and a refused request is logged without its header.
+//!
+//! A missing or wrong key is a `401 unauthorized` problem, returned before the body is read or
+//! any upstream is chosen: an unauthenticated request never reaches an engine.
+
+use std::path::Path;
+
+use http::HeaderMap;
+use http::header::AUTHORIZATION;
+
+use crate::proxy::problems::Error;
+
+/// The accepted client API keys.
+#[derive(Default)]
+pub(crate) struct ApiKeys {
+    keys: Vec<String>,
+}
+
+impl std::fmt::Debug for ApiKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the keys themselves.
+        f.debug_struct("ApiKeys")
+            .field("count", &self.keys.len())
+            .finish()
+    }
+}
+
+impl ApiKeys {
+    /// The keys from the configuration and, if given, the keys file.
+    pub(crate) fn load<'a>(
+        inline: impl IntoIterator<Item = &'a str>,
+        file: Option<&Path>,
+    ) -> Result<Self, String> {
+        let mut keys: Vec<String> = inline.into_iter().map(str::to_owned).collect();
+        if let Some(path) = file {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                format!("server.api_keys_file: cannot read {}: {e}", path.display())
+            })?;
+            keys.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|line| !line.is_empty() && !line.starts_with('#'))
+                    .map(str::to_owned),
+            );
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        Ok(Self { keys })
+    }
+
+    /// Whether authentication is on.
+    pub(crate) fn is_enabled(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    /// Checks the request's bearer token.
+    pub(crate) fn verify(&self, headers: &HeaderMap) -> Result<(), Error> {
+        if self.keys.is_empty() {
+            return Ok(());
+        }
+        let Some(token) = bearer_token(headers) else {
+            return Err(Error::Unauthorized);
+        };
+        // `fold`, not `any`: every key is compared, whether or not an earlier one matched.
+        let accepted = self.keys.iter().fold(false, |accepted, key| {
+            constant_time_eq::constant_time_eq(key.as_bytes(), token.as_bytes()) | accepted
+        });
+        if accepted {
+            Ok(())
+        } else {
+            Err(Error::Unauthorized)
+        }
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header (scheme case-insensitive, spaces
+/// around the token ignored).
+pub(crate) fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{HeaderMap, HeaderValue};
+
+    use super::ApiKeys;
+
+    fn with_auth(value: &'static str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert("authorization", HeaderValue::from_static(value));
+        headers
+    }
+
+    #[test]
+    fn no_keys_lets_everyone_through() {
+        let keys = ApiKeys::load([], None).unwrap();
+        assert!(!keys.is_enabled());
+        assert!(keys.verify(&HeaderMap::new()).is_ok());
+    }
+
+    #[test]
+    fn checks_bearer_tokens() {
+        let keys = ApiKeys::load(["sk-one", "sk-two"], None).unwrap();
+        assert!(keys.verify(&with_auth("Bearer sk-one")).is_ok());
+        assert!(keys.verify(&with_auth("bearer  sk-two ")).is_ok());
+        assert!(keys.verify(&HeaderMap::new()).is_err());
+        assert!(keys.verify(&with_auth("Bearer sk-three")).is_err());
+        assert!(keys.verify(&with_auth("Basic sk-one")).is_err());
+        assert!(keys.verify(&with_auth("sk-one")).is_err());
+        assert!(format!("{keys:?}").contains("count: 2"));
+        assert!(!format!("{keys:?}").contains("sk-one"));
+    }
+
+    #[test]
+    fn reads_a_keys_file() {
+        let dir = std::env::temp_dir().join(format!("slotgate-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("keys");
+        std::fs::write(&path, "# team keys\nsk-file\n\n  sk-spaced  \n").unwrap();
+        let keys = ApiKeys::load([], Some(&path)).unwrap();
+        assert!(keys.verify(&with_auth("Bearer sk-file")).is_ok());
+        assert!(keys.verify(&with_auth("Bearer sk-spaced")).is_ok());
+        assert!(keys.verify(&with_auth("Bearer # team keys")).is_err());
+        assert!(ApiKeys::load([], Some(&dir.join("missing"))).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,199 @@
+//! Step 7: send the request to the chosen upstream with a pooled client.
+//!
+//! - One [`hyper_util::client::legacy::Client`] for the whole gateway: connections to each
+//!   upstream are kept alive and reused, so a request pays no connect on the hot path.
+//! - A connect timeout (on the connector) and a first-byte timeout (around the wait for the
+//!   response head). The answer itself may stream for as long as the engine generates: there is
+//!   deliberately no total timeout here.
+//! - Hop-by-hop headers (RFC 9110 §7.6.1: `Connection` and the fields it names, `Keep-Alive`,
+//!   `TE`, `Transfer-Encoding`, `Upgrade`, `Proxy-*`) are stripped both ways; `Host` is set from
+//!   the upstream's URL, and the upstream's `api_key`, when it has one, replaces the client's
+//!   `Authorization`.
+//! - `x-request-id` is propagated: the caller passes the id it accepted or generated, and it goes
+//!   upstream and back to the client.
+//! - The upstream URL's path prefix is kept (`http://host/openai` + `/v1/chat/completions` →
+//!   `http://host/openai/v1/chat/completions`, as the `huggingfaceserver` of `KServe` expects).
+//!
+//! Errors are classified here, for [`problems`](crate::proxy::problems) to map: a connect failure means no
+//! byte reached the upstream, so the request may safely go to another host; anything after that
+//! may not be retried.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::base::Base;
+use crate::error::BoxError;
+use crate::request_id::REQUEST_ID;
+
+/// Timeouts and pool settings of the upstream client.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    /// How long a TCP connect to an upstream may take.
+    pub(crate) connect: Duration,
+    /// How long the upstream may take to send its response head once the request is sent.
+    pub(crate) first_byte: Duration,
+    /// How long an idle pooled connection is kept.
+    pub(crate) pool_idle: Duration,
+}
+
+/// What the upstream request carries as `Authorization`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Authorization<'a> {
+    /// The client's own header, if any: the gateway does not check client keys, so what the
+    /// client sent is meant for the engine.
+    Client,
+    /// None: the client's header holds its key to this gateway, which is not the engine's
+    /// business and must not leak to it.
+    Withheld,
+    /// The upstream's own key (`api_key`), in place of whatever the client sent.
+    Upstream(&'a HeaderValue),
+}
+
+/// The pooled upstream client.
+#[derive(Debug, Clone)]
+pub(crate) struct Forwarder {
+    client: Client<HttpConnector, Full<Bytes>>,
+    first_byte_timeout: Duration,
+}
+
+impl Forwarder {
+    /// Builds the client. Needs a Tokio runtime.
+    pub(crate) fn new(timeouts: Timeouts) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(timeouts.connect));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(timeouts.pool_idle)
+            .build(connector);
+        Self {
+            client,
+            first_byte_timeout: timeouts.first_byte,
+        }
+    }
+
+    /// Sends a request to `base` and waits for the response head.
+    ///
+    /// `parts` are the client's method, URI and headers (hop-by-hop ones are not forwarded);
+    /// `authorization` says what becomes of the client's `Authorization`; `request_id` goes out
+    /// as `x-request-id` and comes back on the response.
+    pub(crate) async fn send(
+        &self,
+        base: &Base,
+        authorization: Authorization<'_>,
+        parts: &http::request::Parts,
+        body: Bytes,
+        request_id: &HeaderValue,
+    ) -> Result<Response<Incoming>, ForwardError> {
+        let uri = base
+            .uri_for(parts.uri.path_and_query())
+            .map_err(|e| ForwardError::Internal(format!("building the upstream URI: {e}")))?;
+        let mut req = Request::builder()
+            .method(parts.method.clone())
+            .uri(uri)
+            .body(Full::new(body))
+            .map_err(|e| ForwardError::Internal(format!("building the upstream request: {e}")))?;
+        let headers = req.headers_mut();
+        copy_end_to_end(&parts.headers, headers);
+        // The client sets `Host` from the URI, and `Content-Length` from the body (which may
+        // have been rewritten for an alias).
+        headers.remove(header::HOST);
+        headers.remove(header::CONTENT_LENGTH);
+        // The whole body has been read already: there is nothing left to wait for a
+        // `100 Continue` about.
+        headers.remove(header::EXPECT);
+        match authorization {
+            Authorization::Client => {}
+            Authorization::Withheld => {
+                headers.remove(header::AUTHORIZATION);
+            }
+            Authorization::Upstream(key) => {
+                headers.insert(header::AUTHORIZATION, key.clone());
+            }
+        }
+        headers.insert(REQUEST_ID, request_id.clone());
+
+        let response =
+            match tokio::time::timeout(self.first_byte_timeout, self.client.request(req)).await {
+                Err(_elapsed) => return Err(ForwardError::Timeout(self.first_byte_timeout)),
+                Ok(Err(error)) if error.is_connect() => {
+                    return Err(ForwardError::Connect(Box::new(error)));
+                }
+                Ok(Err(error)) => return Err(ForwardError::Failed(Box::new(error))),
+                Ok(Ok(response)) => response,
+            };
+        let (mut head, body) = response.into_parts();
+        strip_hop_by_hop(&mut head.headers);
+        head.headers.insert(REQUEST_ID, request_id.clone());
+        Ok(Response::from_parts(head, body))
+    }
+}
+
+/// Why [`Forwarder::send`] got no response head.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ForwardError {
+    /// The connection could not be made: nothing was sent, another host may be tried.
+    #[error("connect failed")]
+    Connect(#[source] BoxError),
+    /// No response head within the first-byte timeout; the upstream may have run the request.
+    #[error("no response within {0:?}")]
+    Timeout(Duration),
+    /// The exchange failed after the request was (maybe partly) sent.
+    #[error("the exchange failed")]
+    Failed(#[source] BoxError),
+    /// The request could not even be built (a bug).
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// The fields RFC 9110 §7.6.1 (and the `Proxy-*` / `Keep-Alive` conventions it cites) makes
+/// hop-by-hop: they describe one connection and must not be forwarded.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Copies the end-to-end fields of `from` into `to`.
+fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
+    to.reserve(from.len());
+    for (name, value) in from {
+        to.append(name.clone(), value.clone());
+    }
+    strip_hop_by_hop(to);
+}
+
+/// Removes the hop-by-hop fields, including every field named in `Connection`.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|list| list.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in &HOP_BY_HOP {
+        headers.remove(name);
+    }
+    // `Trailer` only announces trailers of this hop's chunked coding.
+    headers.remove(header::TRAILER);
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,140 @@
+//! The configuration in force, and everything derived from it, swappable as one piece.
+//!
+//! A [`Generation`] is one configuration's worth of state: the config itself, the upstream
+//! states, the routing table, the client API keys and the health policy. [`Live`] holds the
+//! current one; a request takes a reference to it at arrival (an `Arc` clone under a read lock
+//! held for nanoseconds) and keeps using that generation to the end, so a reload never changes
+//! the rules under a request that is already being routed. What must survive a reload —
+//! limiter keys, upstream health and residency, hold-time statistics, discovered slot counts,
+//! engine load readings, metric series — lives in objects the new generation shares with the
+//! old one (see [`Generation::build`]).
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use parking_lot::RwLock;
+use slotgate_config::{Config, Secret};
+use slotgate_limiter::Limiter;
+
+use crate::metrics::Metrics;
+use crate::proxy::auth::ApiKeys;
+use crate::proxy::route::Routes;
+use crate::upstreams::health::HealthPolicy;
+use crate::upstreams::monitor::Watched;
+use crate::upstreams::state::Upstreams;
+
+/// One configuration and what the gateway derived from it.
+#[derive(Debug)]
+pub(crate) struct Generation {
+    /// 1 for the configuration the gateway started with, then +1 per successful reload.
+    pub(crate) number: u64,
+    /// When it took effect.
+    pub(crate) loaded_at: SystemTime,
+    /// The validated configuration.
+    pub(crate) config: Config,
+    /// Every upstream's identity and live state.
+    pub(crate) upstreams: Upstreams,
+    /// The routing table.
+    pub(crate) routes: Routes,
+    /// Client API keys (`server.api_keys` and `server.api_keys_file`).
+    pub(crate) api_keys: ApiKeys,
+    /// The health-check settings.
+    pub(crate) policy: HealthPolicy,
+}
+
+impl Generation {
+    /// Builds the generation for `config`.
+    ///
+    /// Everything that can fail (an upstream URL or API key this gateway cannot use, an
+    /// unreadable API keys file) is checked first and reported together; only then is the
+    /// limiter configured for the new keys, so a refused configuration changes nothing. Upstream
+    /// states are taken over from `previous` where the upstream is the same engine, and each
+    /// key's hold times, engine load and discovered slot count where the key is the same.
+    pub(crate) fn build(
+        config: Config,
+        previous: Option<&Generation>,
+        limiter: &Limiter,
+        metrics: &Metrics,
+    ) -> Result<Self, Vec<String>> {
+        let upstreams = Upstreams::build(&config, previous.map(|p| &p.upstreams));
+        let api_keys = ApiKeys::load(
+            config.server.api_keys.iter().map(Secret::expose),
+            config.server.api_keys_file.as_deref(),
+        );
+        let (upstreams, api_keys) = match (upstreams, api_keys) {
+            (Ok(upstreams), Ok(api_keys)) => (upstreams, api_keys),
+            (upstreams, api_keys) => {
+                let mut problems = upstreams.err().unwrap_or_default();
+                problems.extend(api_keys.err());
+                return Err(problems);
+            }
+        };
+        let routes = Routes::build(
+            &config,
+            &upstreams,
+            limiter,
+            metrics,
+            previous.map(|p| &p.routes),
+        );
+        Ok(Self {
+            number: previous.map_or(1, |p| p.number + 1),
+            loaded_at: SystemTime::now(),
+            policy: HealthPolicy::from_config(&config.server),
+            config,
+            upstreams,
+            routes,
+            api_keys,
+        })
+    }
+
+    /// What the background checks look at in this generation.
+    pub(crate) fn watched(&self) -> Watched {
+        Watched {
+            policy: self.policy,
+            upstreams: self.upstreams.iter().cloned().collect(),
+            targets: self.routes.targets().cloned().collect(),
+        }
+    }
+
+    /// Checks what [`Generation::build`] would refuse, without touching any shared state.
+    pub(crate) fn validate(config: &Config) -> Result<(), Vec<String>> {
+        let mut problems = Upstreams::build(config, None).err().unwrap_or_default();
+        problems.extend(
+            ApiKeys::load(
+                config.server.api_keys.iter().map(Secret::expose),
+                config.server.api_keys_file.as_deref(),
+            )
+            .err(),
+        );
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
+}
+
+/// The current generation.
+#[derive(Debug)]
+pub(crate) struct Live {
+    current: RwLock<Arc<Generation>>,
+}
+
+impl Live {
+    /// Starts with `generation`.
+    pub(crate) fn new(generation: Generation) -> Self {
+        Self {
+            current: RwLock::new(Arc::new(generation)),
+        }
+    }
+
+    /// The generation in force now.
+    pub(crate) fn current(&self) -> Arc<Generation> {
+        Arc::clone(&self.current.read())
+    }
+
+    /// Puts `generation` in force; returns the one it replaces.
+    pub(crate) fn replace(&self, generation: Generation) -> Arc<Generation> {
+        std::mem::replace(&mut *self.current.write(), Arc::new(generation))
+    }
+}

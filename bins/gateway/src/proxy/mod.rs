@@ -1,0 +1,17 @@
+//! The request path: one module per step of a request, in the order [`service`] calls them
+//! (the crate docs list them), plus [`live`], the configuration in force that every request takes
+//! at arrival.
+//!
+//! Below it: [`upstreams`](crate::upstreams), for what is known about each engine. Above it:
+//! [`ops`](crate::ops), which swaps the live configuration and reports on it.
+
+pub(crate) mod admit;
+pub(crate) mod auth;
+pub(crate) mod body;
+pub(crate) mod forward;
+pub(crate) mod live;
+pub(crate) mod problems;
+pub(crate) mod request;
+pub(crate) mod route;
+pub(crate) mod server;
+pub(crate) mod service;

@@ -1,0 +1,436 @@
+//! The last step of every failed request: each error becomes its problem document, here and
+//! nowhere else.
+//!
+//! Errors are first classified (STYLE.md §12) by whose side failed and whether a retry can help:
+//!
+//! | side     | variants | status |
+//! |----------|----------|--------|
+//! | client   | `NotFound`, `MethodNotAllowed`, `ModelNotFound`, `BadRequest`, `BodyRead`, `BodyTooLarge`, `UnsupportedMediaType`, `Unauthorized` | 404, 405, 404, 400, 400, 413, 415, 401 |
+//! | capacity | `QueueFull`, `QueueTimeout` (the request never ran; retry) | 503 + `Retry-After` |
+//! | upstream | `UpstreamUnavailable` (nothing sent; retry), `UpstreamFailed`, `UpstreamTimeout` (maybe ran; the client decides) | 503 + `Retry-After`, 502, 504 |
+//! | gateway  | `ShuttingDown` (retry), `Internal` (a bug) | 503 + `Retry-After`, 500 |
+//!
+//! Errors after the response head has gone out (an upstream dying mid-stream) cannot become a
+//! document any more: the body wrapper ends the stream with an error, hyper cuts the connection
+//! (HTTP/1: no final chunk; HTTP/2: a reset stream), and the client sees a truncated answer.
+//!
+//! [`respond`] turns any of them into an `application/problem+json` response carrying the
+//! request id. Nothing else in the gateway builds an error response, so no path can answer with
+//! a bare 500 or an empty body.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response};
+use slotgate_problem::Problem;
+use tracing::{debug, warn};
+
+use crate::error::{BoxError, chain};
+
+/// The methods of an endpoint that only reads.
+pub(crate) const GET_ONLY: &[Method] = &[Method::GET, Method::HEAD];
+/// The methods of an endpoint that only acts.
+pub(crate) const POST_ONLY: &[Method] = &[Method::POST];
+
+/// Everything that can stop a request, classified.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum Error {
+    // === the client's side ===
+    /// No endpoint at this path.
+    #[error("no endpoint at {path}")]
+    NotFound {
+        /// The path asked for.
+        path: String,
+    },
+    /// A known path with the wrong method.
+    #[error("method {method} is not allowed on {path}")]
+    MethodNotAllowed {
+        /// The method used.
+        method: http::Method,
+        /// The path asked for.
+        path: String,
+        /// The methods the path accepts.
+        allow: &'static [http::Method],
+    },
+    /// The model is not configured.
+    #[error("model {model:?} is not served here")]
+    ModelNotFound {
+        /// The model asked for.
+        model: String,
+    },
+    /// The body is not a usable request.
+    #[error("{0}")]
+    BadRequest(String),
+    /// Reading the body failed (the client went away or sent a broken body).
+    #[error("reading the request body failed")]
+    BodyRead(#[source] BoxError),
+    /// The body is larger than the configured limit.
+    #[error("the request body is larger than {limit} bytes")]
+    BodyTooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// The body is not JSON.
+    #[error("the request body must be application/json")]
+    UnsupportedMediaType {
+        /// The `Content-Type` the client sent, if any (truncated).
+        got: Option<String>,
+    },
+
+    /// API keys are configured and the request carries none that is accepted.
+    #[error("missing or invalid API key")]
+    Unauthorized,
+
+    // === capacity ===
+    /// Every candidate's queue is full.
+    #[error("every queue for model {model:?} is full")]
+    QueueFull {
+        /// The best-ranked upstream (the first one tried).
+        upstream: String,
+        /// The model asked for.
+        model: String,
+        /// When a retry may succeed.
+        retry_after: Duration,
+    },
+    /// The request waited `queue_timeout` without getting a slot.
+    #[error("no slot for model {model:?} on {upstream} within {waited:?}")]
+    QueueTimeout {
+        /// The upstream it waited for.
+        upstream: String,
+        /// The model asked for.
+        model: String,
+        /// How long it waited.
+        waited: Duration,
+        /// When a retry may succeed.
+        retry_after: Duration,
+    },
+
+    // === the upstream's side ===
+    /// No candidate could be connected to (or none is eligible): nothing was sent.
+    #[error("no upstream for model {model:?} is reachable")]
+    UpstreamUnavailable {
+        /// The model asked for.
+        model: String,
+        /// When a retry may succeed.
+        retry_after: Duration,
+        /// The last connect error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The upstream failed after the request was (maybe partly) sent, before a response head.
+    #[error("upstream {upstream} failed")]
+    UpstreamFailed {
+        /// The upstream's name.
+        upstream: String,
+        /// The model asked for.
+        model: String,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+    /// The upstream sent no response head within the first-byte timeout.
+    #[error("upstream {upstream} sent nothing within {after:?}")]
+    UpstreamTimeout {
+        /// The upstream's name.
+        upstream: String,
+        /// The model asked for.
+        model: String,
+        /// The timeout.
+        after: Duration,
+    },
+
+    // === the gateway's side ===
+    /// The gateway is shutting down and takes no new requests.
+    #[error("the gateway is shutting down")]
+    ShuttingDown {
+        /// When another try (elsewhere, or after a restart) makes sense.
+        retry_after: Duration,
+    },
+    /// A bug: something that should not fail did.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// The problem document for this error.
+    pub(crate) fn to_problem(&self) -> Problem {
+        match self {
+            Error::NotFound { path } => Problem::not_found(path),
+            Error::MethodNotAllowed { method, allow, .. } => {
+                Problem::method_not_allowed(method, allow)
+            }
+            Error::ModelNotFound { model } => Problem::model_not_found(model),
+            Error::BadRequest(detail) => Problem::bad_request(detail.clone()),
+            Error::BodyRead(_) => Problem::bad_request("the request body could not be read"),
+            Error::BodyTooLarge { limit } => {
+                Problem::body_too_large(u64::try_from(*limit).unwrap_or(u64::MAX))
+            }
+            Error::UnsupportedMediaType { got } => Problem::unsupported_media_type(got.as_deref()),
+            Error::Unauthorized => Problem::unauthorized(),
+            Error::QueueFull {
+                upstream,
+                model,
+                retry_after,
+            } => Problem::queue_full(upstream, model, *retry_after),
+            Error::QueueTimeout {
+                upstream,
+                model,
+                waited,
+                retry_after,
+            } => Problem::queue_timeout(upstream, model, *waited, *retry_after),
+            Error::UpstreamUnavailable {
+                model,
+                retry_after,
+                source,
+            } => {
+                let problem = Problem::upstream_unavailable(model, *retry_after);
+                match source {
+                    // Why, when known: a refused connection, a model removed by a reload, a
+                    // slot count the engine did not give.
+                    Some(source) => problem.with_detail(format!(
+                        "No upstream for model `{model}` can take the request: {}",
+                        chain(&**source)
+                    )),
+                    None => problem,
+                }
+            }
+            Error::UpstreamFailed {
+                upstream,
+                model,
+                source,
+            } => Problem::upstream_bad_response(upstream, model).with_detail(format!(
+                "Upstream `{upstream}` failed: {}",
+                chain(&**source)
+            )),
+            Error::UpstreamTimeout {
+                upstream,
+                model,
+                after,
+            } => Problem::upstream_timeout(upstream, model, *after),
+            Error::ShuttingDown { retry_after } => Problem::shutting_down(*retry_after),
+            Error::Internal(_) => Problem::internal(),
+        }
+    }
+
+    /// Whether the gateway or an upstream is at fault (worth a warning in the log), rather than
+    /// the client or plain load.
+    fn is_fault(&self) -> bool {
+        matches!(
+            self,
+            Error::UpstreamUnavailable { .. }
+                | Error::UpstreamFailed { .. }
+                | Error::UpstreamTimeout { .. }
+                | Error::Internal(_)
+        )
+    }
+}
+
+/// The response for `error`, carrying the request id: as the `request_id` member, and as
+/// `instance` (`urn:uuid:…`) when it is a UUID. The caller sets the `x-request-id` header on
+/// every response.
+pub(crate) fn respond<B: From<Bytes>>(error: &Error, request_id: &HeaderValue) -> Response<B> {
+    let id = request_id.to_str().unwrap_or_default();
+    if error.is_fault() {
+        warn!(request_id = id, error = %chain(error), "request failed");
+    } else {
+        debug!(request_id = id, error = %chain(error), "request refused");
+    }
+    let mut problem = error.to_problem().with_extension("request_id", id);
+    // A generated id is a UUID, which makes a valid `instance` URI; a client's own id may not be.
+    if let Ok(uuid) = uuid::Uuid::try_parse(id) {
+        problem = problem.with_instance(format!("urn:uuid:{}", uuid.hyphenated()));
+    }
+    problem.to_response()
+}
+
+/// `Ok` when `req` uses one of `methods`, else the `MethodNotAllowed` error naming them.
+pub(crate) fn allow<B>(req: &Request<B>, methods: &'static [Method]) -> Result<(), Error> {
+    if methods.contains(req.method()) {
+        Ok(())
+    } else {
+        Err(Error::MethodNotAllowed {
+            method: req.method().clone(),
+            path: req.uri().path().to_owned(),
+            allow: methods,
+        })
+    }
+}
+
+/// The `NotFound` error for `path` (cut to 200 characters: it is echoed in the document).
+pub(crate) fn not_found(path: &str) -> Error {
+    Error::NotFound {
+        path: path.chars().take(200).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http::{HeaderValue, Method, Response};
+
+    use super::{Error, respond};
+
+    #[expect(clippy::too_many_lines, reason = "one entry per variant, written out")]
+    fn every_error() -> Vec<(Error, u16, &'static str, bool)> {
+        let io = || Box::new(std::io::Error::other("connection reset")) as crate::error::BoxError;
+        vec![
+            (
+                Error::NotFound { path: "/x".into() },
+                404,
+                "not-found",
+                false,
+            ),
+            (
+                Error::MethodNotAllowed {
+                    method: Method::GET,
+                    path: "/v1/embeddings".into(),
+                    allow: &[Method::POST],
+                },
+                405,
+                "method-not-allowed",
+                false,
+            ),
+            (
+                Error::ModelNotFound { model: "m".into() },
+                404,
+                "model-not-found",
+                false,
+            ),
+            (
+                Error::BadRequest("no model".into()),
+                400,
+                "bad-request",
+                false,
+            ),
+            (Error::BodyRead(io()), 400, "bad-request", false),
+            (
+                Error::BodyTooLarge { limit: 10 },
+                413,
+                "body-too-large",
+                false,
+            ),
+            (
+                Error::UnsupportedMediaType { got: None },
+                415,
+                "unsupported-media-type",
+                false,
+            ),
+            (Error::Unauthorized, 401, "unauthorized", false),
+            (
+                Error::QueueFull {
+                    upstream: "gpu".into(),
+                    model: "m".into(),
+                    retry_after: Duration::from_secs(3),
+                },
+                503,
+                "queue-full",
+                true,
+            ),
+            (
+                Error::QueueTimeout {
+                    upstream: "gpu".into(),
+                    model: "m".into(),
+                    waited: Duration::from_secs(30),
+                    retry_after: Duration::from_secs(5),
+                },
+                503,
+                "queue-timeout",
+                true,
+            ),
+            (
+                Error::UpstreamUnavailable {
+                    model: "m".into(),
+                    retry_after: Duration::from_secs(5),
+                    source: Some(io()),
+                },
+                503,
+                "upstream-unavailable",
+                true,
+            ),
+            (
+                Error::UpstreamFailed {
+                    upstream: "gpu".into(),
+                    model: "m".into(),
+                    source: io(),
+                },
+                502,
+                "upstream-bad-response",
+                false,
+            ),
+            (
+                Error::UpstreamTimeout {
+                    upstream: "gpu".into(),
+                    model: "m".into(),
+                    after: Duration::from_secs(1),
+                },
+                504,
+                "upstream-timeout",
+                false,
+            ),
+            (
+                Error::ShuttingDown {
+                    retry_after: Duration::from_secs(30),
+                },
+                503,
+                "shutting-down",
+                true,
+            ),
+            (Error::Internal("oops".into()), 500, "internal", false),
+        ]
+    }
+
+    #[test]
+    fn every_error_becomes_its_problem_document() {
+        let id = HeaderValue::from_static("req-1");
+        for (error, status, slug, retry) in every_error() {
+            let response: Response<Bytes> = respond(&error, &id);
+            assert_eq!(response.status().as_u16(), status, "{error:?}");
+            assert_eq!(
+                response.headers()["content-type"],
+                "application/problem+json",
+                "{error:?}"
+            );
+            assert_eq!(
+                response.headers().contains_key("retry-after"),
+                retry,
+                "{error:?}"
+            );
+            let doc: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+            assert!(
+                doc["type"].as_str().unwrap().ends_with(slug),
+                "{error:?}: {doc}"
+            );
+            assert_eq!(doc["request_id"], "req-1");
+            assert!(doc.get("instance").is_none(), "not a UUID: no instance");
+            assert!(doc["error"]["message"].is_string());
+        }
+    }
+
+    #[test]
+    fn a_uuid_request_id_becomes_the_instance() {
+        let id = HeaderValue::from_static("0b7c6f3e-1d2a-4c5b-9e8f-7a6b5c4d3e2f");
+        let response: Response<Bytes> = respond(&Error::Unauthorized, &id);
+        let doc: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
+        assert_eq!(
+            doc["instance"],
+            "urn:uuid:0b7c6f3e-1d2a-4c5b-9e8f-7a6b5c4d3e2f"
+        );
+    }
+
+    #[test]
+    fn an_upstream_failure_names_its_cause() {
+        let error = Error::UpstreamFailed {
+            upstream: "gpu".into(),
+            model: "m".into(),
+            source: Box::new(std::io::Error::other("connection reset")),
+        };
+        let doc = error.to_problem();
+        assert!(
+            doc.detail().unwrap().contains("connection reset"),
+            "{doc:?}"
+        );
+    }
+}

@@ -1,0 +1,160 @@
+//! Step 3: read the request body under a size limit and find out which model it asks for.
+//!
+//! The body is read whole (inference requests are small next to their answers, and the model
+//! must be known before a host can be chosen), under the configured limit: a `Content-Length`
+//! above the limit is refused before a byte is read, and a chunked body is cut off by
+//! [`http_body_util::Limited`] the moment it passes the limit.
+//!
+//! `model` and `stream` are read with `serde_json` into a small borrowed struct; every other
+//! member is skipped, not copied. The original bytes are what goes upstream: nothing is
+//! re-serialised, so numbers, key order and unknown fields reach the engine exactly as the
+//! client wrote them. The one exception is an alias whose upstream model has another name: then
+//! the bytes of the `model` value (and only those) are replaced, see [`ApiRequest::body_for`].
+
+use std::ops::Range;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use http::request::Parts;
+use http::{HeaderMap, Request};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::error::BoxError;
+use crate::proxy::problems::Error;
+
+/// A request to one of the model-routed endpoints, read and understood.
+#[derive(Debug)]
+pub(crate) struct ApiRequest {
+    /// Method, URI and headers as the client sent them.
+    pub(crate) parts: Parts,
+    /// The body, byte for byte.
+    pub(crate) body: Bytes,
+    /// The `model` member, unescaped.
+    pub(crate) model: String,
+    /// The `stream` member (`false` when absent or `null`).
+    pub(crate) stream: bool,
+    /// Where the `model` value (with its quotes) sits in `body`.
+    model_span: Range<usize>,
+}
+
+/// The two members the gateway needs; everything else is skipped by `serde_json` without being
+/// copied. `model` stays raw so its position in the body is known.
+#[derive(Deserialize)]
+struct Head<'a> {
+    #[serde(borrow, default)]
+    model: Option<&'a RawValue>,
+    #[serde(default)]
+    stream: Option<bool>,
+}
+
+/// Reads and checks a request to a model-routed endpoint.
+///
+/// Refuses, in this order: a content type other than JSON (415), a declared length above
+/// `limit` (413, before reading), a body that grows past `limit` (413), a body that is not a
+/// JSON object, has no string `model`, or has a non-boolean `stream` (400).
+pub(crate) async fn read<B>(req: Request<B>, limit: usize) -> Result<ApiRequest, Error>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let (parts, body) = req.into_parts();
+    check_content_type(&parts.headers)?;
+    if let Some(declared) = declared_length(&parts.headers)?
+        && declared > limit as u64
+    {
+        return Err(Error::BodyTooLarge { limit });
+    }
+    let body = match Limited::new(body, limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.is::<LengthLimitError>() => return Err(Error::BodyTooLarge { limit }),
+        Err(error) => return Err(Error::BodyRead(error)),
+    };
+    let (model, stream, model_span) = parse(&body)?;
+    Ok(ApiRequest {
+        parts,
+        body,
+        model,
+        stream,
+        model_span,
+    })
+}
+
+impl ApiRequest {
+    /// The body to send to an upstream that calls the model `upstream_model`.
+    ///
+    /// The original bytes when the name is the one the client used (a cheap `Bytes` clone);
+    /// otherwise the original bytes with only the `model` value replaced.
+    pub(crate) fn body_for(&self, upstream_model: &str) -> Bytes {
+        if upstream_model == self.model {
+            return self.body.clone();
+        }
+        // `to_string` of a `&str` cannot fail: it only escapes.
+        let literal = serde_json::to_string(upstream_model).unwrap_or_default();
+        let mut out =
+            BytesMut::with_capacity(self.body.len() - self.model_span.len() + literal.len());
+        out.extend_from_slice(&self.body[..self.model_span.start]);
+        out.extend_from_slice(literal.as_bytes());
+        out.extend_from_slice(&self.body[self.model_span.end..]);
+        out.freeze()
+    }
+}
+
+fn check_content_type(headers: &HeaderMap) -> Result<(), Error> {
+    let Some(value) = headers.get(CONTENT_TYPE) else {
+        return Err(Error::UnsupportedMediaType { got: None });
+    };
+    let text = value.to_str().unwrap_or_default();
+    // `application/json`, optionally with parameters (`; charset=utf-8`), any case.
+    let essence = text.split(';').next().unwrap_or_default().trim();
+    if essence.eq_ignore_ascii_case("application/json") {
+        Ok(())
+    } else {
+        Err(Error::UnsupportedMediaType {
+            got: Some(text.chars().take(100).collect()),
+        })
+    }
+}
+
+fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, Error> {
+    let Some(value) = headers.get(CONTENT_LENGTH) else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok())
+        .map(Some)
+        .ok_or_else(|| Error::BadRequest("invalid Content-Length header".into()))
+}
+
+fn parse(body: &[u8]) -> Result<(String, bool, Range<usize>), Error> {
+    // serde's derived struct visitor would also accept a JSON array (`["m", true]`); the
+    // OpenAI endpoints take objects only.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(Error::BadRequest(
+            "the request body must be a JSON object".into(),
+        ));
+    }
+    let head: Head<'_> = serde_json::from_slice(body)
+        .map_err(|e| Error::BadRequest(format!("the request body is not valid JSON: {e}")))?;
+    let Some(raw) = head.model else {
+        return Err(Error::BadRequest(
+            "the request body has no `model` member".into(),
+        ));
+    };
+    let model: String = serde_json::from_str(raw.get())
+        .map_err(|_| Error::BadRequest("`model` must be a string".into()))?;
+    if model.is_empty() {
+        return Err(Error::BadRequest("`model` must not be empty".into()));
+    }
+    // `raw` borrows from `body`, so its address tells where the value sits in the body.
+    let start = raw.get().as_ptr().addr() - body.as_ptr().addr();
+    let span = start..start + raw.get().len();
+    Ok((model, head.stream.unwrap_or(false), span))
+}
+
+#[cfg(test)]
+mod tests;

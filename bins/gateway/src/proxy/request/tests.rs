@@ -1,0 +1,192 @@
+//! Unit tests for reading and understanding a request body.
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+
+use super::read;
+use crate::proxy::problems::Error;
+
+fn post(content_type: Option<&str>, body: &'static str) -> Request<Full<Bytes>> {
+    let mut builder = Request::post("/v1/chat/completions");
+    if let Some(ct) = content_type {
+        builder = builder.header("content-type", ct);
+    }
+    builder
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .unwrap()
+}
+
+fn post_bytes(body: Bytes) -> Request<Full<Bytes>> {
+    Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Full::new(body))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn finds_model_and_stream_and_keeps_the_bytes() {
+    let body = r#"{"messages":[{"role":"user","content":"hi"}],"model":"qwen","temperature":0.70,"stream":true}"#;
+    let req = read(post(Some("application/json"), body), 1024)
+        .await
+        .unwrap();
+    assert_eq!(req.model, "qwen");
+    assert!(req.stream);
+    assert_eq!(req.body, Bytes::from_static(body.as_bytes()));
+    // Same name upstream: the very same bytes (0.70 not renormalised to 0.7).
+    assert_eq!(req.body_for("qwen"), req.body);
+}
+
+#[tokio::test]
+async fn stream_defaults_to_false_and_accepts_null() {
+    let req = read(
+        post(Some("Application/JSON; charset=utf-8"), r#"{"model":"m"}"#),
+        64,
+    )
+    .await
+    .unwrap();
+    assert!(!req.stream);
+    let req = read(
+        post(Some("application/json"), r#"{"model":"m","stream":null}"#),
+        64,
+    )
+    .await
+    .unwrap();
+    assert!(!req.stream);
+}
+
+#[tokio::test]
+async fn unescapes_the_model_and_rewrites_only_its_value() {
+    let body = r#" { "a": 1, "model" : "fa\u0073t", "b": [1, 2] } "#;
+    let req = read(post(Some("application/json"), body), 1024)
+        .await
+        .unwrap();
+    assert_eq!(req.model, "fast");
+    let rewritten = req.body_for("llama-3.1-8b \"q4\"");
+    assert_eq!(
+        std::str::from_utf8(&rewritten).unwrap(),
+        r#" { "a": 1, "model" : "llama-3.1-8b \"q4\"", "b": [1, 2] } "#
+    );
+    let value: serde_json::Value = serde_json::from_slice(&rewritten).unwrap();
+    assert_eq!(value["model"], "llama-3.1-8b \"q4\"");
+}
+
+#[tokio::test]
+async fn refuses_what_is_not_json() {
+    let err = read(post(None, r#"{"model":"m"}"#), 64).await.unwrap_err();
+    assert!(
+        matches!(err, Error::UnsupportedMediaType { got: None }),
+        "{err:?}"
+    );
+    let err = read(post(Some("text/plain"), r#"{"model":"m"}"#), 64)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::UnsupportedMediaType { got: Some(_) }),
+        "{err:?}"
+    );
+    let err = read(post(Some("application/jsonx"), r#"{"model":"m"}"#), 64)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::UnsupportedMediaType { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn refuses_bodies_over_the_limit() {
+    // Declared too large: refused before reading.
+    let req = Request::post("/v1/completions")
+        .header("content-type", "application/json")
+        .header("content-length", "100000")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    let err = read(req, 1000).await.unwrap_err();
+    assert!(
+        matches!(err, Error::BodyTooLarge { limit: 1000 }),
+        "{err:?}"
+    );
+    // Undeclared, but grows past the limit.
+    let err = read(
+        post(Some("application/json"), r#"{"model":"mmmmmmmmmmmmm"}"#),
+        10,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::BodyTooLarge { limit: 10 }), "{err:?}");
+}
+
+#[tokio::test]
+async fn refuses_bad_bodies_with_400() {
+    for body in [
+        "",
+        "not json",
+        "[\"m\", true]",
+        r#"{"model":"m""#,
+        r#"{"messages":[]}"#,
+        r#"{"model":42}"#,
+        r#"{"model":null}"#,
+        r#"{"model":""}"#,
+        r#"{"model":"m","stream":"yes"}"#,
+        r#"{"model":"a","model":"b"}"#,
+        r#"{"model":"m"} trailing"#,
+    ] {
+        let err = read(post(Some("application/json"), body), 1024)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::BadRequest(_)), "{body:?} gave {err:?}");
+    }
+    let req = Request::post("/v1/completions")
+        .header("content-type", "application/json")
+        .header("content-length", "ten")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    assert!(matches!(
+        read(req, 100).await.unwrap_err(),
+        Error::BadRequest(_)
+    ));
+}
+
+mod properties {
+    use bytes::Bytes;
+    use proptest::prelude::*;
+
+    use super::super::parse;
+    use super::post_bytes;
+
+    fn block_on<F: std::future::Future>(future: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(future)
+    }
+
+    proptest! {
+        /// Any bytes at all: an answer or a refusal, never a panic.
+        #[test]
+        fn any_body_is_read_or_refused(body in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = parse(&body);
+            let _ = block_on(super::super::read(post_bytes(Bytes::from(body)), 128));
+        }
+
+        /// Renaming the model changes that value and nothing else.
+        #[test]
+        fn renaming_the_model_keeps_every_other_member(
+            model in "[a-zA-Z0-9:._/-]{1,20}",
+            upstream in "\\PC{0,20}",
+            extra in proptest::collection::btree_map("[a-z]{1,8}", any::<i64>(), 0..5),
+            spaces in "[ \n\t]{0,3}",
+        ) {
+            let mut object = serde_json::Map::new();
+            for (key, value) in &extra {
+                object.insert(key.clone(), (*value).into());
+            }
+            object.insert("model".into(), model.clone().into());
+            let text = format!("{spaces}{}{spaces}", serde_json::Value::Object(object.clone()));
+            let req = block_on(super::super::read(post_bytes(Bytes::from(text.clone())), 4096)).unwrap();
+            prop_assert_eq!(&req.model, &model);
+            prop_assert_eq!(req.body_for(&model), Bytes::from(text));
+            let renamed: serde_json::Value = serde_json::from_slice(&req.body_for(&upstream)).unwrap();
+            object.insert("model".into(), upstream.clone().into());
+            prop_assert_eq!(renamed, serde_json::Value::Object(object));
+        }
+    }
+}

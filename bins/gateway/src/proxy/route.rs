@@ -1,0 +1,229 @@
+//! Step 4: from the `model` a client asked for to the upstreams that may serve it, best first.
+//!
+//! The routing table is built once from the configuration:
+//!
+//! - every configured model name and every alias maps to one [`Route`]; an alias maps to the
+//!   *same* route as its target, so both names share the targets' limiter keys — one cap and one
+//!   queue, whatever name the client used;
+//! - a route lists one [`Target`] per upstream that configures the model, each with its limiter
+//!   key resolved in advance ([`KeyHandle`](slotgate_limiter::KeyHandle): no map lookup on the hot path) and configured with
+//!   the model's limits (`parallel = "unlimited"` becomes an unlimited key, which counts requests
+//!   in flight but never refuses or queues; `parallel = "auto"` gets the engine's own slot count
+//!   from [`slot_discovery`](crate::upstreams::slot_discovery), and the target is left out until that count is known).
+//!
+//! [`Route::ranked`] asks `slotgate-choose` for the order to try the targets in, from what the
+//! gateway knows about each upstream right now ([`UpstreamState`](crate::upstreams::state::UpstreamState)): an unhealthy or draining
+//! upstream is not eligible; one with the model resident ranks before one that would have to
+//! load it. The score uses the free slots *of the key*: it is the key's cap that decides whether
+//! this request waits.
+//!
+//! A reload builds a new table; [`Routes::build`] carries each key's hold-time statistics, the
+//! engine's load readings and a discovered slot count over from the previous one, so
+//! `Retry-After` estimates, an excess in progress and `auto` counts survive it.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use slotgate_config::{Config, ModelLimits};
+use slotgate_limiter::Limiter;
+
+use crate::metrics::{Metrics, RejectionMetrics};
+use crate::upstreams::auto_slots::AutoSlots;
+use crate::upstreams::residency;
+use crate::upstreams::state::Upstreams;
+use crate::upstreams::target::Target;
+
+/// The routing table.
+#[derive(Debug)]
+pub(crate) struct Routes {
+    by_name: HashMap<String, Arc<Route>>,
+    /// Every name a client may use (models and aliases), sorted.
+    names: Vec<String>,
+}
+
+/// Where requests for one configured model can go.
+#[derive(Debug)]
+pub(crate) struct Route {
+    /// The configured model name (what upstreams call it; an alias resolves to this).
+    pub(crate) model: String,
+    /// One per upstream configuring the model, in configuration order.
+    pub(crate) targets: Vec<Arc<Target>>,
+    /// Refusals of this model, by reason.
+    pub(crate) rejections: RejectionMetrics,
+}
+
+impl Routes {
+    /// Builds the table for `config`, configures `limiter` with every (upstream, model) key
+    /// (live: a changed limit applies to requests already waiting) and creates each key's
+    /// metrics. `upstreams` must have been built from the same `config`; hold-time statistics,
+    /// engine load readings and discovered slot counts are carried over from `previous`.
+    pub(crate) fn build(
+        config: &Config,
+        upstreams: &Upstreams,
+        limiter: &Limiter,
+        metrics: &Metrics,
+        previous: Option<&Routes>,
+    ) -> Self {
+        // What a key keeps across a reload: hold times, the engine's load, a discovered count.
+        let carried: HashMap<(&str, &str), &Target> = previous
+            .into_iter()
+            .flat_map(Routes::routes)
+            .flat_map(|route| {
+                route.targets.iter().map(|target| {
+                    (
+                        (target.upstream.authority.as_str(), target.model.as_str()),
+                        &**target,
+                    )
+                })
+            })
+            .collect();
+        let mut routes: HashMap<String, Route> = HashMap::new();
+        for upstream in config.upstreams.values() {
+            // `Upstreams::build` made one state per configured upstream.
+            let Some(state) = upstreams.get(&upstream.name) else {
+                continue;
+            };
+            let authority = state.authority.as_str();
+            for (model, limits) in &upstream.models {
+                let previous = carried.get(&(authority, model.as_str()));
+                let mut auto = None;
+                let (parallel, queue_timeout) = match *limits {
+                    ModelLimits::Limited {
+                        parallel,
+                        queue,
+                        queue_timeout,
+                        ..
+                    } => {
+                        limiter.configure(authority, model.as_str(), parallel, queue);
+                        (Some(parallel), Some(queue_timeout))
+                    }
+                    ModelLimits::Unlimited => {
+                        limiter.configure(authority, model.as_str(), usize::MAX, 0);
+                        (None, None)
+                    }
+                    ModelLimits::Auto {
+                        queue,
+                        queue_timeout,
+                    } => {
+                        // Configures the key with the count found so far (0 while none).
+                        auto = Some(Arc::new(AutoSlots::new(
+                            state,
+                            model,
+                            queue,
+                            limiter,
+                            previous.and_then(|p| p.auto.as_deref()),
+                        )));
+                        (None, Some(queue_timeout))
+                    }
+                };
+                let target = Target {
+                    upstream: Arc::clone(state),
+                    model: model.clone(),
+                    key: limiter.handle(authority, model.as_str()),
+                    limits: *limits,
+                    tagged_name: residency::tagged_name(state.kind, model),
+                    parallel,
+                    queue_timeout,
+                    weight: upstream.weight,
+                    cancel_grace: upstream.cancel_grace,
+                    hold: previous.map_or_else(Arc::default, |p| Arc::clone(&p.hold)),
+                    metrics: Arc::new(metrics.target(&upstream.name, model)),
+                    auto,
+                    // Carried over so that an excess in progress is not forgotten by a reload.
+                    engine: previous.map_or_else(Arc::default, |p| Arc::clone(&p.engine)),
+                };
+                routes
+                    .entry(model.clone())
+                    .or_insert_with(|| Route {
+                        model: model.clone(),
+                        targets: Vec::new(),
+                        rejections: metrics.rejections(model),
+                    })
+                    .targets
+                    .push(Arc::new(target));
+            }
+        }
+        let mut by_name: HashMap<String, Arc<Route>> = routes
+            .into_iter()
+            .map(|(name, route)| (name, Arc::new(route)))
+            .collect();
+        for (alias, target) in &config.aliases {
+            // Validation guarantees the target is a configured model; skip rather than panic.
+            if let Some(route) = by_name.get(target).cloned() {
+                by_name.insert(alias.clone(), route);
+            }
+        }
+        let names: BTreeSet<String> = by_name.keys().cloned().collect();
+        Self {
+            by_name,
+            names: names.into_iter().collect(),
+        }
+    }
+
+    /// The route for a client-supplied model name (a model or an alias).
+    pub(crate) fn resolve(&self, name: &str) -> Option<&Arc<Route>> {
+        self.by_name.get(name)
+    }
+
+    /// Every name a client may use, sorted: configured models and aliases.
+    pub(crate) fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Every route once (aliases not repeated), in model-name order.
+    pub(crate) fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
+        let mut seen = BTreeSet::new();
+        self.names
+            .iter()
+            .filter_map(|name| self.by_name.get(name))
+            .filter(move |route| seen.insert(route.model.as_str()))
+    }
+
+    /// Every target of the table once (aliases not repeated).
+    pub(crate) fn targets(&self) -> impl Iterator<Item = &Arc<Target>> {
+        self.routes().flat_map(|route| route.targets.iter())
+    }
+
+    /// Every limiter key of the table: (upstream authority, model).
+    pub(crate) fn keys(&self) -> BTreeSet<(String, String)> {
+        self.routes()
+            .flat_map(|route| {
+                route
+                    .targets
+                    .iter()
+                    .map(|t| (t.upstream.authority.clone(), route.model.clone()))
+            })
+            .collect()
+    }
+}
+
+impl Route {
+    /// The targets to try, best first (see `slotgate-choose` for the rules). Unhealthy and
+    /// draining upstreams are left out, and so are `auto` targets whose slot count is unknown.
+    pub(crate) fn ranked(&self) -> Vec<&Target> {
+        slotgate_choose::ranked(&self.targets, |target| {
+            target.slots_known().then(|| target.info())
+        })
+        .into_iter()
+        .map(|target| &**target)
+        .collect()
+    }
+
+    /// Whether any target may take new requests now (healthy, not draining, slot count known).
+    pub(crate) fn is_available(&self) -> bool {
+        self.targets
+            .iter()
+            .any(|t| t.upstream.is_available() && t.slots_known())
+    }
+
+    /// Why targets cannot take requests as far as slot counts go: `auto` counts not known yet
+    /// (with the engine's answer). `None` when there is no such target.
+    pub(crate) fn unavailable_reason(&self) -> Option<String> {
+        let reasons: Vec<String> = self
+            .targets
+            .iter()
+            .filter_map(|t| t.auto.as_ref()?.unavailable_reason())
+            .collect();
+        (!reasons.is_empty()).then(|| reasons.join("; "))
+    }
+}

@@ -1,0 +1,338 @@
+//! One request through the gateway, step by step: this file calls the others in order.
+//!
+//! [`App::handle`] answers every request (it cannot fail): it dispatches on the path, runs the
+//! steps of a model-routed request, and hands any error to [`problems`]. Every response carries
+//! `x-request-id`.
+//!
+//! A request reads the configuration in force when it arrives ([`Live::current`]) and keeps it
+//! to the end, so a reload never changes the rules under it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use tracing::{debug, warn};
+
+use crate::error::{BoxError, chain};
+use crate::metrics::observe;
+use crate::proxy::admit::{self, Refused, Slot};
+use crate::proxy::body::SlotBody;
+use crate::proxy::forward::{Authorization, ForwardError, Forwarder};
+use crate::proxy::live::{Generation, Live};
+use crate::proxy::problems::{self, Error, GET_ONLY, POST_ONLY, allow};
+use crate::proxy::request;
+use crate::request_id::{REQUEST_ID, request_id};
+use crate::shutdown::ShutdownSignal;
+use crate::upstreams::target::Target;
+
+/// The body of every API response: a buffered document (a problem, the model list), or an
+/// upstream's answer streamed through with its slot.
+pub(crate) type ResponseBody = Either<Full<Bytes>, SlotBody<Incoming, admit::Slot>>;
+
+/// The model-routed endpoints. Each takes `POST` only.
+const MODEL_ROUTED: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
+
+/// What the request path needs, shared by every connection.
+#[derive(Debug)]
+pub(crate) struct App {
+    /// The configuration in force: routing table (and, through it, the limiter keys and the
+    /// upstreams' state), API keys, body limit.
+    pub(crate) live: Arc<Live>,
+    /// The pooled upstream client.
+    pub(crate) forwarder: Forwarder,
+    /// `Retry-After` while shutting down.
+    pub(crate) shutdown_retry_after: Duration,
+    /// Fired when the gateway starts shutting down.
+    pub(crate) shutdown: ShutdownSignal,
+    /// For the `created` field of `/v1/models`.
+    pub(crate) started: SystemTime,
+}
+
+impl App {
+    /// Answers one request.
+    pub(crate) async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<ResponseBody>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let request_id = request_id(req.headers());
+        let generation = self.live.current();
+        let mut response = match self.dispatch(req, &generation, &request_id).await {
+            Ok(response) => response,
+            Err(error) => problems::respond::<Full<Bytes>>(&error, &request_id).map(Either::Left),
+        };
+        response.headers_mut().insert(REQUEST_ID, request_id);
+        response
+    }
+
+    async fn dispatch<B>(
+        &self,
+        req: Request<B>,
+        generation: &Generation,
+        request_id: &HeaderValue,
+    ) -> Result<Response<ResponseBody>, Error>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let path = req.uri().path();
+        if MODEL_ROUTED.contains(&path) {
+            allow(&req, POST_ONLY)?;
+            generation.api_keys.verify(req.headers())?;
+            return self.proxy(req, generation, request_id).await;
+        }
+        if path == "/v1/models" {
+            allow(&req, GET_ONLY)?;
+            generation.api_keys.verify(req.headers())?;
+            return Ok(self.models(generation));
+        }
+        Err(problems::not_found(path))
+    }
+
+    /// Steps 3 to 8 for a model-routed request.
+    async fn proxy<B>(
+        &self,
+        req: Request<B>,
+        generation: &Generation,
+        request_id: &HeaderValue,
+    ) -> Result<Response<ResponseBody>, Error>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        if self.shutdown.is_fired() {
+            return Err(Error::ShuttingDown {
+                retry_after: self.shutdown_retry_after,
+            });
+        }
+        // Step 3: the body, under the limit; `model` and `stream` without re-serialising.
+        let server = &generation.config.server;
+        let api = request::read(req, server.max_body_bytes).await?;
+        // Step 4: the model's route (an alias shares its target's route).
+        let Some(route) = generation.routes.resolve(&api.model) else {
+            return Err(Error::ModelNotFound { model: api.model });
+        };
+        let model = route.model.as_str();
+        let ranked = route.ranked();
+        debug!(
+            request_id = request_id.to_str().unwrap_or_default(),
+            model = %api.model,
+            stream = api.stream,
+            candidates = ranked.len(),
+            "routing"
+        );
+
+        // With client keys on, the client's `Authorization` is its key to this gateway.
+        let client_keys = generation.api_keys.is_enabled();
+        let mut full_on: Option<(&str, Duration)> = None;
+        let mut connect_error: Option<BoxError> = None;
+        let mut stopping = self.shutdown.clone();
+        for target in ranked {
+            // Steps 5 and 6: a slot on this target, or on to the next when its queue is full.
+            // A shutdown ends the wait: only requests already running get the grace period.
+            let slot = match admit::enter(target, &mut stopping).await {
+                Ok(slot) => slot,
+                Err(Refused::ShuttingDown) => {
+                    return Err(Error::ShuttingDown {
+                        retry_after: self.shutdown_retry_after,
+                    });
+                }
+                Err(Refused::Closed) => {
+                    // A reload removed this model from this upstream while the request waited.
+                    return Err(removed_by_reload(
+                        target,
+                        model,
+                        server.health_check_interval,
+                    ));
+                }
+                Err(Refused::Full) => {
+                    let retry_after = target.retry_after();
+                    full_on = Some(match full_on {
+                        // Name the best-ranked upstream; retry when the soonest may have room.
+                        Some((first, earlier)) => (first, earlier.min(retry_after)),
+                        None => (target.upstream.name.as_str(), retry_after),
+                    });
+                    continue;
+                }
+                Err(Refused::Timeout(waited)) => {
+                    route.rejections.queue_timeout.inc();
+                    return Err(Error::QueueTimeout {
+                        upstream: target.upstream.name.clone(),
+                        model: model.to_owned(),
+                        waited,
+                        retry_after: target.retry_after(),
+                    });
+                }
+            };
+
+            // Step 7: forward the original bytes (the model renamed only for an alias).
+            let sent = Instant::now();
+            let (outcome, slot) = self
+                .forward(target, slot, &api, model, request_id, client_keys)
+                .await;
+            match outcome {
+                Ok(response) => {
+                    observe(&slot.metrics().first_byte, sent.elapsed());
+                    target.upstream.health.record_answer();
+                    // Step 8: the slot rides in the body until the answer is over.
+                    return Ok(response.map(|body| Either::Right(SlotBody::new(body, slot))));
+                }
+                Err(ForwardError::Connect(error)) => {
+                    // Nothing was sent: safe to try the next host. Enough of these in a row
+                    // eject the upstream (passive health checking).
+                    let reason = chain(&*error);
+                    warn!(upstream = %target.upstream.name, error = %reason, "connect failed; trying the next host");
+                    target
+                        .upstream
+                        .record_connect_error(reason, &generation.policy);
+                    slot.abandon();
+                    connect_error = Some(error);
+                }
+                Err(failure) => return Err(failed_after_connect(failure, target, model, slot)),
+            }
+        }
+
+        // No target took it. A full queue says more (with an estimate) than a refused
+        // connection, so it wins when both happened.
+        if let Some((upstream, retry_after)) = full_on {
+            route.rejections.queue_full.inc();
+            return Err(Error::QueueFull {
+                upstream: upstream.to_owned(),
+                model: model.to_owned(),
+                retry_after,
+            });
+        }
+        Err(Error::UpstreamUnavailable {
+            model: model.to_owned(),
+            retry_after: server.health_check_interval,
+            // A refused connection, else what keeps healthy upstreams out (an unknown
+            // `parallel = "auto"` slot count).
+            source: connect_error.or_else(|| route.unavailable_reason().map(Into::into)),
+        })
+    }
+
+    /// Sends the request to `target` and waits for the response head, the slot meanwhile in a
+    /// [`Sending`](admit::Sending) guard: if the client goes away before the answer begins, the
+    /// slot stays taken for the upstream's `cancel_grace`, while the engine notices.
+    async fn forward(
+        &self,
+        target: &Target,
+        slot: Slot,
+        api: &request::ApiRequest,
+        model: &str,
+        request_id: &HeaderValue,
+        client_keys: bool,
+    ) -> (Result<Response<Incoming>, ForwardError>, Slot) {
+        let sending = slot.sending(target.cancel_grace);
+        let authorization = match &target.upstream.authorization {
+            Some(key) => Authorization::Upstream(key),
+            None if client_keys => Authorization::Withheld,
+            None => Authorization::Client,
+        };
+        let outcome = self
+            .forwarder
+            .send(
+                &target.upstream.base,
+                authorization,
+                &api.parts,
+                api.body_for(model),
+                request_id,
+            )
+            .await;
+        (outcome, sending.answered())
+    }
+
+    /// `GET /v1/models`: every model (and alias) that some healthy, undrained upstream
+    /// serves, in the OpenAI list shape. A model whose every upstream is down or draining is
+    /// left out: asking for it now would only get a 503.
+    fn models(&self, generation: &Generation) -> Response<ResponseBody> {
+        let created = self
+            .started
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs());
+        let data: Vec<serde_json::Value> = generation
+            .routes
+            .names()
+            .iter()
+            .filter(|name| {
+                generation
+                    .routes
+                    .resolve(name)
+                    .is_some_and(|route| route.is_available())
+            })
+            .map(|name| {
+                serde_json::json!({
+                    "id": name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "slotgate",
+                })
+            })
+            .collect();
+        let body = serde_json::json!({ "object": "list", "data": data }).to_string();
+        json_response(StatusCode::OK, body)
+    }
+}
+
+/// The error for a request whose queue a reload removed while it waited.
+fn removed_by_reload(target: &Target, model: &str, retry_after: Duration) -> Error {
+    let why = format!(
+        "model {model:?} was removed from upstream {} by a configuration reload while the \
+         request waited",
+        target.upstream.name
+    );
+    Error::UpstreamUnavailable {
+        model: model.to_owned(),
+        retry_after,
+        source: Some(why.into()),
+    }
+}
+
+/// The error for a forward that failed after connecting (the request may have run): the slot
+/// is given back, counted as an upstream error unless the gateway itself failed.
+fn failed_after_connect(failure: ForwardError, target: &Target, model: &str, slot: Slot) -> Error {
+    let upstream = target.upstream.name.clone();
+    let model = model.to_owned();
+    match failure {
+        ForwardError::Timeout(after) => {
+            slot.timed_out(target.cancel_grace);
+            Error::UpstreamTimeout {
+                upstream,
+                model,
+                after,
+            }
+        }
+        ForwardError::Failed(source) => {
+            slot.fail();
+            Error::UpstreamFailed {
+                upstream,
+                model,
+                source,
+            }
+        }
+        ForwardError::Internal(detail) => {
+            slot.abandon();
+            Error::Internal(detail)
+        }
+        // `Connect` is handled by the caller (it may fail over); counted like a bug if not.
+        ForwardError::Connect(error) => {
+            slot.abandon();
+            Error::Internal(format!("unhandled connect error: {error}"))
+        }
+    }
+}
+
+fn json_response(status: StatusCode, body: String) -> Response<ResponseBody> {
+    let mut response = Response::new(Either::Left(Full::new(Bytes::from(body))));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}

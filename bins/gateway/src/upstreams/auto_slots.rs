@@ -1,0 +1,182 @@
+//! The per-target state of `parallel = "auto"`: the slot count read from the engine, when it was
+//! read, and why the last read failed. Owned by its [`Target`](crate::upstreams::target::Target);
+//! [`slot_discovery`](crate::upstreams::slot_discovery) does the reading and the rules of when
+//! are documented there.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::SystemTime;
+
+use parking_lot::Mutex;
+use slotgate_limiter::Limiter;
+use tracing::{error, info, warn};
+
+use crate::upstreams::health::Status;
+use crate::upstreams::state::UpstreamState;
+
+/// The discovered slot count of one (upstream, model) whose `parallel` is `"auto"`.
+#[derive(Debug)]
+pub(crate) struct AutoSlots {
+    upstream: String,
+    authority: String,
+    model: String,
+    queue: usize,
+    limiter: Limiter,
+    /// The count in force; 0 while unknown (a real count is at least 1). Read lock-free by
+    /// every request's routing.
+    found: AtomicUsize,
+    state: Mutex<DiscoveryRecord>,
+}
+
+#[derive(Debug, Clone)]
+struct DiscoveryRecord {
+    checked: Option<SystemTime>,
+    error: Option<String>,
+    /// A read was asked for (start, reload) and has not succeeded yet.
+    stale: bool,
+    /// The upstream's health `since` when the count was read: a later change through
+    /// `unhealthy` means the engine may have restarted.
+    healthy_since: Option<SystemTime>,
+}
+
+/// A copy of the discovery state, for the admin API.
+#[derive(Debug, Clone)]
+pub(crate) struct SlotsView {
+    /// The count in force; `None` until a read succeeded.
+    pub(crate) found: Option<usize>,
+    /// When the last read ended.
+    pub(crate) checked: Option<SystemTime>,
+    /// Why the last read failed, until one succeeds.
+    pub(crate) error: Option<String>,
+}
+
+impl AutoSlots {
+    /// The discovery state of `model` on `upstream`, configuring its limiter key with the count
+    /// `previous` found (same key, previous configuration) or with 0 slots while there is none.
+    /// Either way a read is due ([`AutoSlots::needs_read`]).
+    pub(crate) fn new(
+        upstream: &UpstreamState,
+        model: &str,
+        queue: usize,
+        limiter: &Limiter,
+        previous: Option<&AutoSlots>,
+    ) -> Self {
+        let found = previous.and_then(AutoSlots::found);
+        limiter.configure(
+            upstream.authority.as_str(),
+            model,
+            found.unwrap_or(0),
+            queue,
+        );
+        Self {
+            upstream: upstream.name.clone(),
+            authority: upstream.authority.clone(),
+            model: model.to_owned(),
+            queue,
+            limiter: limiter.clone(),
+            found: AtomicUsize::new(found.unwrap_or(0)),
+            state: Mutex::new(DiscoveryRecord {
+                checked: previous.and_then(|p| p.state.lock().checked),
+                error: None,
+                stale: true,
+                healthy_since: None,
+            }),
+        }
+    }
+
+    /// The slot count in force, `None` while unknown (the model is then unavailable here).
+    pub(crate) fn found(&self) -> Option<usize> {
+        match self.found.load(Ordering::Relaxed) {
+            0 => None,
+            slots => Some(slots),
+        }
+    }
+
+    /// Whether the count should be read now: never read, asked for, or the upstream has been
+    /// through an ejection since it was read.
+    pub(crate) fn needs_read(&self, upstream: &UpstreamState) -> bool {
+        let state = self.state.lock();
+        if state.stale || self.found().is_none() {
+            return true;
+        }
+        let health = upstream.health.view();
+        health.status == Status::Healthy && state.healthy_since != Some(health.since)
+    }
+
+    /// A copy of the state.
+    pub(crate) fn view(&self) -> SlotsView {
+        let state = self.state.lock().clone();
+        SlotsView {
+            found: self.found(),
+            checked: state.checked,
+            error: state.error,
+        }
+    }
+
+    /// Why the model is unavailable here, while it is.
+    pub(crate) fn unavailable_reason(&self) -> Option<String> {
+        if self.found().is_some() {
+            return None;
+        }
+        let error = self.state.lock().error.clone();
+        Some(format!(
+            "upstream `{}` has parallel = \"auto\" and its slot count is not known: {}",
+            self.upstream,
+            error.as_deref().unwrap_or("not read yet")
+        ))
+    }
+
+    /// Records a read of the engine's slot count, putting a new count in force.
+    pub(crate) fn record(&self, result: Result<usize, String>, upstream: &UpstreamState) {
+        let mut state = self.state.lock();
+        state.checked = Some(SystemTime::now());
+        match result {
+            Ok(slots) => {
+                let before = self.found.swap(slots, Ordering::Relaxed);
+                state.stale = false;
+                state.error = None;
+                state.healthy_since = Some(upstream.health.view().since);
+                drop(state);
+                if before != slots {
+                    self.limiter.configure(
+                        self.authority.as_str(),
+                        self.model.as_str(),
+                        slots,
+                        self.queue,
+                    );
+                    info!(
+                        upstream = %self.upstream,
+                        model = %self.model,
+                        slots,
+                        previous = before,
+                        "parallel = \"auto\": slot count read from the engine's /props"
+                    );
+                }
+            }
+            Err(reason) => {
+                let repeated = state.error.as_deref() == Some(reason.as_str());
+                state.error = Some(reason.clone());
+                drop(state);
+                if repeated {
+                    return;
+                }
+                match self.found() {
+                    None => error!(
+                        upstream = %self.upstream,
+                        model = %self.model,
+                        error = %reason,
+                        "parallel = \"auto\": cannot read the slot count from the engine; the model \
+                         is unavailable on this upstream until it answers (retried every health check)"
+                    ),
+                    Some(slots) => warn!(
+                        upstream = %self.upstream,
+                        model = %self.model,
+                        error = %reason,
+                        slots,
+                        "parallel = \"auto\": re-reading the slot count failed; the count found \
+                         before stays in force"
+                    ),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! The engine's own load next to the gateway's, per target: the last reading, when it was taken,
+//! and whether an excess has lasted long enough to be warned about. Owned by its
+//! [`Target`](crate::upstreams::target::Target); [`reconcile`](crate::upstreams::reconcile)
+//! takes the readings and explains what they mean.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use parking_lot::Mutex;
+use tracing::{debug, info, warn};
+
+/// How long an excess must last before it is logged.
+pub(crate) const EXCESS_GRACE: Duration = Duration::from_secs(2);
+
+/// The engine's view of one (upstream, model), as last read.
+#[derive(Debug, Default)]
+pub(crate) struct EngineLoad {
+    state: Mutex<LoadRecord>,
+}
+
+/// What is shown, and what it takes to decide when an excess is worth a warning.
+#[derive(Debug, Default)]
+struct LoadRecord {
+    shown: LoadView,
+    /// When the current excess was first seen, and in how many checks in a row.
+    excess_since: Option<Instant>,
+    excess_checks: u32,
+}
+
+/// One reading of the engine against the gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EngineReading {
+    /// Requests the engine is running.
+    pub(crate) busy: usize,
+    /// Requests the engine holds in its own queue, when it tells.
+    pub(crate) waiting: Option<usize>,
+    /// The gateway's requests in flight in the same scope.
+    pub(crate) gateway_in_flight: usize,
+    /// Whether the engine's count covers the whole engine (every model configured on the
+    /// upstream) rather than this model alone.
+    pub(crate) whole_engine: bool,
+}
+
+impl EngineReading {
+    /// Requests the engine has beyond what the gateway sent it.
+    pub(crate) fn unaccounted(&self) -> usize {
+        (self.busy + self.waiting.unwrap_or(0)).saturating_sub(self.gateway_in_flight)
+    }
+}
+
+/// A copy of the state, for the admin API and the metrics.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct LoadView {
+    /// The last successful reading.
+    pub(crate) reading: Option<EngineReading>,
+    /// When the last check ended.
+    pub(crate) checked: Option<SystemTime>,
+    /// Why the last check failed, until one succeeds.
+    pub(crate) error: Option<String>,
+    /// Whether a warning about an excess is in force.
+    pub(crate) warned: bool,
+}
+
+impl EngineLoad {
+    /// A copy of the state.
+    pub(crate) fn view(&self) -> LoadView {
+        self.state.lock().shown.clone()
+    }
+
+    /// Records a check of (`upstream`, `model`), logging an excess that lasted.
+    pub(crate) fn record(
+        &self,
+        upstream: &str,
+        model: &str,
+        result: Result<EngineReading, String>,
+    ) {
+        let mut state = self.state.lock();
+        state.shown.checked = Some(SystemTime::now());
+        let reading = match result {
+            Ok(reading) => reading,
+            Err(error) => {
+                if state.shown.error.as_deref() != Some(error.as_str()) {
+                    debug!(upstream, model, %error, "reading the engine's busy count failed");
+                }
+                // Unknown, not zero: an old reading would be a lie in the metrics.
+                state.shown.reading = None;
+                state.shown.error = Some(error);
+                return;
+            }
+        };
+        state.shown.reading = Some(reading);
+        state.shown.error = None;
+        if reading.unaccounted() == 0 {
+            if state.shown.warned {
+                info!(
+                    upstream,
+                    model,
+                    engine_busy = reading.busy,
+                    gateway_in_flight = reading.gateway_in_flight,
+                    "the engine is no busier than slotgate accounts for again"
+                );
+            }
+            state.excess_since = None;
+            state.excess_checks = 0;
+            state.shown.warned = false;
+            return;
+        }
+        let since = *state.excess_since.get_or_insert_with(Instant::now);
+        state.excess_checks += 1;
+        if !state.shown.warned && state.excess_checks >= 2 && since.elapsed() >= EXCESS_GRACE {
+            state.shown.warned = true;
+            warn!(
+                upstream,
+                model,
+                engine_busy = reading.busy,
+                engine_waiting = reading.waiting,
+                gateway_in_flight = reading.gateway_in_flight,
+                whole_engine = reading.whole_engine,
+                lasted = ?since.elapsed(),
+                "the engine is busier than slotgate accounts for: requests reach it without going \
+                 through this gateway (direct clients, another replica), or a slot leaked; the \
+                 cap no longer protects it"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{EngineLoad, EngineReading};
+
+    fn reading(busy: usize, waiting: Option<usize>, ours: usize) -> EngineReading {
+        EngineReading {
+            busy,
+            waiting,
+            gateway_in_flight: ours,
+            whole_engine: true,
+        }
+    }
+
+    #[test]
+    fn unaccounted_is_the_engines_excess_over_the_gateway() {
+        assert_eq!(reading(2, Some(0), 2).unaccounted(), 0);
+        assert_eq!(reading(1, None, 3).unaccounted(), 0);
+        assert_eq!(reading(3, Some(2), 2).unaccounted(), 3);
+        assert_eq!(reading(2, None, 0).unaccounted(), 2);
+    }
+
+    #[test]
+    fn one_excess_reading_is_not_a_warning_and_a_failure_forgets_the_reading() {
+        let load = EngineLoad::default();
+        load.record("u", "m", Ok(reading(2, Some(0), 0)));
+        let view = load.view();
+        assert_eq!(view.reading.map(|r| r.unaccounted()), Some(2));
+        assert!(!view.warned, "not before two checks over the grace period");
+        load.record("u", "m", Ok(reading(1, Some(0), 1)));
+        assert!(!load.view().warned);
+        load.record("u", "m", Err("refused".into()));
+        let view = load.view();
+        assert_eq!(view.reading, None);
+        assert_eq!(view.error.as_deref(), Some("refused"));
+    }
+}

@@ -1,0 +1,327 @@
+//! Whether an upstream gets new requests: its health, from active checks and from what
+//! forwarding sees.
+//!
+//! # The check, per kind
+//!
+//! | kind | probe | healthy when |
+//! |---|---|---|
+//! | `llama-server` | `GET /health` | 200. The 503 `Loading model` it answers while loading is *not* healthy |
+//! | `vllm` | `GET /health` | 200 (503 means the engine died; while loading, the port refuses connections) |
+//! | `ollama` | `GET /` | 200 (`Ollama is running`) |
+//! | `openai` | `GET /v1/models` | 200 with a model list |
+//!
+//! Every probe must complete within `server.health_check_timeout`.
+//!
+//! # The state machine
+//!
+//! An upstream is [`Status::Unknown`] until its first check, then [`Status::Healthy`] or
+//! [`Status::Unhealthy`]. The first check decides at once (there is no history to smooth);
+//! after that, `server.eject_after_failures` consecutive failures eject a healthy upstream and
+//! `server.restore_after_successes` consecutive successes restore an ejected one, so one lost
+//! probe does not empty a host and a flapping engine does not get traffic back after a single
+//! good answer.
+//!
+//! Passive ejection: a refused or failed *connect* while forwarding a request counts as a
+//! failure too (the request itself fails over to the next host), so an engine that died between
+//! two checks stops getting requests after `eject_after_failures` attempts, without waiting for
+//! the checks. A forwarded request that got an answer resets the failure streak. Only the
+//! active checks restore an upstream: an ejected one gets no traffic to prove itself with.
+//!
+//! Unknown counts as routable: the gateway runs one round of checks before it starts serving
+//! and before a reload takes effect, so in practice an upstream is only Unknown while that
+//! first check runs.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime};
+
+use parking_lot::Mutex;
+use slotgate_config::{Kind, Server};
+
+use crate::upstreams::probe::{ProbeError, ProbeTarget, Prober};
+
+/// The health-check settings (from `[server]`; a reload may change them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HealthPolicy {
+    /// Time between two rounds of checks.
+    pub(crate) interval: Duration,
+    /// Time allowed for one probe.
+    pub(crate) timeout: Duration,
+    /// Consecutive failures that eject a healthy upstream.
+    pub(crate) eject_after: usize,
+    /// Consecutive successes that restore an ejected upstream.
+    pub(crate) restore_after: usize,
+}
+
+impl HealthPolicy {
+    /// The policy the configuration states.
+    pub(crate) fn from_config(server: &Server) -> Self {
+        Self {
+            interval: server.health_check_interval,
+            timeout: server.health_check_timeout,
+            eject_after: server.eject_after_failures.max(1),
+            restore_after: server.restore_after_successes.max(1),
+        }
+    }
+}
+
+/// Where an upstream stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Status {
+    /// Not checked yet; gets requests.
+    Unknown,
+    /// Passing its checks; gets requests.
+    Healthy,
+    /// Ejected; gets no new requests until restored.
+    Unhealthy,
+}
+
+impl Status {
+    /// `unknown`, `healthy` or `unhealthy` (admin API, logs).
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Status::Unknown => "unknown",
+            Status::Healthy => "healthy",
+            Status::Unhealthy => "unhealthy",
+        }
+    }
+
+    /// Whether an upstream in this state may be given new requests.
+    pub(crate) fn is_routable(self) -> bool {
+        !matches!(self, Status::Unhealthy)
+    }
+}
+
+/// One upstream's health. Shared by the request path (which reads [`Health::is_routable`] for
+/// every candidate, lock-free) and the checks (which write).
+#[derive(Debug)]
+pub(crate) struct Health {
+    routable: AtomicBool,
+    state: Mutex<HealthView>,
+}
+
+/// A copy of an upstream's health, for the admin API.
+#[derive(Debug, Clone)]
+pub(crate) struct HealthView {
+    /// Where it stands.
+    pub(crate) status: Status,
+    /// Consecutive successful checks (0 after a failure).
+    pub(crate) successes: usize,
+    /// Consecutive failures, checks and refused connections (0 after a success).
+    pub(crate) failures: usize,
+    /// When the status last changed (or the gateway started watching).
+    pub(crate) since: SystemTime,
+    /// When the last active check ended.
+    pub(crate) last_check: Option<SystemTime>,
+    /// The last failure's reason, until a success clears it.
+    pub(crate) last_error: Option<String>,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Health {
+    /// Not checked yet (routable).
+    pub(crate) fn new() -> Self {
+        Self {
+            routable: AtomicBool::new(true),
+            state: Mutex::new(HealthView {
+                status: Status::Unknown,
+                successes: 0,
+                failures: 0,
+                since: SystemTime::now(),
+                last_check: None,
+                last_error: None,
+            }),
+        }
+    }
+
+    /// Whether new requests may go here (healthy, or not checked yet).
+    pub(crate) fn is_routable(&self) -> bool {
+        // Relaxed: a request that reads a stale value a moment after a transition goes (or
+        // doesn't go) to this host once more, which is all a health check can promise anyway.
+        self.routable.load(Ordering::Relaxed)
+    }
+
+    /// A copy of the whole state.
+    pub(crate) fn view(&self) -> HealthView {
+        self.state.lock().clone()
+    }
+
+    /// Records an active check's result; returns the new status if it changed.
+    pub(crate) fn record_check(
+        &self,
+        result: Result<(), String>,
+        policy: &HealthPolicy,
+    ) -> Option<Status> {
+        let mut state = self.state.lock();
+        state.last_check = Some(SystemTime::now());
+        let changed = match result {
+            Ok(()) => succeed(&mut state, policy),
+            Err(reason) => fail(&mut state, reason, policy),
+        };
+        drop(state);
+        self.publish(changed)
+    }
+
+    /// Records a connect error while forwarding (passive ejection); returns the new status if
+    /// it changed.
+    pub(crate) fn record_connect_error(
+        &self,
+        reason: String,
+        policy: &HealthPolicy,
+    ) -> Option<Status> {
+        let mut state = self.state.lock();
+        if state.status == Status::Unhealthy {
+            // Already out; the active checks decide when it comes back. Keep the streak of
+            // check successes intact: a request routed here just before the ejection should
+            // not reset a recovery in progress.
+            return None;
+        }
+        let changed = fail(&mut state, reason, policy);
+        drop(state);
+        self.publish(changed)
+    }
+
+    /// Records a forwarded request that got an answer: the failure streak is broken.
+    pub(crate) fn record_answer(&self) {
+        let mut state = self.state.lock();
+        if state.failures != 0 && state.status != Status::Unhealthy {
+            state.failures = 0;
+        }
+    }
+
+    fn publish(&self, changed: Option<Status>) -> Option<Status> {
+        if let Some(status) = changed {
+            self.routable.store(status.is_routable(), Ordering::Relaxed);
+        }
+        changed
+    }
+}
+
+/// A success: restores after `restore_after` in a row (the first check decides at once).
+fn succeed(state: &mut HealthView, policy: &HealthPolicy) -> Option<Status> {
+    state.failures = 0;
+    state.successes = state.successes.saturating_add(1);
+    state.last_error = None;
+    let restore = match state.status {
+        Status::Healthy => false,
+        Status::Unknown => true,
+        Status::Unhealthy => state.successes >= policy.restore_after,
+    };
+    restore.then(|| transition(state, Status::Healthy))
+}
+
+/// A failure: ejects after `eject_after` in a row (the first check decides at once).
+fn fail(state: &mut HealthView, reason: String, policy: &HealthPolicy) -> Option<Status> {
+    state.successes = 0;
+    state.failures = state.failures.saturating_add(1);
+    state.last_error = Some(reason);
+    let eject = match state.status {
+        Status::Unhealthy => false,
+        Status::Unknown => true,
+        Status::Healthy => state.failures >= policy.eject_after,
+    };
+    eject.then(|| transition(state, Status::Unhealthy))
+}
+
+fn transition(state: &mut HealthView, to: Status) -> Status {
+    state.status = to;
+    state.since = SystemTime::now();
+    to
+}
+
+/// Runs the health check of an upstream of `kind` (see the [module docs](self)).
+pub(crate) async fn check_engine(
+    prober: &Prober,
+    kind: Kind,
+    target: ProbeTarget<'_>,
+) -> Result<(), ProbeError> {
+    match kind {
+        Kind::LlamaServer => prober.llama_health(target).await,
+        Kind::Vllm => prober.vllm_health(target).await,
+        Kind::Ollama => prober.ollama_alive(target).await,
+        Kind::OpenAi => prober.openai_models(target).await.map(drop),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{Health, HealthPolicy, Status};
+
+    const POLICY: HealthPolicy = HealthPolicy {
+        interval: Duration::from_secs(5),
+        timeout: Duration::from_secs(2),
+        eject_after: 3,
+        restore_after: 2,
+    };
+
+    fn fail(health: &Health) -> Option<Status> {
+        health.record_check(Err("down".into()), &POLICY)
+    }
+
+    fn pass(health: &Health) -> Option<Status> {
+        health.record_check(Ok(()), &POLICY)
+    }
+
+    #[test]
+    fn the_first_check_decides_at_once() {
+        let health = Health::new();
+        assert!(health.is_routable());
+        assert_eq!(health.view().status, Status::Unknown);
+        assert_eq!(fail(&health), Some(Status::Unhealthy));
+        assert!(!health.is_routable());
+
+        let health = Health::new();
+        assert_eq!(pass(&health), Some(Status::Healthy));
+        assert!(health.is_routable());
+    }
+
+    #[test]
+    fn thresholds_eject_and_restore() {
+        let health = Health::new();
+        pass(&health);
+        assert_eq!(fail(&health), None);
+        assert_eq!(fail(&health), None);
+        // A success in between breaks the streak.
+        assert_eq!(pass(&health), None);
+        assert_eq!(fail(&health), None);
+        assert_eq!(fail(&health), None);
+        assert_eq!(fail(&health), Some(Status::Unhealthy));
+        assert!(!health.is_routable());
+        assert_eq!(health.view().last_error.as_deref(), Some("down"));
+        assert_eq!(fail(&health), None);
+        assert_eq!(pass(&health), None);
+        assert!(!health.is_routable());
+        assert_eq!(pass(&health), Some(Status::Healthy));
+        assert!(health.is_routable());
+        assert_eq!(health.view().last_error, None);
+    }
+
+    #[test]
+    fn connect_errors_eject_and_answers_reset_the_streak() {
+        let health = Health::new();
+        pass(&health);
+        assert_eq!(health.record_connect_error("refused".into(), &POLICY), None);
+        assert_eq!(health.record_connect_error("refused".into(), &POLICY), None);
+        health.record_answer();
+        assert_eq!(health.view().failures, 0);
+        for _ in 0..2 {
+            assert_eq!(health.record_connect_error("refused".into(), &POLICY), None);
+        }
+        assert_eq!(
+            health.record_connect_error("refused".into(), &POLICY),
+            Some(Status::Unhealthy)
+        );
+        // Passive results never restore, nor disturb a recovery in progress.
+        pass(&health);
+        assert_eq!(health.record_connect_error("refused".into(), &POLICY), None);
+        health.record_answer();
+        assert_eq!(health.view().successes, 1);
+        assert_eq!(pass(&health), Some(Status::Healthy));
+    }
+}

@@ -1,0 +1,603 @@
+//! Typed `GET`s against an upstream's own endpoints: health, resident models, and whatever else
+//! the gateway learns from an engine (slot counts, for instance, build on the same pieces).
+//!
+//! [`Prober`] is the one client for all of them. It is separate from the request path's pooled
+//! client on purpose: a probe must never wait behind, or take a pooled connection from, client
+//! traffic, and its timeout covers the *whole* exchange (connect, head and body), where a client
+//! request may legitimately stream for minutes. It keeps no idle connections: every probe opens
+//! a fresh one, so a check also proves that the engine still *accepts* connections (a reused
+//! keep-alive connection would hide a listener that stopped accepting). One connect per upstream
+//! per interval costs nothing.
+//!
+//! Each kind's endpoint has its own function returning a typed answer ([`Prober::llama_models`],
+//! [`Prober::ollama_ps`], …), parsed leniently: unknown fields are ignored and optional ones
+//! default, because builds of the same server differ (`docs/PROTOCOLS.md`). New probes are a
+//! serde type plus a one-line call to [`Prober::get_json`].
+//!
+//! A failed probe is a [`ProbeError`], classified like a forwarded request's errors: a connect
+//! error (nothing answered), a timeout, a non-success status (with the engine's own message
+//! when its error envelope carries one, e.g. llama-server's `Loading model`), or an answer that
+//! does not parse.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use crate::base::Base;
+
+/// Largest probe answer read: a router listing hundreds of models fits easily; anything larger
+/// is not an answer to a probe.
+const MAX_PROBE_BODY: usize = 1024 * 1024;
+
+/// An upstream as a probe sees it: where it is, and the bearer token it wants, if any.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ProbeTarget<'a> {
+    /// Scheme, authority and path prefix.
+    pub(crate) base: &'a Base,
+    /// `Authorization` to send (the upstream's `api_key`); vLLM's `--api-key` guards `/v1/*`.
+    pub(crate) authorization: Option<&'a HeaderValue>,
+}
+
+/// A raw answer: status and body.
+#[derive(Debug, Clone)]
+pub(crate) struct Fetched {
+    /// The status code.
+    pub(crate) status: StatusCode,
+    /// The whole body (at most 1 MiB).
+    pub(crate) body: Bytes,
+}
+
+/// Why a probe did not give the expected answer.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum ProbeError {
+    /// No connection: refused, unreachable, or the connect timed out. vLLM and Ollama look like
+    /// this while they start (the port is bound but not listening).
+    #[error("connect failed: {0}")]
+    Connect(String),
+    /// No complete answer within the probe timeout.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The exchange failed after connecting (reset, malformed response, body too large).
+    #[error("request failed: {0}")]
+    Failed(String),
+    /// An answer, but not a success.
+    #[error("HTTP {status}{}", message.as_deref().map(|m| format!(": {m}")).unwrap_or_default())]
+    Status {
+        /// The status code.
+        status: StatusCode,
+        /// The engine's own message, when its error body carries one.
+        message: Option<String>,
+    },
+    /// A success whose body is not what this kind of server sends.
+    #[error("unexpected answer: {0}")]
+    Parse(String),
+}
+
+/// The probing client. Cheap to clone (clones share the connection pool).
+#[derive(Debug, Clone)]
+pub(crate) struct Prober {
+    client: Client<HttpConnector, Empty<Bytes>>,
+    timeout: Duration,
+}
+
+impl Prober {
+    /// A client whose every exchange (connect included) must complete within `timeout`.
+    /// Needs a Tokio runtime.
+    pub(crate) fn new(timeout: Duration) -> Self {
+        // No connect timeout of its own: the exchange's timeout covers the connect too.
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_max_idle_per_host(0)
+            .build(connector);
+        Self { client, timeout }
+    }
+
+    /// The same client (sharing its connections) with another timeout: a reload may change
+    /// `health_check_timeout`.
+    #[must_use]
+    pub(crate) fn with_timeout(&self, timeout: Duration) -> Self {
+        Self {
+            client: self.client.clone(),
+            timeout,
+        }
+    }
+
+    /// `GET path` (after the upstream's path prefix); any status is returned.
+    pub(crate) async fn get(
+        &self,
+        target: ProbeTarget<'_>,
+        path: &str,
+    ) -> Result<Fetched, ProbeError> {
+        let uri = target
+            .base
+            .uri_for(Some(&path.parse().map_err(|e| {
+                ProbeError::Failed(format!("invalid probe path {path:?}: {e}"))
+            })?))
+            .map_err(|e| ProbeError::Failed(format!("building the probe URI: {e}")))?;
+        let mut req = Request::get(uri)
+            .body(Empty::new())
+            .map_err(|e| ProbeError::Failed(format!("building the probe request: {e}")))?;
+        req.headers_mut().insert(
+            header::USER_AGENT,
+            HeaderValue::from_static(concat!("slotgate/", env!("CARGO_PKG_VERSION"), " probe")),
+        );
+        if let Some(authorization) = target.authorization {
+            req.headers_mut()
+                .insert(header::AUTHORIZATION, authorization.clone());
+        }
+        let exchange = async {
+            let response = self.client.request(req).await.map_err(|error| {
+                let text = crate::error::chain(&error);
+                if error.is_connect() {
+                    ProbeError::Connect(text)
+                } else {
+                    ProbeError::Failed(text)
+                }
+            })?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), MAX_PROBE_BODY)
+                .collect()
+                .await
+                .map_err(|e| ProbeError::Failed(format!("reading the answer: {e}")))?
+                .to_bytes();
+            Ok(Fetched { status, body })
+        };
+        tokio::time::timeout(self.timeout, exchange)
+            .await
+            .map_err(|_elapsed| ProbeError::Timeout(self.timeout))?
+    }
+
+    /// `GET path`, which must answer 2xx; the body is returned.
+    pub(crate) async fn get_ok(
+        &self,
+        target: ProbeTarget<'_>,
+        path: &str,
+    ) -> Result<Bytes, ProbeError> {
+        let fetched = self.get(target, path).await?;
+        if fetched.status.is_success() {
+            Ok(fetched.body)
+        } else {
+            Err(ProbeError::Status {
+                status: fetched.status,
+                message: error_message(&fetched.body),
+            })
+        }
+    }
+
+    /// `GET path`, which must answer 2xx with a Prometheus text exposition.
+    pub(crate) async fn metrics(
+        &self,
+        target: ProbeTarget<'_>,
+        path: &str,
+    ) -> Result<Samples, ProbeError> {
+        let body = self.get_ok(target, path).await?;
+        let text = std::str::from_utf8(&body)
+            .map_err(|e| ProbeError::Parse(format!("{path}: not UTF-8: {e}")))?;
+        Ok(Samples::parse(text))
+    }
+
+    /// `GET path`, which must answer 2xx with JSON of type `T`.
+    pub(crate) async fn get_json<T: DeserializeOwned>(
+        &self,
+        target: ProbeTarget<'_>,
+        path: &str,
+    ) -> Result<T, ProbeError> {
+        let body = self.get_ok(target, path).await?;
+        serde_json::from_slice(&body).map_err(|e| ProbeError::Parse(format!("{path}: {e}")))
+    }
+
+    // === llama-server ===
+
+    /// llama-server `GET /health`: 200 once ready. While the model loads every path answers
+    /// 503 `Loading model`, which is a [`ProbeError::Status`] here: not healthy yet.
+    pub(crate) async fn llama_health(&self, target: ProbeTarget<'_>) -> Result<(), ProbeError> {
+        self.get_ok(target, "/health").await.map(drop)
+    }
+
+    /// llama-server `GET /models`: in router mode every known model with its `status`; a
+    /// single-model server lists its one model without a status.
+    pub(crate) async fn llama_models(
+        &self,
+        target: ProbeTarget<'_>,
+    ) -> Result<ModelList, ProbeError> {
+        self.get_json(target, "/models").await
+    }
+
+    /// llama-server `GET /props` for `model`: its slot count (`total_slots`, = `--parallel`).
+    /// A router needs `?model=`; a single-model server ignores the query. `autoload=false`: a
+    /// probe must not make a router load a model (it answers 400 `model is not loaded`).
+    pub(crate) async fn llama_props(
+        &self,
+        target: ProbeTarget<'_>,
+        model: &str,
+    ) -> Result<LlamaProps, ProbeError> {
+        self.get_json(target, &model_query("/props", model)).await
+    }
+
+    /// llama-server `GET /slots` for `model` (see [`Prober::llama_props`] for the query): one
+    /// entry per slot. 501 when the server runs with `--no-slots`.
+    pub(crate) async fn llama_slots(
+        &self,
+        target: ProbeTarget<'_>,
+        model: &str,
+    ) -> Result<Vec<LlamaSlot>, ProbeError> {
+        self.get_json(target, &model_query("/slots", model)).await
+    }
+
+    /// llama-server `GET /metrics` for `model` (needs `--metrics`; 501 otherwise), parsed.
+    pub(crate) async fn llama_metrics(
+        &self,
+        target: ProbeTarget<'_>,
+        model: &str,
+    ) -> Result<Samples, ProbeError> {
+        self.metrics(target, &model_query("/metrics", model)).await
+    }
+
+    // === vLLM ===
+
+    /// vLLM `GET /health`: 200 with an empty body; 503 when the engine is dead. While the model
+    /// loads the port refuses connections.
+    pub(crate) async fn vllm_health(&self, target: ProbeTarget<'_>) -> Result<(), ProbeError> {
+        self.get_ok(target, "/health").await.map(drop)
+    }
+
+    /// vLLM `GET /metrics`, parsed (`vllm:num_requests_running`, `vllm:num_requests_waiting`,
+    /// labelled by `model_name`).
+    pub(crate) async fn vllm_metrics(
+        &self,
+        target: ProbeTarget<'_>,
+    ) -> Result<Samples, ProbeError> {
+        self.metrics(target, "/metrics").await
+    }
+
+    // === Ollama ===
+
+    /// Ollama `GET /`: 200 `Ollama is running`.
+    pub(crate) async fn ollama_alive(&self, target: ProbeTarget<'_>) -> Result<(), ProbeError> {
+        self.get_ok(target, "/").await.map(drop)
+    }
+
+    /// Ollama `GET /api/ps`: the models resident now.
+    pub(crate) async fn ollama_ps(&self, target: ProbeTarget<'_>) -> Result<OllamaPs, ProbeError> {
+        self.get_json(target, "/api/ps").await
+    }
+
+    // === any OpenAI-compatible server ===
+
+    /// `GET /v1/models`: the served models (vLLM lists its served names and `LoRA` adapters).
+    pub(crate) async fn openai_models(
+        &self,
+        target: ProbeTarget<'_>,
+    ) -> Result<ModelList, ProbeError> {
+        self.get_json(target, "/v1/models").await
+    }
+}
+
+// === answers ===
+
+/// An OpenAI-style model list (`{"object":"list","data":[…]}`), as llama-server, vLLM and
+/// OpenAI-compatible servers send it.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[non_exhaustive]
+pub(crate) struct ModelList {
+    /// The models.
+    #[serde(default)]
+    pub(crate) data: Vec<ModelCard>,
+}
+
+/// One entry of a [`ModelList`].
+#[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
+pub(crate) struct ModelCard {
+    /// The model's id (what clients send as `model`).
+    pub(crate) id: String,
+    /// Other names the server accepts for it (llama-server `--alias`). Non-string entries are
+    /// ignored.
+    #[serde(default, deserialize_with = "strings")]
+    pub(crate) aliases: Vec<String>,
+    /// llama-server router mode only: where the model is in its life.
+    #[serde(default)]
+    pub(crate) status: Option<ModelStatus>,
+}
+
+impl ModelCard {
+    /// The id and every alias.
+    pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.id.as_str()).chain(self.aliases.iter().map(String::as_str))
+    }
+}
+
+/// llama-server router's `status` of a model.
+#[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
+pub(crate) struct ModelStatus {
+    /// `unloaded`, `loading`, `loaded`, `sleeping`, `downloading` or `downloaded`.
+    pub(crate) value: String,
+}
+
+/// Ollama's `/api/ps`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[non_exhaustive]
+pub(crate) struct OllamaPs {
+    /// The resident models.
+    #[serde(default)]
+    pub(crate) models: Vec<OllamaModel>,
+}
+
+/// One resident Ollama model.
+#[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
+pub(crate) struct OllamaModel {
+    /// `name:tag`, e.g. `mistral:latest`.
+    pub(crate) name: String,
+    /// Usually the same as `name`.
+    #[serde(default)]
+    pub(crate) model: Option<String>,
+}
+
+/// llama-server's `/props`, the part the gateway reads.
+#[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
+pub(crate) struct LlamaProps {
+    /// The server's slots (`--parallel`). Required: a `/props` without it is not one this
+    /// gateway can take a slot count from.
+    pub(crate) total_slots: usize,
+}
+
+/// One entry of llama-server's `/slots`.
+#[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
+pub(crate) struct LlamaSlot {
+    /// Whether the slot is running a task now (its other members come and go across builds).
+    pub(crate) is_processing: bool,
+}
+
+/// The samples of a Prometheus text exposition (`# HELP`/`# TYPE` lines skipped), enough to
+/// read an engine's gauges. Not a full parser: exemplars and escaped quotes inside label
+/// values are not needed for the engines' own metrics.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Samples {
+    samples: Vec<Sample>,
+}
+
+#[derive(Debug, Clone)]
+struct Sample {
+    name: String,
+    labels: Vec<(String, String)>,
+    value: f64,
+}
+
+impl Samples {
+    /// Reads every `name{labels} value [timestamp]` line; unreadable lines are skipped.
+    pub(crate) fn parse(text: &str) -> Self {
+        let samples = text
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty() && !line.starts_with('#'))
+            .filter_map(parse_sample)
+            .collect();
+        Self { samples }
+    }
+
+    /// The sum of every sample named `name` whose labels include all of `labels` (all samples
+    /// of that name when `labels` is empty); `None` when no sample matches.
+    pub(crate) fn sum(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let mut found = None;
+        for sample in self.samples.iter().filter(|s| s.name == name) {
+            let matches = labels
+                .iter()
+                .all(|(k, v)| sample.labels.iter().any(|(sk, sv)| sk == k && sv == v));
+            if matches {
+                *found.get_or_insert(0.0) += sample.value;
+            }
+        }
+        found
+    }
+}
+
+/// `name{a="x",b="y"} 1.5` or `name 3`.
+fn parse_sample(line: &str) -> Option<Sample> {
+    let (name, labels, rest) = if let Some(open) = line.find('{') {
+        let close = open + line[open..].find('}')?;
+        (&line[..open], &line[open + 1..close], &line[close + 1..])
+    } else {
+        let space = line.find(char::is_whitespace)?;
+        (&line[..space], "", &line[space..])
+    };
+    let value = rest.split_whitespace().next()?.parse().ok()?;
+    let labels = labels
+        .split(',')
+        .filter_map(|pair| {
+            let (key, value) = pair.split_once('=')?;
+            Some((
+                key.trim().to_owned(),
+                value.trim().trim_matches('"').to_owned(),
+            ))
+        })
+        .collect();
+    Some(Sample {
+        name: name.trim().to_owned(),
+        labels,
+        value,
+    })
+}
+
+/// `path?model=NAME&autoload=false`, the name percent-encoded.
+fn model_query(path: &str, model: &str) -> String {
+    let name: String = url::form_urlencoded::byte_serialize(model.as_bytes()).collect();
+    format!("{path}?model={name}&autoload=false")
+}
+
+/// A list whose non-string entries are skipped (llama-server builds differ in what `aliases`
+/// holds; a residency probe must not fail over it).
+fn strings<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    let values: Option<Vec<serde_json::Value>> = Option::deserialize(deserializer)?;
+    Ok(values
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|value| match value {
+            serde_json::Value::String(text) => Some(text),
+            _ => None,
+        })
+        .collect())
+}
+
+/// The message of an error body: `{"error":{"message":…}}` (llama-server, vLLM, OpenAI),
+/// `{"error":"…"}` (Ollama native), `{"message":…}` (older vLLM); else a short plain-text body.
+fn error_message(body: &Bytes) -> Option<String> {
+    const MAX: usize = 200;
+    let text = match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(json) => json
+            .pointer("/error/message")
+            .or_else(|| json.get("error"))
+            .or_else(|| json.get("message"))
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)?,
+        Err(_) => String::from_utf8_lossy(body).trim().to_owned(),
+    };
+    (!text.is_empty()).then(|| text.chars().take(MAX).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::{LlamaProps, LlamaSlot, ModelList, OllamaPs, Samples, error_message, model_query};
+
+    #[test]
+    fn parses_a_router_listing() {
+        let list: ModelList = serde_json::from_str(
+            r#"{"object":"list","data":[
+              {"id":"ggml-org/gemma-3-4b-it-GGUF:Q4_K_M","aliases":[],"tags":[],"object":"model",
+               "owned_by":"llamacpp","created":1735142223,"source":"cache","can_remove":true,
+               "architecture":{"input_modalities":["text","image"],"output_modalities":["text"]},
+               "status":{"value":"loaded","args":["llama-server","-ctx","4096"]}},
+              {"id":"other","status":{"value":"unloaded","failed":true,"exit_code":1}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(list.data.len(), 2);
+        assert_eq!(list.data[0].status.as_ref().unwrap().value, "loaded");
+        assert_eq!(list.data[1].status.as_ref().unwrap().value, "unloaded");
+    }
+
+    #[test]
+    fn parses_a_single_model_llama_listing_and_odd_aliases() {
+        let list: ModelList = serde_json::from_str(
+            r#"{"object":"list","models":[{"name":"m"}],
+                "data":[{"id":"m","aliases":["m2",7,null],"meta":null}]}"#,
+        )
+        .unwrap();
+        let card = &list.data[0];
+        assert!(card.status.is_none());
+        assert_eq!(card.names().collect::<Vec<_>>(), ["m", "m2"]);
+        let list: ModelList =
+            serde_json::from_str(r#"{"data":[{"id":"m","aliases":null}]}"#).expect("null aliases");
+        assert!(list.data[0].aliases.is_empty());
+    }
+
+    #[test]
+    fn parses_vllm_and_ollama_listings() {
+        let list: ModelList = serde_json::from_str(
+            r#"{"object":"list","data":[{"id":"served-name","object":"model","created":1700000000,
+              "owned_by":"vllm","root":"/models/x","parent":null,"max_model_len":32768,
+              "permission":[{"object":"model_permission"}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(list.data[0].id, "served-name");
+        let ps: OllamaPs = serde_json::from_str(
+            r#"{"models":[{"name":"mistral:latest","model":"mistral:latest","size":5137025024,
+              "digest":"2ae6","details":{"format":"gguf"},"expires_at":"2024-06-04T14:38:31.83753-07:00",
+              "size_vram":5137025024,"context_length":4096}]}"#,
+        )
+        .unwrap();
+        assert_eq!(ps.models[0].name, "mistral:latest");
+        let empty: OllamaPs = serde_json::from_str(r#"{"models":[]}"#).unwrap();
+        assert!(empty.models.is_empty());
+    }
+
+    #[test]
+    fn parses_llama_props_and_slots_as_the_real_server_sends_them() {
+        let props: LlamaProps = serde_json::from_str(
+            r#"{"default_generation_settings":{"n_ctx":512},"total_slots":2,
+                "model_alias":"tiny","build_info":"b1-0c1e570","is_sleeping":false}"#,
+        )
+        .unwrap();
+        assert_eq!(props.total_slots, 2);
+        assert!(serde_json::from_str::<LlamaProps>(r#"{"model_alias":"x"}"#).is_err());
+        let slots: Vec<LlamaSlot> = serde_json::from_str(
+            r#"[{"id":0,"n_ctx":512,"speculative":false,"is_processing":false},
+                {"id":1,"n_ctx":512,"is_processing":true,"id_task":7,
+                 "next_token":[{"has_next_token":true,"n_decoded":3}]}]"#,
+        )
+        .unwrap();
+        assert_eq!(slots.iter().filter(|s| s.is_processing).count(), 1);
+        assert_eq!(
+            model_query("/props", "qwen2.5:7b instruct"),
+            "/props?model=qwen2.5%3A7b+instruct&autoload=false"
+        );
+    }
+
+    #[test]
+    fn reads_engine_gauges_out_of_prometheus_text() {
+        let samples = Samples::parse(
+            "# HELP llamacpp:requests_processing Number of requests processing.\n\
+             # TYPE llamacpp:requests_processing gauge\n\
+             llamacpp:requests_processing 2\n\
+             llamacpp:requests_deferred 0\n\
+             vllm:num_requests_running{engine=\"0\",model_name=\"qwen\"} 3.0\n\
+             vllm:num_requests_running{engine=\"1\",model_name=\"qwen\"} 1.0\n\
+             vllm:num_requests_running{engine=\"0\",model_name=\"other\"} 5.0\n\
+             vllm:num_requests_waiting{model_name=\"qwen\"} 4 1700000000000\n\
+             garbage line\n",
+        );
+        assert_eq!(samples.sum("llamacpp:requests_processing", &[]), Some(2.0));
+        assert_eq!(samples.sum("llamacpp:requests_deferred", &[]), Some(0.0));
+        assert_eq!(
+            samples.sum("vllm:num_requests_running", &[("model_name", "qwen")]),
+            Some(4.0)
+        );
+        assert_eq!(samples.sum("vllm:num_requests_running", &[]), Some(9.0));
+        assert_eq!(
+            samples.sum("vllm:num_requests_waiting", &[("model_name", "qwen")]),
+            Some(4.0)
+        );
+        assert_eq!(
+            samples.sum("vllm:num_requests_waiting", &[("model_name", "x")]),
+            None
+        );
+    }
+
+    #[test]
+    fn error_messages_come_out_of_every_envelope() {
+        let message = |body: &'static str| error_message(&Bytes::from_static(body.as_bytes()));
+        assert_eq!(
+            message(
+                r#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#
+            )
+            .as_deref(),
+            Some("Loading model")
+        );
+        assert_eq!(
+            message(r#"{"error":"server busy"}"#).as_deref(),
+            Some("server busy")
+        );
+        assert_eq!(
+            message(r#"{"object":"error","message":"old vllm"}"#).as_deref(),
+            Some("old vllm")
+        );
+        assert_eq!(message("").as_deref(), None);
+        assert_eq!(message(" bad gateway\n").as_deref(), Some("bad gateway"));
+        assert_eq!(message(r#"{"other":1}"#), None);
+    }
+}

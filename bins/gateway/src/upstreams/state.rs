@@ -1,0 +1,220 @@
+//! What the gateway knows about each upstream right now: where it is, whether it is healthy,
+//! whether an operator is draining it, and which models it has resident.
+//!
+//! An [`UpstreamState`] is shared by everything that reads or writes those facts: the request
+//! path (routing reads them for every candidate), the background checks
+//! ([`monitor`](crate::upstreams::monitor)), the admin API and the metrics. It outlives configuration
+//! reloads: [`Upstreams::build`] hands the *same* state to the new configuration when an
+//! upstream keeps its name and engine (URL, kind, API key), so a reload does not forget that a
+//! host is down, draining, or has a model loaded.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use http::HeaderValue;
+use slotgate_config::{Config, Kind, Secret, Upstream};
+use tracing::{info, warn};
+use url::Url;
+
+use crate::base::Base;
+use crate::upstreams::health::{Health, HealthPolicy, Status};
+use crate::upstreams::probe::ProbeTarget;
+use crate::upstreams::residency::Residency;
+
+/// One upstream's identity and live state.
+#[derive(Debug)]
+pub(crate) struct UpstreamState {
+    /// The name in the configuration (`[upstreams.NAME]`), used in logs, metrics and the admin
+    /// API.
+    pub(crate) name: String,
+    /// What software answers there.
+    pub(crate) kind: Kind,
+    /// The configured URL.
+    pub(crate) url: Url,
+    /// The limiter's host key (`scheme://host:port`).
+    pub(crate) authority: String,
+    /// Where to send requests.
+    pub(crate) base: Base,
+    /// `Authorization` to send upstream instead of the client's, if the upstream has a key.
+    pub(crate) authorization: Option<HeaderValue>,
+    /// Kept to tell on reload whether the engine is still the same one.
+    api_key: Option<Secret>,
+    /// Health checks and passive ejection.
+    pub(crate) health: Health,
+    /// Which models are resident.
+    pub(crate) residency: Residency,
+    /// Set by the admin API: no new requests, in-flight ones finish.
+    draining: AtomicBool,
+}
+
+impl UpstreamState {
+    /// A fresh state (health unknown, nothing known resident, not draining).
+    ///
+    /// Fails, naming the key, on what the configuration crate accepts but this gateway cannot
+    /// do (an `https` upstream, an API key that is not a header value).
+    pub(crate) fn from_config(upstream: &Upstream) -> Result<Self, String> {
+        let base = Base::parse(upstream.url.as_str())
+            .map_err(|e| format!("upstreams.{}.url: {e}", upstream.name))?;
+        let authorization = match &upstream.api_key {
+            Some(key) => {
+                let mut value =
+                    HeaderValue::try_from(format!("Bearer {}", key.expose())).map_err(|_| {
+                        format!(
+                            "upstreams.{}.api_key: not a valid header value",
+                            upstream.name
+                        )
+                    })?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+            None => None,
+        };
+        Ok(Self {
+            name: upstream.name.clone(),
+            kind: upstream.kind,
+            url: upstream.url.clone(),
+            authority: upstream.authority(),
+            base,
+            authorization,
+            api_key: upstream.api_key.clone(),
+            health: Health::new(),
+            residency: Residency::new(),
+            draining: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether `upstream` (from a new configuration) describes the same engine, reached the
+    /// same way: then its health and residency still hold.
+    pub(crate) fn is_same_engine(&self, upstream: &Upstream) -> bool {
+        self.url == upstream.url && self.kind == upstream.kind && self.api_key == upstream.api_key
+    }
+
+    /// How probes reach it.
+    pub(crate) fn probe_target(&self) -> ProbeTarget<'_> {
+        ProbeTarget {
+            base: &self.base,
+            authorization: self.authorization.as_ref(),
+        }
+    }
+
+    /// Whether it may be given new requests health-wise and drain-wise.
+    pub(crate) fn is_available(&self) -> bool {
+        self.health.is_routable() && !self.is_draining()
+    }
+
+    /// Whether an operator is draining it.
+    pub(crate) fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Starts or stops draining; returns whether that changed anything.
+    pub(crate) fn set_draining(&self, draining: bool) -> bool {
+        let changed = self.draining.swap(draining, Ordering::Relaxed) != draining;
+        if changed {
+            if draining {
+                info!(upstream = %self.name, "upstream draining: no new requests, in-flight ones finish");
+            } else {
+                info!(upstream = %self.name, "upstream undrained: takes new requests again");
+            }
+        }
+        changed
+    }
+
+    /// Records an active health check's result, logging a change of status.
+    pub(crate) fn record_check(&self, result: Result<(), String>, policy: &HealthPolicy) {
+        let reason = result.as_ref().err().cloned();
+        if let Some(status) = self.health.record_check(result, policy) {
+            self.log_transition(status, reason.as_deref(), "health check");
+        }
+    }
+
+    /// Records a connect error while forwarding, logging an ejection.
+    pub(crate) fn record_connect_error(&self, reason: String, policy: &HealthPolicy) {
+        let logged = reason.clone();
+        if let Some(status) = self.health.record_connect_error(reason, policy) {
+            self.log_transition(status, Some(&logged), "connect errors");
+        }
+    }
+
+    fn log_transition(&self, status: Status, reason: Option<&str>, by: &'static str) {
+        match status {
+            Status::Healthy => {
+                info!(upstream = %self.name, by, "upstream healthy: takes new requests");
+            }
+            Status::Unhealthy => warn!(
+                upstream = %self.name,
+                by,
+                reason = reason.unwrap_or_default(),
+                "upstream unhealthy: ejected, no new requests until it passes its checks"
+            ),
+            Status::Unknown => {}
+        }
+    }
+}
+
+// === Upstreams ===
+
+/// Every configured upstream's state, by name.
+#[derive(Debug, Default)]
+pub(crate) struct Upstreams {
+    by_name: BTreeMap<String, Arc<UpstreamState>>,
+}
+
+impl Upstreams {
+    /// The states for `config`: an upstream that keeps its name and engine keeps its state from
+    /// `previous`; a new or changed one starts fresh (a changed one keeps its draining flag,
+    /// which is the operator's intent for that name).
+    ///
+    /// Fails with every problem found (see [`UpstreamState::from_config`]).
+    pub(crate) fn build(
+        config: &Config,
+        previous: Option<&Upstreams>,
+    ) -> Result<Self, Vec<String>> {
+        let mut by_name = BTreeMap::new();
+        let mut problems = Vec::new();
+        for upstream in config.upstreams.values() {
+            let old = previous.and_then(|p| p.get(&upstream.name));
+            if let Some(old) = old.filter(|old| old.is_same_engine(upstream)) {
+                by_name.insert(upstream.name.clone(), Arc::clone(old));
+                continue;
+            }
+            match UpstreamState::from_config(upstream) {
+                Ok(state) => {
+                    if let Some(old) = old {
+                        state.draining.store(old.is_draining(), Ordering::Relaxed);
+                    }
+                    by_name.insert(upstream.name.clone(), Arc::new(state));
+                }
+                Err(problem) => problems.push(problem),
+            }
+        }
+        if problems.is_empty() {
+            Ok(Self { by_name })
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// The state of the upstream named `name`.
+    pub(crate) fn get(&self, name: &str) -> Option<&Arc<UpstreamState>> {
+        self.by_name.get(name)
+    }
+
+    /// Every upstream, by name.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<UpstreamState>> {
+        self.by_name.values()
+    }
+
+    /// How many upstreams there are.
+    pub(crate) fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    /// Whether `state` is one of these (the very same object).
+    pub(crate) fn contains(&self, state: &Arc<UpstreamState>) -> bool {
+        self.by_name
+            .get(&state.name)
+            .is_some_and(|mine| Arc::ptr_eq(mine, state))
+    }
+}
