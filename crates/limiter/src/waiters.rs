@@ -1,4 +1,5 @@
-//! The wait queue of one key: a FIFO of waiters with O(1) push, pop and removal from anywhere.
+//! The wait queue of one key: a FIFO of weighted waiters with O(1) push, pop and removal from
+//! anywhere.
 //!
 //! # Implementation Details
 //!
@@ -26,13 +27,6 @@ pub(crate) struct Token {
     generation: u64,
 }
 
-/// A slot handed to the head waiter by [`WaitQueue::grant_front`].
-#[derive(Debug)]
-pub(crate) struct Grant {
-    /// The waiter's waker, to wake once the lock is released; absent if it was never polled.
-    pub(crate) waker: Option<Waker>,
-}
-
 /// What a waiter's entry says when its owner looks at it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Status {
@@ -42,6 +36,12 @@ pub(crate) enum Status {
     Granted,
     /// The key was removed while the waiter was queued.
     Closed,
+    /// The limits shrank below the waiter's weight (to this `parallel`): it could never be
+    /// granted, so it was taken out of the queue.
+    TooHeavy {
+        /// The limit it no longer fits under.
+        parallel: usize,
+    },
 }
 
 #[derive(Debug)]
@@ -53,9 +53,14 @@ enum Entry {
         waker: Option<Waker>,
         prev: usize,
         next: usize,
+        /// How many units the waiter asks for.
+        weight: usize,
     },
     Granted,
     Closed,
+    TooHeavy {
+        parallel: usize,
+    },
 }
 
 #[derive(Debug)]
@@ -107,12 +112,21 @@ impl WaitQueue {
         self.waiting == 0
     }
 
-    /// Queues a waiter at the back.
-    pub(crate) fn push_back(&mut self, waker: Option<Waker>) -> Token {
+    /// The weight of the head waiter, `None` when nobody waits.
+    pub(crate) fn front_weight(&self) -> Option<usize> {
+        match self.slots.get(self.head)?.entry {
+            Entry::Waiting { weight, .. } => Some(weight),
+            _ => None,
+        }
+    }
+
+    /// Queues a waiter of `weight` units at the back.
+    pub(crate) fn push_back(&mut self, weight: usize) -> Token {
         let entry = Entry::Waiting {
-            waker,
+            waker: None,
             prev: self.tail,
             next: NIL,
+            weight,
         };
         let index = if self.free == NIL {
             self.slots.push(Slot {
@@ -145,17 +159,26 @@ impl WaitQueue {
         }
     }
 
-    /// Hands the head waiter a slot: unlinks it, marks it granted and returns its waker.
-    ///
-    /// Returns `None` when nobody waits.
-    pub(crate) fn grant_front(&mut self) -> Option<Grant> {
+    /// Hands the head waiter its units: unlinks it, marks it granted and returns its waker
+    /// (absent if it was never polled, or if nobody waits).
+    pub(crate) fn grant_front(&mut self) -> Option<Waker> {
+        self.settle_front(Entry::Granted)
+    }
+
+    /// Takes the head waiter out of the queue because its weight is above `parallel`; returns
+    /// its waker.
+    pub(crate) fn refuse_front(&mut self, parallel: usize) -> Option<Waker> {
+        self.settle_front(Entry::TooHeavy { parallel })
+    }
+
+    fn settle_front(&mut self, outcome: Entry) -> Option<Waker> {
         if self.head == NIL {
             return None;
         }
         let index = self.head;
         let waker = self.unlink(index);
-        self.slots[index].entry = Entry::Granted;
-        Some(Grant { waker })
+        self.slots[index].entry = outcome;
+        waker
     }
 
     /// Marks every queued waiter closed and returns their wakers, emptying the list.
@@ -192,6 +215,10 @@ impl WaitQueue {
                 self.vacate(token.index);
                 Status::Granted
             }
+            &mut Entry::TooHeavy { parallel } => {
+                self.vacate(token.index);
+                Status::TooHeavy { parallel }
+            }
             Entry::Closed | Entry::Vacant { .. } => {
                 self.vacate(token.index);
                 Status::Closed
@@ -214,6 +241,7 @@ impl WaitQueue {
                 Status::Waiting
             }
             Entry::Granted => Status::Granted,
+            Entry::TooHeavy { parallel } => Status::TooHeavy { parallel },
             Entry::Closed | Entry::Vacant { .. } => Status::Closed,
         };
         self.vacate(token.index);
@@ -230,7 +258,10 @@ impl WaitQueue {
     /// Unlinks a `Waiting` entry from the list and takes its waker; the entry itself is left
     /// for the caller to overwrite.
     fn unlink(&mut self, index: usize) -> Option<Waker> {
-        let Entry::Waiting { waker, prev, next } = &mut self.slots[index].entry else {
+        let Entry::Waiting {
+            waker, prev, next, ..
+        } = &mut self.slots[index].entry
+        else {
             return None;
         };
         let (prev, next, waker) = (*prev, *next, waker.take());
@@ -276,19 +307,27 @@ mod tests {
     }
 
     #[test]
-    fn fifo_order() {
+    fn fifo_order_with_weights() {
         let mut q = WaitQueue::new();
-        let a = q.push_back(None);
-        let b = q.push_back(None);
-        let c = q.push_back(None);
+        let a = q.push_back(3);
+        let b = q.push_back(1);
+        let c = q.push_back(2);
         assert_eq!(q.len(), 3);
-        assert!(q.grant_front().is_some());
+        assert_eq!(q.front_weight(), Some(3));
+        assert_eq!(q.poll(a, &noop()), Status::Waiting);
+        assert!(
+            q.grant_front().is_some(),
+            "a was polled: its waker comes back"
+        );
         assert_eq!(q.poll(a, &noop()), Status::Granted);
         assert_eq!(q.poll(b, &noop()), Status::Waiting);
+        assert_eq!(q.front_weight(), Some(1));
         assert!(q.grant_front().is_some());
         assert_eq!(q.poll(b, &noop()), Status::Granted);
-        assert!(q.grant_front().is_some());
-        assert_eq!(q.poll(c, &noop()), Status::Granted);
+        assert_eq!(q.front_weight(), Some(2));
+        assert!(q.refuse_front(1).is_none(), "c was never polled");
+        assert_eq!(q.poll(c, &noop()), Status::TooHeavy { parallel: 1 });
+        assert_eq!(q.front_weight(), None);
         assert!(q.grant_front().is_none());
         assert!(q.is_empty());
         assert_eq!(q.occupied, 0);
@@ -297,7 +336,7 @@ mod tests {
     #[test]
     fn remove_from_middle_head_and_tail() {
         let mut q = WaitQueue::new();
-        let tokens: Vec<_> = (0..5).map(|_| q.push_back(None)).collect();
+        let tokens: Vec<_> = (0..5).map(|_| q.push_back(1)).collect();
         assert_eq!(q.remove(tokens[2]), Status::Waiting);
         assert_eq!(q.remove(tokens[0]), Status::Waiting);
         assert_eq!(q.remove(tokens[4]), Status::Waiting);
@@ -312,9 +351,9 @@ mod tests {
     #[test]
     fn stale_tokens_never_touch_a_reused_entry() {
         let mut q = WaitQueue::new();
-        let a = q.push_back(None);
+        let a = q.push_back(1);
         assert_eq!(q.remove(a), Status::Waiting);
-        let b = q.push_back(None);
+        let b = q.push_back(1);
         assert_eq!(a.index, b.index, "the vacant entry is reused");
         assert_eq!(q.remove(a), Status::Closed, "stale token is inert");
         assert_eq!(q.len(), 1);
@@ -324,7 +363,7 @@ mod tests {
     #[test]
     fn granted_entry_removed_reports_granted() {
         let mut q = WaitQueue::new();
-        let a = q.push_back(None);
+        let a = q.push_back(1);
         q.grant_front();
         assert_eq!(q.remove(a), Status::Granted);
         assert_eq!(q.occupied, 0);
@@ -333,8 +372,9 @@ mod tests {
     #[test]
     fn close_all_wakes_everyone_once() {
         let mut q = WaitQueue::new();
-        let a = q.push_back(Some(noop()));
-        let b = q.push_back(None);
+        let a = q.push_back(1);
+        let b = q.push_back(1);
+        assert_eq!(q.poll(a, &noop()), Status::Waiting, "stores a waker");
         let wakers = q.close_all();
         assert_eq!(wakers.len(), 1);
         assert!(q.is_empty());
@@ -346,12 +386,12 @@ mod tests {
     #[test]
     fn memory_is_returned_after_a_burst() {
         let mut q = WaitQueue::new();
-        let tokens: Vec<_> = (0..5000).map(|_| q.push_back(None)).collect();
+        let tokens: Vec<_> = (0..5000).map(|_| q.push_back(1)).collect();
         for t in tokens {
             q.remove(t);
         }
         assert_eq!(q.slots.capacity(), 0);
-        let t = q.push_back(None);
+        let t = q.push_back(1);
         assert_eq!(q.poll(t, &noop()), Status::Waiting);
     }
 }
