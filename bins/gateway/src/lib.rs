@@ -90,6 +90,8 @@ use tracing::info;
 
 mod base;
 mod error;
+#[cfg(test)]
+mod fixtures;
 mod metrics;
 mod ops;
 mod proxy;

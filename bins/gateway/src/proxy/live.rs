@@ -138,3 +138,6 @@ impl Live {
         std::mem::replace(&mut *self.current.write(), Arc::new(generation))
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -3,11 +3,11 @@
 //! [`slot_discovery`](crate::upstreams::slot_discovery) does the reading and the rules of when
 //! are documented there.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 use parking_lot::Mutex;
-use slotgate_limiter::Limiter;
+use slotgate_limiter::{KeyHandle, Limiter};
 use tracing::{error, info, warn};
 
 use crate::upstreams::health::Status;
@@ -19,11 +19,13 @@ pub(crate) struct AutoSlots {
     upstream: String,
     authority: String,
     model: String,
-    queue: usize,
     limiter: Limiter,
-    /// The count in force; 0 while unknown (a real count is at least 1). Read lock-free by
-    /// every request's routing.
-    found: AtomicUsize,
+    /// The key whose `parallel` is the count in force: the count lives there and nowhere else
+    /// (0 while unknown).
+    key: KeyHandle,
+    /// Whether a count has been read: the "not known yet" state, read lock-free by every
+    /// request's routing. Set only under `state`, after the key has the count.
+    known: AtomicBool,
     state: Mutex<DiscoveryRecord>,
 }
 
@@ -61,19 +63,15 @@ impl AutoSlots {
         previous: Option<&AutoSlots>,
     ) -> Self {
         let found = previous.and_then(AutoSlots::found);
-        limiter.configure(
-            upstream.authority.as_str(),
-            model,
-            found.unwrap_or(0),
-            queue,
-        );
+        let authority = upstream.authority.as_str();
+        limiter.configure(authority, model, found.unwrap_or(0), queue);
         Self {
             upstream: upstream.name.clone(),
             authority: upstream.authority.clone(),
             model: model.to_owned(),
-            queue,
             limiter: limiter.clone(),
-            found: AtomicUsize::new(found.unwrap_or(0)),
+            key: limiter.handle(authority, model),
+            known: AtomicBool::new(found.is_some()),
             state: Mutex::new(DiscoveryRecord {
                 checked: previous.and_then(|p| p.state.lock().checked),
                 error: None,
@@ -83,19 +81,21 @@ impl AutoSlots {
         }
     }
 
-    /// The slot count in force, `None` while unknown (the model is then unavailable here).
+    /// Whether the count has been read (until then the model is unavailable here). Lock-free.
+    pub(crate) fn is_known(&self) -> bool {
+        self.known.load(Ordering::Acquire)
+    }
+
+    /// The slot count in force (the key's `parallel`), `None` while unknown.
     pub(crate) fn found(&self) -> Option<usize> {
-        match self.found.load(Ordering::Relaxed) {
-            0 => None,
-            slots => Some(slots),
-        }
+        self.is_known().then(|| self.key.limits().parallel)
     }
 
     /// Whether the count should be read now: never read, asked for, or the upstream has been
     /// through an ejection since it was read.
     pub(crate) fn needs_read(&self, upstream: &UpstreamState) -> bool {
         let state = self.state.lock();
-        if state.stale || self.found().is_none() {
+        if state.stale || !self.is_known() {
             return true;
         }
         let health = upstream.health.view();
@@ -114,7 +114,7 @@ impl AutoSlots {
 
     /// Why the model is unavailable here, while it is.
     pub(crate) fn unavailable_reason(&self) -> Option<String> {
-        if self.found().is_some() {
+        if self.is_known() {
             return None;
         }
         let error = self.state.lock().error.clone();
@@ -131,23 +131,29 @@ impl AutoSlots {
         state.checked = Some(SystemTime::now());
         match result {
             Ok(slots) => {
-                let before = self.found.swap(slots, Ordering::Relaxed);
-                state.stale = false;
-                state.error = None;
-                state.healthy_since = Some(upstream.health.view().since);
-                drop(state);
-                if before != slots {
+                let before = self.found();
+                if before != Some(slots) {
+                    // The key's own `queue` (configured from this generation's configuration)
+                    // stays; only the count changes. Under `state`, so reads do not interleave.
+                    let queue = self.key.limits().queue;
                     self.limiter.configure(
                         self.authority.as_str(),
                         self.model.as_str(),
                         slots,
-                        self.queue,
+                        queue,
                     );
+                }
+                self.known.store(true, Ordering::Release);
+                state.stale = false;
+                state.error = None;
+                state.healthy_since = Some(upstream.health.view().since);
+                drop(state);
+                if before != Some(slots) {
                     info!(
                         upstream = %self.upstream,
                         model = %self.model,
                         slots,
-                        previous = before,
+                        previous = before.unwrap_or(0),
                         "parallel = \"auto\": slot count read from the engine's /props"
                     );
                 }

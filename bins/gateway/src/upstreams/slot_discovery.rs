@@ -63,8 +63,7 @@ pub(crate) async fn read_slot_counts(
     let prober = prober.with_timeout(policy.timeout);
     let due = targets.into_iter().filter(|target| {
         target
-            .auto
-            .as_ref()
+            .auto()
             .is_some_and(|auto| force || auto.needs_read(&target.upstream))
     });
     fan_out(due, |target| {
@@ -74,7 +73,7 @@ pub(crate) async fn read_slot_counts(
             let result = read(&prober, upstream.probe_target(), &target.model)
                 .await
                 .map_err(|e| format!("GET /props: {e}"));
-            if let Some(auto) = &target.auto {
+            if let Some(auto) = target.auto() {
                 auto.record(result, upstream);
             }
         }
