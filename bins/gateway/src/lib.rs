@@ -104,6 +104,8 @@ mod shutdown;
 mod upstreams;
 
 pub use crate::ops::reload::{ReloadError, Reloaded};
+pub use crate::proxy::live::ConfigProblems;
+pub use crate::upstreams::auto_slots::SlotCountError;
 pub use crate::upstreams::slot_discovery::{ProbedSlots, probe_config};
 
 use crate::ops::admin;
@@ -120,9 +122,9 @@ use crate::upstreams::{monitor, slot_discovery};
 #[non_exhaustive]
 pub enum StartError {
     /// The configuration asks for something this gateway cannot do, or names a file it cannot
-    /// read.
-    #[error("{0}")]
-    Config(String),
+    /// read: every problem found.
+    #[error(transparent)]
+    Config(#[from] ConfigProblems),
     /// A listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -168,8 +170,7 @@ impl Gateway {
     async fn start(config: Config, source: Option<PathBuf>) -> Result<Self, StartError> {
         let limiter = Limiter::new();
         let metrics = metrics::Metrics::new();
-        let generation = Generation::build(config, None, &limiter, &metrics)
-            .map_err(|problems| StartError::Config(problems.join("; ")))?;
+        let generation = Generation::build(config, None, &limiter, &metrics)?;
         let server = generation.config.server.clone();
 
         let api_listener = bind(server.listen).await?;
@@ -322,7 +323,7 @@ impl Gateway {
 /// accepted (an upstream URL this gateway cannot use, an unreadable API keys file), without
 /// binding anything. `slotgate check` runs it.
 pub fn check(config: &Config) -> Result<(), StartError> {
-    Generation::validate(config).map_err(|problems| StartError::Config(problems.join("; ")))
+    Ok(Generation::validate(config)?)
 }
 
 /// Serves the admin endpoints on `listener` until `stop` fires.

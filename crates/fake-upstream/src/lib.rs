@@ -150,6 +150,9 @@
 //!   llama-server's errors on `/v1/messages` use Anthropic's envelope here, which is not
 //!   verified against its source.
 //! - Token counts are word counts.
+//! - llama-server's bare `/completions` and `/embeddings` are its native handlers (the same as
+//!   `/completion` and `/embedding`); the fake answers them in the OpenAI shape, as it always
+//!   has, and tests rely on it. Use `/completion` and `/embedding` for the native shapes.
 //! - Ollama's `max_queue` applies to every request that must wait, as older Ollama versions did;
 //!   the version cited in PROTOCOLS.md lets requests for a loaded model skip that queue, so the
 //!   503 may never trigger there.

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crate::error::AcquireError;
 use crate::key::{Joined, KeyState};
 use crate::permit::Permit;
+use crate::sched::{QueuePosition, Ticket};
 use crate::sync::Arc;
 use crate::waiters::{Status, Token};
 
@@ -46,8 +47,8 @@ enum State {
 // === impl Acquire ===
 
 impl Acquire {
-    pub(crate) fn new(key: Arc<KeyState>, weight: usize) -> Self {
-        let state = match KeyState::join(&key, weight) {
+    pub(crate) fn new(key: Arc<KeyState>, weight: usize, ticket: Option<&Ticket>) -> Self {
+        let state = match KeyState::join(&key, weight, ticket) {
             Ok(Joined::Granted) => State::Ready(Ok(())),
             Ok(Joined::Queued(token)) => State::Waiting {
                 token,
@@ -62,6 +63,31 @@ impl Acquire {
     /// the future has seen).
     pub fn is_queued(&self) -> bool {
         matches!(self.state, State::Waiting { .. })
+    }
+
+    /// Where this acquire stands in its key's queue, while it waits: how many waiters are
+    /// expected to be served before it (see [`QueuePosition`]). `None` once it is granted or
+    /// refused (as far as the key knows), or if it never queued.
+    ///
+    /// For a client's queue position, or a `Retry-After` per tenant. Costs O(waiters ahead in
+    /// its line) plus O(tenants waiting in its class), under the key's lock.
+    ///
+    /// ```
+    /// use slotgate_limiter::Limiter;
+    ///
+    /// let limiter: Limiter = Limiter::new();
+    /// limiter.configure("gpu-1", "llama", 1, 8);
+    /// let _held = limiter.try_acquire("gpu-1", "llama").unwrap();
+    /// let first = limiter.acquire("gpu-1", "llama");
+    /// let second = limiter.acquire("gpu-1", "llama");
+    /// assert_eq!(first.position().unwrap().ahead, 0);
+    /// assert_eq!(second.position().unwrap().ahead, 1);
+    /// ```
+    pub fn position(&self) -> Option<QueuePosition> {
+        match self.state {
+            State::Waiting { token, .. } => self.key.position(token),
+            _ => None,
+        }
     }
 
     /// The units this acquire asks for: 1 for [`acquire`](crate::Limiter::acquire), the weight

@@ -17,6 +17,7 @@ use std::task::Waker;
 
 use crate::error::{AcquireError, TryAcquireError};
 use crate::group::Group;
+use crate::sched::{QueueOrder, QueuePosition, Sched, Ticket};
 use crate::sync::{Arc, Mutex};
 use crate::waiters::{Status, Token, WaitQueue};
 
@@ -59,6 +60,8 @@ struct State {
     /// Units held by permits (and granted waiters not yet polled).
     in_flight: usize,
     waiters: WaitQueue,
+    /// Which waiter is served next.
+    sched: Sched,
     /// Set by `remove`: waiters fail with `Closed`, new acquirers too.
     closed: bool,
     /// The host cap this key counts against, from the moment its host has one.
@@ -117,6 +120,7 @@ impl KeyState {
                 limits,
                 in_flight: 0,
                 waiters: WaitQueue::new(),
+                sched: Sched::new(),
                 closed: false,
                 group,
                 blocked: false,
@@ -125,8 +129,13 @@ impl KeyState {
     }
 
     /// Takes `weight` units if they are free (at the key and its host) and nobody waits;
-    /// otherwise joins the queue if it has room.
-    pub(crate) fn join(this: &Arc<Self>, weight: usize) -> Result<Joined, AcquireError> {
+    /// otherwise joins the queue if it has room, in the class and tenant list of `ticket`
+    /// (`None`: normal class, no tenant).
+    pub(crate) fn join(
+        this: &Arc<Self>,
+        weight: usize,
+        ticket: Option<&Ticket>,
+    ) -> Result<Joined, AcquireError> {
         let mut s = this.state.lock();
         if s.closed {
             return Err(AcquireError::Closed);
@@ -142,10 +151,19 @@ impl KeyState {
         if s.waiters.len() >= s.limits.queue {
             return Err(AcquireError::QueueFull);
         }
-        let token = s.waiters.push_back(weight);
+        let list = match ticket {
+            None => s.sched.list_for(crate::Priority::Normal, None, 1),
+            Some(t) => s
+                .sched
+                .list_for(t.class(), t.tenant_name(), t.tenant_share()),
+        };
+        let token = s.waiters.push_back(list, weight);
+        let len = s.waiters.list_len(list);
+        s.sched.joined(list, len);
         let mut wakers = WakeList::default();
-        // A newcomer at the head may have to join the host's queue of blocked keys.
-        let moved = s.group.is_some() && s.fill(this, &mut wakers);
+        // The newcomer may be served first (a higher class, a tenant whose turn it is), or, at
+        // the head, have to join the host's queue of blocked keys.
+        let moved = s.fill(this, &mut wakers);
         let group = s.group.clone().filter(|_| moved);
         drop(s);
         wakers.wake_all();
@@ -181,9 +199,13 @@ impl KeyState {
     /// set aside for it, if it was the head, go to whoever is head now.
     pub(crate) fn cancel(this: &Arc<Self>, token: Token, weight: usize) {
         let mut s = this.state.lock();
-        match s.waiters.remove(token) {
-            Status::Granted => s.give_back(weight),
-            Status::Waiting | Status::Closed | Status::TooHeavy { .. } => {}
+        let (status, left) = s.waiters.remove(token);
+        if status == Status::Granted {
+            s.give_back(weight);
+        }
+        if let Some(list) = left {
+            let State { sched, waiters, .. } = &mut *s;
+            sched.left(list, waiters);
         }
         Self::settle(this, s);
     }
@@ -200,6 +222,31 @@ impl KeyState {
         let mut s = this.state.lock();
         s.limits = limits;
         Self::settle(this, s);
+    }
+
+    /// Changes the order in which waiters are served; waiters already queued keep their place.
+    pub(crate) fn set_order(this: &Arc<Self>, order: QueueOrder) {
+        let mut s = this.state.lock();
+        s.sched.order = order;
+        Self::settle(this, s);
+    }
+
+    /// Where a queued waiter stands; `None` once it is no longer waiting.
+    pub(crate) fn position(&self, token: Token) -> Option<QueuePosition> {
+        let s = self.state.lock();
+        let (list, ahead) = s.waiters.position(token)?;
+        Some(s.sched.position(list, ahead, &s.waiters))
+    }
+
+    /// Where a newcomer with `ticket` would stand if it queued now.
+    pub(crate) fn position_for(&self, ticket: &Ticket) -> QueuePosition {
+        let s = self.state.lock();
+        s.sched.position_for(
+            ticket.class(),
+            ticket.tenant_name(),
+            ticket.tenant_share(),
+            &s.waiters,
+        )
     }
 
     /// Makes the key count against its host's cap from now on, with the units it holds now.
@@ -229,6 +276,7 @@ impl KeyState {
         let mut s = this.state.lock();
         s.closed = true;
         let wakers = s.waiters.close_all();
+        s.sched.clear();
         let mut rest = WakeList::default();
         // No waiter left: this takes the key off its host's queue if it was there.
         let moved = s.fill(this, &mut rest);
@@ -340,9 +388,10 @@ impl State {
     /// kicked for the next front.
     fn fill(&mut self, me: &Arc<KeyState>, wakers: &mut WakeList) -> bool {
         let mut moved = false;
-        while let Some(weight) = self.waiters.front_weight() {
+        while let Some(list) = self.sched.pick(&self.waiters) {
+            let weight = self.waiters.front_weight(list).unwrap_or(0);
             if let Some(parallel) = self.too_heavy(weight) {
-                wakers.push(self.waiters.refuse_front(parallel));
+                self.refuse(list, parallel, wakers);
                 continue;
             }
             if !self.fits(weight) {
@@ -350,13 +399,13 @@ impl State {
             }
             let Some(group) = &self.group else {
                 self.in_flight += weight;
-                wakers.push(self.waiters.grant_front());
+                self.grant(list, weight, wakers);
                 continue;
             };
             let mut g = group.state.lock();
             if let Some(parallel) = g.too_heavy(weight) {
                 drop(g);
-                wakers.push(self.waiters.refuse_front(parallel));
+                self.refuse(list, parallel, wakers);
                 continue;
             }
             if g.turn_of(me) && g.fits(weight) {
@@ -368,7 +417,7 @@ impl State {
                 }
                 drop(g);
                 self.in_flight += weight;
-                wakers.push(self.waiters.grant_front());
+                self.grant(list, weight, wakers);
                 continue;
             }
             if !self.blocked {
@@ -385,6 +434,18 @@ impl State {
             }
         }
         moved
+    }
+
+    /// Hands the head of `list` its units (already counted in `in_flight`).
+    fn grant(&mut self, list: usize, weight: usize, wakers: &mut WakeList) {
+        wakers.push(self.waiters.grant_front(list));
+        self.sched.served(list, weight, &self.waiters);
+    }
+
+    /// Takes the head of `list` out as too heavy for `parallel`.
+    fn refuse(&mut self, list: usize, parallel: usize, wakers: &mut WakeList) {
+        wakers.push(self.waiters.refuse_front(list, parallel));
+        self.sched.left(list, &self.waiters);
     }
 
     /// Units free now but set aside for the head waiter, which needs more than that.

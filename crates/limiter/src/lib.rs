@@ -39,6 +39,15 @@
 //!    deadlock), nothing held at either level while it waits, its place in its own model's
 //!    bounded, cancellable queue, and FIFO across the host's models for the cap. Releasing
 //!    frees both. [`Limiter::host_reading`] and [`Limiter::host_snapshot`] expose the cap.
+//! 9. Who waits is served in the key's [`QueueOrder`]: FIFO (the default), or fair between
+//!    tenants (deficit round-robin with per-tenant shares, FIFO within a tenant). Acquires made
+//!    with a [`Ticket`] carry a [`Priority`] class; higher classes are served first, and a class
+//!    with waiters passed over [`Priority::PASS_LIMIT`] times in a row is served next (the
+//!    starvation bound). A full queue is refused at once whatever the class;
+//!    [`Acquire::position`] tells a waiter how many are expected before it.
+//!
+//! Rules 2 and 3 hold within whatever the order picks: the waiter picked next is never
+//! overtaken by a lighter one, and the units set aside for it pass on if it leaves.
 //!
 //! ## Example: a limiter in front of a backend
 //!
@@ -105,6 +114,10 @@
 //! its future sees it; a future dropped in that state passes the slot on under the same lock,
 //! which is how rule 3 holds. Wakers are always woken after the key's lock is released.
 //!
+//! Which waiter is next is decided by a small scheduler over several FIFO lists of the same slab
+//! (one per priority class, and per tenant under fair order), with deficit round-robin between
+//! the lists of a class (`sched.rs`); with one list it is the plain FIFO above.
+//!
 //! A host cap is a second, smaller state of the same shape (`group.rs`): a limit, the units in
 //! flight over the host's keys, and a FIFO of the keys whose head waits for it. Locks are taken
 //! key first, host second, never the other way, and code holding the host's lock never locks a
@@ -122,6 +135,7 @@ mod group;
 mod key;
 mod limiter;
 mod permit;
+mod sched;
 mod sync;
 mod waiters;
 
@@ -131,6 +145,7 @@ pub use group::HostReading;
 pub use key::Limits;
 pub use limiter::{HostSnapshot, KeyHandle, KeyReading, KeySnapshot, Limiter};
 pub use permit::Permit;
+pub use sched::{Priority, QueueOrder, QueuePosition, Ticket};
 
 #[cfg(test)]
 mod tests;

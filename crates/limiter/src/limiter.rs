@@ -10,6 +10,7 @@ use crate::future::Acquire;
 use crate::group::{Group, HostReading};
 use crate::key::{KeyState, Limits};
 use crate::permit::Permit;
+use crate::sched::{QueueOrder, Ticket};
 use crate::sync::{Arc, RwLock};
 
 /// One host's entry in the map: its models' keys and, once set, its cap.
@@ -219,7 +220,7 @@ where
         Q: Hash + Eq + ToOwned<Owned = H> + ?Sized,
         R: Hash + Eq + ToOwned<Owned = M> + ?Sized,
     {
-        Acquire::new(self.resolve(host, model), 1)
+        Acquire::new(self.resolve(host, model), 1, None)
     }
 
     /// Acquires a permit of `weight` units (slots) at once, for a request that occupies several
@@ -286,7 +287,78 @@ where
         Q: Hash + Eq + ToOwned<Owned = H> + ?Sized,
         R: Hash + Eq + ToOwned<Owned = M> + ?Sized,
     {
-        Acquire::new(self.resolve(host, model), weight)
+        Acquire::new(self.resolve(host, model), weight, None)
+    }
+
+    /// Acquires a permit as `ticket` says: its weight (as
+    /// [`acquire_many`](Limiter::acquire_many)), its [`Priority`](crate::Priority) class, and
+    /// its tenant and share for a key under [`QueueOrder::Fair`](crate::QueueOrder::Fair).
+    ///
+    /// Everything else is as [`acquire`](Limiter::acquire): a free slot with nobody waiting is
+    /// taken at once; otherwise the acquire queues (or is refused at once when the key's queue
+    /// is full, whatever its class) and is granted when the key's order picks it and its whole
+    /// weight fits. Higher classes are picked first, within the bound of
+    /// [`Priority::PASS_LIMIT`](crate::Priority::PASS_LIMIT);
+    /// [`Acquire::position`] tells where it stands.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::future::Future;
+    /// use std::pin::pin;
+    /// use std::task::{Context, Waker};
+    /// use slotgate_limiter::{Limiter, Priority, QueueOrder, Ticket};
+    ///
+    /// let limiter: Limiter = Limiter::new();
+    /// limiter.configure("gpu-1", "llama", 1, 32);
+    /// limiter.configure_order("gpu-1", "llama", QueueOrder::Fair);
+    /// let held = limiter.try_acquire("gpu-1", "llama").unwrap();
+    ///
+    /// // A busy tenant queues three, then another tenant arrives with one.
+    /// let busy = Ticket::new().tenant("busy");
+    /// let mut a: Vec<_> = (0..3).map(|_| limiter.acquire_with("gpu-1", "llama", &busy)).collect();
+    /// let late = limiter.acquire_with("gpu-1", "llama", &Ticket::new().tenant("late"));
+    /// // Round-robin between tenants: the late one is second in line, not fourth.
+    /// assert_eq!(late.position().unwrap().ahead, 1);
+    ///
+    /// // A high-priority waiter goes first.
+    /// let urgent = limiter.acquire_with(
+    ///     "gpu-1",
+    ///     "llama",
+    ///     &Ticket::new().tenant("ops").priority(Priority::High),
+    /// );
+    /// assert_eq!(urgent.position().unwrap().ahead, 0);
+    /// drop(held);
+    /// let mut urgent = pin!(urgent);
+    /// assert!(urgent.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_ready());
+    /// # drop(a.drain(..));
+    /// ```
+    pub fn acquire_with<Q, R>(&self, host: &Q, model: &R, ticket: &Ticket) -> Acquire
+    where
+        H: Borrow<Q>,
+        M: Borrow<R>,
+        Q: Hash + Eq + ToOwned<Owned = H> + ?Sized,
+        R: Hash + Eq + ToOwned<Owned = M> + ?Sized,
+    {
+        Acquire::new(
+            self.resolve(host, model),
+            ticket.weight_units(),
+            Some(ticket),
+        )
+    }
+
+    /// Sets the order in which the key serves its waiters: [`QueueOrder::Fifo`] (the default)
+    /// or [`QueueOrder::Fair`] between tenants. Live: waiters already queued keep their place
+    /// and are served as before until their line empties. Creates the key (unconfigured) if
+    /// there is none.
+    pub fn configure_order<Q, R>(&self, host: &Q, model: &R, order: QueueOrder)
+    where
+        H: Borrow<Q>,
+        M: Borrow<R>,
+        Q: Hash + Eq + ToOwned<Owned = H> + ?Sized,
+        R: Hash + Eq + ToOwned<Owned = M> + ?Sized,
+    {
+        KeyState::set_order(&self.resolve(host, model), order);
     }
 
     /// Takes a permit only if a slot is free now and nobody waits for one. Never waits.
@@ -649,12 +721,41 @@ impl<H: fmt::Debug, M: fmt::Debug> fmt::Debug for Limiter<H, M> {
 impl KeyHandle {
     /// Acquires a permit for this key; see [`Limiter::acquire`].
     pub fn acquire(&self) -> Acquire {
-        Acquire::new(self.key.clone(), 1)
+        Acquire::new(self.key.clone(), 1, None)
+    }
+
+    /// Acquires a permit as `ticket` says; see [`Limiter::acquire_with`].
+    pub fn acquire_with(&self, ticket: &Ticket) -> Acquire {
+        Acquire::new(self.key.clone(), ticket.weight_units(), Some(ticket))
+    }
+
+    /// Where an acquire with `ticket` would stand if it had to queue now: its expected
+    /// [`ahead`](crate::QueuePosition::ahead) count among the waiters, and the waiters of its
+    /// own line (its tenant's, under fair order) ahead of it. For a `Retry-After` per tenant
+    /// when the queue is full, or an estimate before queueing. Nothing is reserved.
+    ///
+    /// ```
+    /// use slotgate_limiter::{Limiter, QueueOrder, Ticket};
+    ///
+    /// let limiter: Limiter = Limiter::new();
+    /// limiter.configure("gpu-1", "llama", 1, 2);
+    /// limiter.configure_order("gpu-1", "llama", QueueOrder::Fair);
+    /// let key = limiter.handle("gpu-1", "llama");
+    /// let _held = key.try_acquire().unwrap();
+    /// let busy = Ticket::new().tenant("busy");
+    /// let _a = key.acquire_with(&busy);
+    /// let _b = key.acquire_with(&busy);
+    /// // The queue is full now, but a quiet tenant would be next but one, a busy one third.
+    /// assert_eq!(key.position_for(&Ticket::new().tenant("quiet")).ahead, 1);
+    /// assert_eq!(key.position_for(&busy).ahead, 2);
+    /// ```
+    pub fn position_for(&self, ticket: &Ticket) -> crate::QueuePosition {
+        self.key.position_for(ticket)
     }
 
     /// Acquires a permit of `weight` units for this key; see [`Limiter::acquire_many`].
     pub fn acquire_many(&self, weight: usize) -> Acquire {
-        Acquire::new(self.key.clone(), weight)
+        Acquire::new(self.key.clone(), weight, None)
     }
 
     /// Takes a permit only if a slot is free now and nobody waits; see

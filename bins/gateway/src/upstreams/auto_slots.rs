@@ -10,8 +10,41 @@ use parking_lot::Mutex;
 use slotgate_limiter::{KeyHandle, Limiter};
 use tracing::{error, info, warn};
 
+use crate::error::chain;
 use crate::upstreams::health::Status;
-use crate::upstreams::state::UpstreamState;
+use crate::upstreams::probe::ProbeError;
+use crate::upstreams::state::{UpstreamError, UpstreamState};
+
+/// Why the slot count of a `parallel = "auto"` model could not be read.
+///
+/// ```no_run
+/// # async fn demo(config: &slotgate_config::Config) {
+/// for probed in slotgate_gateway::probe_config(config).await {
+///     if let Err(error) = &probed.slots {
+///         // The first line says what was asked; `source()` says why it failed.
+///         let why = std::error::Error::source(error).map(ToString::to_string);
+///         eprintln!("{}: {error} ({why:?})", probed.model);
+///     }
+/// }
+/// # }
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct SlotCountError(#[from] SlotCountFailure);
+
+/// What [`SlotCountError`] wraps.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SlotCountFailure {
+    /// The engine did not answer `/props` as expected.
+    #[error("GET /props")]
+    Props(#[source] ProbeError),
+    /// The engine answered with no slots.
+    #[error("GET /props: total_slots is 0")]
+    NoSlots,
+    /// The upstream cannot be used at all (`slotgate check` reports it per model).
+    #[error(transparent)]
+    Upstream(UpstreamError),
+}
 
 /// The discovered slot count of one (upstream, model) whose `parallel` is `"auto"`.
 #[derive(Debug)]
@@ -126,7 +159,7 @@ impl AutoSlots {
     }
 
     /// Records a read of the engine's slot count, putting a new count in force.
-    pub(crate) fn record(&self, result: Result<usize, String>, upstream: &UpstreamState) {
+    pub(crate) fn record(&self, result: Result<usize, &SlotCountError>, upstream: &UpstreamState) {
         let mut state = self.state.lock();
         state.checked = Some(SystemTime::now());
         match result {
@@ -158,7 +191,8 @@ impl AutoSlots {
                     );
                 }
             }
-            Err(reason) => {
+            Err(error) => {
+                let reason = chain(error);
                 let repeated = state.error.as_deref() == Some(reason.as_str());
                 state.error = Some(reason.clone());
                 drop(state);

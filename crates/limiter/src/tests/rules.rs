@@ -760,3 +760,217 @@ fn host_cap_shrinking_drains_before_new_grants() {
     let _w = w.granted();
     assert_eq!(l.host_reading(H).unwrap().in_flight, 1);
 }
+
+// ===== fair queues and priority =====
+
+use crate::{Priority, QueueOrder, Ticket};
+
+/// Releases the one held permit `rounds` times and records which probe got each grant.
+fn grant_order(l: &Limiter, held: Permit, probes: &mut [Probe], rounds: usize) -> Vec<usize> {
+    let mut order = Vec::new();
+    let mut current = Some(held);
+    for _ in 0..rounds {
+        drop(current.take());
+        let winner = probes
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| !order.contains(i))
+            .find_map(|(i, p)| match p.poll() {
+                Poll::Ready(Ok(permit)) => Some((i, permit)),
+                Poll::Pending => None,
+                Poll::Ready(Err(e)) => panic!("probe {i}: {e}"),
+            });
+        let Some((i, permit)) = winner else { break };
+        order.push(i);
+        current = Some(permit);
+    }
+    drop(current);
+    assert!(l.in_flight(H, M) <= 1);
+    order
+}
+
+fn ticket(tenant: &str) -> Ticket {
+    Ticket::new().tenant(tenant)
+}
+
+#[test]
+fn fair_a_late_tenant_is_not_stuck_behind_a_busy_one() {
+    let l = limiter();
+    l.configure(H, M, 1, 64);
+    l.configure_order(H, M, QueueOrder::Fair);
+    let held = l.try_acquire(H, M).unwrap();
+    let mut probes: Vec<_> = (0..20)
+        .map(|_| Probe::new(l.acquire_with(H, M, &ticket("busy"))))
+        .collect();
+    probes.extend((0..2).map(|_| Probe::new(l.acquire_with(H, M, &ticket("late")))));
+    for p in &mut probes {
+        assert!(p.poll().is_pending());
+    }
+    assert_eq!(probes[20].fut.position().unwrap().ahead, 1);
+    let order = grant_order(&l, held, &mut probes, 22);
+    let first_late = order.iter().position(|&i| i >= 20).unwrap();
+    assert!(
+        first_late < 2,
+        "late tenant's first grant was #{first_late}: {order:?}"
+    );
+    // FIFO within each tenant.
+    let busy: Vec<_> = order.iter().copied().filter(|&i| i < 20).collect();
+    assert!(busy.windows(2).all(|w| w[0] < w[1]), "{busy:?}");
+    assert_eq!(order.len(), 22);
+}
+
+#[test]
+fn fair_shares_weight_the_rounds() {
+    let l = limiter();
+    l.configure(H, M, 1, 64);
+    l.configure_order(H, M, QueueOrder::Fair);
+    let held = l.try_acquire(H, M).unwrap();
+    let big = Ticket::new().tenant("big").share(2);
+    let mut probes: Vec<_> = (0..6)
+        .map(|_| Probe::new(l.acquire_with(H, M, &big)))
+        .collect();
+    probes.extend((0..3).map(|_| Probe::new(l.acquire_with(H, M, &ticket("small")))));
+    for p in &mut probes {
+        assert!(p.poll().is_pending());
+    }
+    let order = grant_order(&l, held, &mut probes, 9);
+    let tenants: String = order
+        .iter()
+        .map(|&i| if i < 6 { 'B' } else { 's' })
+        .collect();
+    assert_eq!(tenants, "BBsBBsBBs");
+}
+
+#[test]
+fn fifo_order_ignores_tenants() {
+    let l = limiter();
+    l.configure(H, M, 1, 64);
+    let held = l.try_acquire(H, M).unwrap();
+    let mut probes: Vec<_> = ["a", "a", "b", "a"]
+        .iter()
+        .map(|t| Probe::new(l.acquire_with(H, M, &ticket(t))))
+        .collect();
+    for p in &mut probes {
+        assert!(p.poll().is_pending());
+    }
+    assert_eq!(grant_order(&l, held, &mut probes, 4), vec![0, 1, 2, 3]);
+}
+
+#[test]
+fn priority_high_first_and_low_within_the_pass_limit() {
+    let l = limiter();
+    l.configure(H, M, 1, 64);
+    let held = l.try_acquire(H, M).unwrap();
+    let mut probes = vec![Probe::new(l.acquire_with(
+        H,
+        M,
+        &Ticket::new().priority(Priority::Low),
+    ))];
+    probes.extend(
+        (0..10).map(|_| Probe::new(l.acquire_with(H, M, &Ticket::new().priority(Priority::High)))),
+    );
+    for p in &mut probes {
+        assert!(p.poll().is_pending());
+    }
+    assert_eq!(probes[0].fut.position().unwrap().ahead, 10);
+    let order = grant_order(&l, held, &mut probes, 11);
+    let low_at = order.iter().position(|&i| i == 0).unwrap();
+    assert_eq!(
+        low_at,
+        Priority::PASS_LIMIT,
+        "served right after PASS_LIMIT high grants: {order:?}"
+    );
+}
+
+#[test]
+fn priority_low_waits_at_most_pass_limit_plus_one_with_three_classes() {
+    let l = limiter();
+    l.configure(H, M, 1, 64);
+    let held = l.try_acquire(H, M).unwrap();
+    let t = |p| Ticket::new().priority(p);
+    let mut probes = vec![
+        Probe::new(l.acquire_with(H, M, &t(Priority::Low))),
+        Probe::new(l.acquire_with(H, M, &t(Priority::Normal))),
+    ];
+    probes.extend((0..10).map(|_| Probe::new(l.acquire_with(H, M, &t(Priority::High)))));
+    for p in &mut probes {
+        assert!(p.poll().is_pending());
+    }
+    let order = grant_order(&l, held, &mut probes, 12);
+    let normal_at = order.iter().position(|&i| i == 1).unwrap();
+    let low_at = order.iter().position(|&i| i == 0).unwrap();
+    assert_eq!(normal_at, Priority::PASS_LIMIT, "{order:?}");
+    assert_eq!(low_at, Priority::PASS_LIMIT + 1, "{order:?}");
+}
+
+#[test]
+fn priority_queue_full_is_still_refused_at_once() {
+    let l = limiter();
+    l.configure(H, M, 1, 1);
+    let _held = l.try_acquire(H, M).unwrap();
+    let mut low = Probe::new(l.acquire_with(H, M, &Ticket::new().priority(Priority::Low)));
+    assert!(low.poll().is_pending());
+    let mut high = Probe::new(l.acquire_with(H, M, &Ticket::new().priority(Priority::High)));
+    assert!(matches!(
+        high.poll(),
+        Poll::Ready(Err(AcquireError::QueueFull))
+    ));
+}
+
+#[test]
+fn fair_cancelled_tenants_leave_no_trace_in_the_rounds() {
+    let l = limiter();
+    l.configure(H, M, 1, 64);
+    l.configure_order(H, M, QueueOrder::Fair);
+    let held = l.try_acquire(H, M).unwrap();
+    for round in 0..50 {
+        let mut p = Probe::new(l.acquire_with(H, M, &ticket(&format!("t{round}"))));
+        assert!(p.poll().is_pending());
+        drop(p);
+    }
+    assert_eq!(l.queued(H, M), 0);
+    let mut a = Probe::new(l.acquire_with(H, M, &ticket("a")));
+    let mut b = Probe::new(l.acquire_with(H, M, &ticket("b")));
+    assert!(a.poll().is_pending() && b.poll().is_pending());
+    assert_eq!(b.fut.position().unwrap().ahead, 1);
+    drop(a);
+    assert_eq!(b.fut.position().unwrap().ahead, 0);
+    drop(held);
+    let _b = b.granted();
+}
+
+#[test]
+fn fair_heavy_head_keeps_its_partial_grant_until_it_fits() {
+    let l = limiter();
+    l.configure(H, M, 2, 64);
+    l.configure_order(H, M, QueueOrder::Fair);
+    let a = l.try_acquire(H, M).unwrap();
+    let b = l.try_acquire(H, M).unwrap();
+    let mut heavy = Probe::new(l.acquire_with(H, M, &ticket("x").weight(2)));
+    let mut light = Probe::new(l.acquire_with(H, M, &ticket("y")));
+    assert!(heavy.poll().is_pending() && light.poll().is_pending());
+    drop(a);
+    assert!(light.poll().is_pending(), "the heavy head's turn holds");
+    drop(b);
+    let _big = heavy.granted();
+    assert!(light.poll().is_pending());
+}
+
+#[test]
+fn order_switched_live_keeps_waiters_in_place() {
+    let l = limiter();
+    l.configure(H, M, 1, 64);
+    let held = l.try_acquire(H, M).unwrap();
+    let mut probes = vec![
+        Probe::new(l.acquire_with(H, M, &ticket("a"))),
+        Probe::new(l.acquire_with(H, M, &ticket("a"))),
+    ];
+    l.configure_order(H, M, QueueOrder::Fair);
+    probes.push(Probe::new(l.acquire_with(H, M, &ticket("b"))));
+    for p in &mut probes {
+        assert!(p.poll().is_pending());
+    }
+    let order = grant_order(&l, held, &mut probes, 3);
+    assert_eq!(order.len(), 3);
+    assert!(order.iter().position(|&i| i == 0) < order.iter().position(|&i| i == 1));
+}
