@@ -5,6 +5,9 @@
 //!   100 times (yielding while it holds the slot); the time is for all 6 400 acquisitions.
 //! - `cancel`: with N waiters queued, one acquire joins the queue and one waiter from the middle
 //!   of the queue is cancelled; the cost should not depend on N.
+//! - `weighted`: the same uncontended and contended runs with weighted permits
+//!   (`acquire_many`) against tokio's `Semaphore::acquire_many`: weight 3 uncontended, and
+//!   64 tasks asking for weights 1, 2, 3 in turn on 4 slots.
 //!
 //! Results and the exact command are in `docs/benchmarks.md`.
 
@@ -186,5 +189,94 @@ fn cancel(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, uncontended, contended, cancel);
+/// Weight of task `i` in the mixed contended run: 1, 2, 3, 1, 2, 3, …
+fn mixed_weight(task: usize) -> u32 {
+    u32::try_from(task % 3 + 1).expect("small")
+}
+
+fn weighted(c: &mut Criterion) {
+    let mut group = c.benchmark_group("weighted");
+
+    let limiter: Limiter = Limiter::new();
+    limiter.configure("h", "m", 4, 0);
+    let handle = limiter.handle("h", "m");
+    group.bench_function("slotgate acquire_many(3)+release (resolved handle)", |b| {
+        b.iter(|| {
+            let mut fut = black_box(&handle).acquire_many(black_box(3));
+            let Poll::Ready(Ok(permit)) = poll_once(&mut fut) else {
+                unreachable!()
+            };
+            drop(permit);
+        });
+    });
+    let semaphore = Arc::new(Semaphore::new(4));
+    group.bench_function("tokio Semaphore acquire_many(3)+drop", |b| {
+        b.iter(|| {
+            let mut fut = Box::pin(black_box(&semaphore).acquire_many(black_box(3)));
+            let Poll::Ready(Ok(permit)) =
+                fut.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+            else {
+                unreachable!()
+            };
+            drop(permit);
+        });
+    });
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .expect("runtime");
+    group.bench_function(
+        "slotgate contended 64 tasks x 100, weights 1-3, parallel 4",
+        |b| {
+            b.to_async(&runtime).iter(|| async {
+                let limiter: Limiter = Limiter::new();
+                limiter.configure("h", "m", 4, TASKS);
+                let tasks: Vec<_> = (0..TASKS)
+                    .map(|task| {
+                        let key = limiter.handle("h", "m");
+                        let weight = mixed_weight(task) as usize;
+                        tokio::spawn(async move {
+                            for _ in 0..ROUNDS {
+                                let permit = key.acquire_many(weight).await.expect("fits");
+                                tokio::task::yield_now().await;
+                                drop(permit);
+                            }
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    t.await.expect("task");
+                }
+            });
+        },
+    );
+    group.bench_function(
+        "tokio Semaphore contended 64 tasks x 100, weights 1-3, parallel 4",
+        |b| {
+            b.to_async(&runtime).iter(|| async {
+                let semaphore = Arc::new(Semaphore::new(4));
+                let tasks: Vec<_> = (0..TASKS)
+                    .map(|task| {
+                        let semaphore = semaphore.clone();
+                        let weight = mixed_weight(task);
+                        tokio::spawn(async move {
+                            for _ in 0..ROUNDS {
+                                let permit = semaphore.acquire_many(weight).await.expect("open");
+                                tokio::task::yield_now().await;
+                                drop(permit);
+                            }
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    t.await.expect("task");
+                }
+            });
+        },
+    );
+    group.finish();
+}
+
+criterion_group!(benches, uncontended, contended, cancel, weighted);
 criterion_main!(benches);

@@ -448,7 +448,7 @@ async fn parallel_auto_reads_the_real_engines_slots_and_holds_the_line_there() {
     let config = slotgate_config::Config::from_toml_str(&toml).unwrap();
     let found = slotgate_gateway::probe_config(&config).await;
     assert_eq!(found.len(), 1);
-    assert_eq!(found[0].slots, Ok(3), "{found:?}");
+    assert_eq!(found[0].slots.as_ref().ok(), Some(&3), "{found:?}");
 
     let gw = gateway(&toml).await;
     let doc = upstream_status(gw.admin_addr().unwrap()).await;

@@ -2,7 +2,30 @@
 //! ([`proxy::forward`](crate::proxy::forward)) and the probes
 //! ([`upstreams::probe`](crate::upstreams::probe)).
 
-use http::uri::{Authority, PathAndQuery, Scheme, Uri};
+use http::uri::{Authority, InvalidUri, PathAndQuery, Scheme, Uri};
+
+/// Why an upstream URL cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BaseError {
+    /// Not a URI at all.
+    #[error("invalid URL {url:?}")]
+    Invalid {
+        /// The URL as written.
+        url: String,
+        /// Why.
+        #[source]
+        source: InvalidUri,
+    },
+    /// No `http://`.
+    #[error("the URL has no scheme")]
+    NoScheme,
+    /// `https://` or anything else.
+    #[error("unsupported scheme {0} (only http)")]
+    Scheme(Scheme),
+    /// No host.
+    #[error("the URL has no host")]
+    NoHost,
+}
 
 /// Where an upstream lives: scheme, authority and an optional path prefix.
 #[derive(Debug, Clone)]
@@ -17,15 +40,16 @@ impl Base {
     /// Parses an upstream URL such as `http://127.0.0.1:8081` or `http://host:80/openai/`.
     ///
     /// Only `http` is accepted: the gateway speaks plain HTTP to engines on a private network.
-    pub(crate) fn parse(url: &str) -> Result<Self, String> {
-        let uri: Uri = url
-            .parse()
-            .map_err(|e| format!("invalid URL {url:?}: {e}"))?;
-        let scheme = uri.scheme().cloned().ok_or("the URL has no scheme")?;
+    pub(crate) fn parse(url: &str) -> Result<Self, BaseError> {
+        let uri: Uri = url.parse().map_err(|source| BaseError::Invalid {
+            url: url.to_owned(),
+            source,
+        })?;
+        let scheme = uri.scheme().cloned().ok_or(BaseError::NoScheme)?;
         if scheme != Scheme::HTTP {
-            return Err(format!("unsupported scheme {scheme} (only http)"));
+            return Err(BaseError::Scheme(scheme));
         }
-        let authority = uri.authority().cloned().ok_or("the URL has no host")?;
+        let authority = uri.authority().cloned().ok_or(BaseError::NoHost)?;
         let prefix = uri.path().trim_end_matches('/').to_owned();
         Ok(Self {
             scheme,

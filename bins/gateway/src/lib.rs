@@ -49,6 +49,10 @@
 //! 7. [`proxy::body`]: the response body that holds the slot until it ends, fails or is dropped.
 //! 8. [`proxy::problems`]: every error → its problem document, in one place.
 //!
+//! Which path is which API is in [`proxy::endpoint`]: where the model is named, whether the
+//! route takes a slot, which kinds of upstream serve it. [`proxy::ollama`] answers Ollama's
+//! model listings from the routing table.
+//!
 //! A request starts by taking the configuration in force, [`proxy::live`]; a route's targets
 //! ([`upstreams::target`]) carry the per-(upstream, model) state: hold times
 //! ([`upstreams::hold`] → `Retry-After`), metric handles, the `auto` slot count, the engine's load.
@@ -90,6 +94,8 @@ use tracing::info;
 
 mod base;
 mod error;
+#[cfg(test)]
+mod fixtures;
 mod metrics;
 mod ops;
 mod proxy;
@@ -98,6 +104,8 @@ mod shutdown;
 mod upstreams;
 
 pub use crate::ops::reload::{ReloadError, Reloaded};
+pub use crate::proxy::live::ConfigProblems;
+pub use crate::upstreams::auto_slots::SlotCountError;
 pub use crate::upstreams::slot_discovery::{ProbedSlots, probe_config};
 
 use crate::ops::admin;
@@ -114,9 +122,9 @@ use crate::upstreams::{monitor, slot_discovery};
 #[non_exhaustive]
 pub enum StartError {
     /// The configuration asks for something this gateway cannot do, or names a file it cannot
-    /// read.
-    #[error("{0}")]
-    Config(String),
+    /// read: every problem found.
+    #[error(transparent)]
+    Config(#[from] ConfigProblems),
     /// A listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -162,8 +170,7 @@ impl Gateway {
     async fn start(config: Config, source: Option<PathBuf>) -> Result<Self, StartError> {
         let limiter = Limiter::new();
         let metrics = metrics::Metrics::new();
-        let generation = Generation::build(config, None, &limiter, &metrics)
-            .map_err(|problems| StartError::Config(problems.join("; ")))?;
+        let generation = Generation::build(config, None, &limiter, &metrics)?;
         let server = generation.config.server.clone();
 
         let api_listener = bind(server.listen).await?;
@@ -316,7 +323,7 @@ impl Gateway {
 /// accepted (an upstream URL this gateway cannot use, an unreadable API keys file), without
 /// binding anything. `slotgate check` runs it.
 pub fn check(config: &Config) -> Result<(), StartError> {
-    Generation::validate(config).map_err(|problems| StartError::Config(problems.join("; ")))
+    Ok(Generation::validate(config)?)
 }
 
 /// Serves the admin endpoints on `listener` until `stop` fires.

@@ -116,8 +116,9 @@ fn report_auto_slots(config: &Config) -> std::io::Result<()> {
         match found.slots {
             Ok(slots) => eprintln!("  {key}: {slots} slots (total_slots at {})", found.url),
             Err(error) => eprintln!(
-                "  {key}: slot count unknown ({error}); the gateway keeps this model \
-                 unavailable on this upstream until the engine answers"
+                "  {key}: slot count unknown ({}); the gateway keeps this model \
+                 unavailable on this upstream until the engine answers",
+                chain(&error)
             ),
         }
     }
@@ -270,4 +271,12 @@ fn init_logging(format: LogFormat) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+}
+
+/// An error and its causes, `: `-separated.
+fn chain(error: &dyn std::error::Error) -> String {
+    std::iter::successors(Some(error), |error| error.source())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
 }

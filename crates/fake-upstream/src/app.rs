@@ -10,103 +10,43 @@
 //!    time or as an SSE stream paced token by token.
 //!
 //! Everything else (probes, listings, residency endpoints) goes to the kind's own `route`.
+//!
+//! This module is the top of the request path: it uses the kinds (`kinds/*`), and they use only
+//! what sits below both (the server state in `state.rs`, the answer builders in `reply.rs`).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
 use http::header::{CONTENT_TYPE, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use parking_lot::Mutex;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::time::Instant;
 
+use crate::api::ollama::{self as ollama_api, Generation as OllamaGeneration};
+use crate::api::{anthropic, llama as llama_api, media, rerank, responses};
 use crate::body::{Emit, ResponseBody};
-use crate::config::{FakeConfig, Kind, Pacing};
+use crate::config::Kind;
 use crate::control::{Overrides, Plan, headers};
 use crate::failure::{Failure, FailurePlan};
+use crate::form;
 use crate::kinds::{self, llama, ollama, vllm};
-use crate::models::{Model, Registry, Residency};
-use crate::observer::{ConnectionState, Observer, Outcome, Tracker};
+use crate::models::Model;
+use crate::observer::{ConnectionState, Fate, Outcome, Tracker};
 use crate::openai::{self, Answer, Endpoint, InferenceRequest};
-use crate::slots::{CollapseSignal, Lease, QueueBound, SlotPool};
-use crate::sse;
-
-/// Request bodies larger than this are refused; no test needs more.
-const MAX_BODY: usize = 16 * 1024 * 1024;
-
-/// The defaults that can change while the server runs.
-#[derive(Clone, Debug)]
-pub(crate) struct Behaviour {
-    pub(crate) tokens: u32,
-    pub(crate) pacing: Pacing,
-    pub(crate) failures: Vec<Failure>,
-}
-
-/// The state of one fake server.
-#[derive(Debug)]
-pub(crate) struct App {
-    pub(crate) config: FakeConfig,
-    pub(crate) observer: Observer,
-    pub(crate) registry: Registry,
-    pub(crate) queue_bound: QueueBound,
-    pub(crate) behaviour: Mutex<Behaviour>,
-    /// When the server is ready (llama-server stops answering "Loading model").
-    pub(crate) ready_at: Instant,
-    /// Process start, for `created` and `Process-Start-Time-Unix`.
-    pub(crate) started_unix: u64,
-    /// Set by `FakeUpstream::set_healthy(false)`.
-    pub(crate) unhealthy: AtomicBool,
-    answer_ids: AtomicU64,
-}
-
-/// A refusal before any slot is taken: status, message, and the `param` vLLM names.
-#[derive(Debug)]
-pub(crate) struct Refusal {
-    pub(crate) status: u16,
-    pub(crate) message: String,
-    pub(crate) param: Option<&'static str>,
-}
-
-impl Refusal {
-    pub(crate) fn new(status: u16, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            message: message.into(),
-            param: None,
-        }
-    }
-}
+use crate::reply::{MAX_BODY, Refusal, finish, json_response, response, stream_response};
+use crate::slots::{CollapseSignal, Lease, SlotPool};
+use crate::sse::Step;
+use crate::state::App;
+use crate::store::Stored;
 
 impl App {
-    pub(crate) fn new(config: FakeConfig, observer: Observer) -> Self {
-        Self {
-            registry: Registry::new(&config),
-            queue_bound: QueueBound::new(config.max_queue),
-            behaviour: Mutex::new(Behaviour {
-                tokens: config.tokens,
-                pacing: config.pacing,
-                failures: config.failures.clone(),
-            }),
-            ready_at: Instant::now() + config.startup_delay,
-            started_unix: openai::unix_now(),
-            unhealthy: AtomicBool::new(false),
-            answer_ids: AtomicU64::new(0),
-            observer,
-            config,
-        }
-    }
-
-    pub(crate) fn kind(&self) -> Kind {
-        self.config.kind
-    }
-
     /// Serves one request. Never fails: every problem is an HTTP answer.
     pub(crate) async fn handle(
         self: Arc<Self>,
@@ -141,19 +81,14 @@ impl App {
         let loading = Instant::now() < self.ready_at || self.unhealthy.load(Ordering::Relaxed);
         if kind == Kind::LlamaServer && loading {
             // llama-server's pre-routing middleware answers every path while the model loads.
-            return self.reject(tracker, &Refusal::new(503, "Loading model"));
+            return self.reject(Endpoint::Chat, tracker, &Refusal::new(503, "Loading model"));
         }
-        if req.method() == Method::POST {
-            let bare = kind == Kind::LlamaServer;
-            if let Some(endpoint) = Endpoint::from_path(req.uri().path(), bare) {
-                return self.inference(endpoint, req, tracker).await;
-            }
+        if req.method() == Method::POST
+            && let Some(endpoint) = Endpoint::from_path(kind, req.uri().path())
+        {
+            return self.inference(endpoint, req, tracker).await;
         }
-        let (response, outcome) = match kind {
-            Kind::LlamaServer => llama::route(self, req).await,
-            Kind::Vllm => vllm::route(self, &req),
-            Kind::Ollama => ollama::route(self, &req),
-        };
+        let (response, outcome) = kinds::route(self, req).await;
         finish(tracker, response, outcome)
     }
 
@@ -167,19 +102,21 @@ impl App {
     ) -> Response<ResponseBody> {
         let overrides = match Overrides::from_headers(req.headers()) {
             Ok(overrides) => overrides,
-            Err(message) => return self.reject(tracker, &Refusal::new(400, message)),
+            Err(message) => return self.reject(endpoint, tracker, &Refusal::new(400, message)),
         };
+        let content_type = req
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
         let Ok(body) = Limited::new(req.into_body(), MAX_BODY).collect().await else {
-            return self.reject(
-                tracker,
-                &Refusal::new(400, "could not read the request body"),
-            );
+            let refusal = Refusal::new(400, "could not read the request body");
+            return self.reject(endpoint, tracker, &refusal);
         };
-        let request: InferenceRequest = match serde_json::from_slice(&body.to_bytes()) {
+        let request = match read_request(endpoint, &content_type, body.to_bytes()).await {
             Ok(request) => request,
-            Err(e) => {
-                return self.reject(tracker, &Refusal::new(400, format!("invalid JSON: {e}")));
-            }
+            Err(refusal) => return self.reject(endpoint, tracker, &refusal),
         };
         let plan = {
             let behaviour = self.behaviour.lock();
@@ -192,7 +129,7 @@ impl App {
                 request.count_prompt_tokens(endpoint),
             )
         };
-        let stream = request.is_stream() && endpoint != Endpoint::Embeddings;
+        let stream = endpoint.streams(request.stream);
         tracker.describe(request.model.as_deref(), stream, &plan.failure_list);
 
         if request.required(endpoint).is_none() {
@@ -201,19 +138,29 @@ impl App {
                 param: Some(field),
                 ..Refusal::new(400, format!("'{field}' is required"))
             };
-            return self.reject(tracker, &refusal);
+            return self.reject(endpoint, tracker, &refusal);
         }
-        let model = match self.resolve(request.model.as_deref()) {
+        if let Some(refusal) = self.check_previous(endpoint, &request) {
+            return self.reject(endpoint, tracker, &refusal);
+        }
+        let model = match self.resolve(endpoint, request.model.as_deref()) {
             Ok(model) => model,
-            Err(refusal) => return self.reject(tracker, &refusal),
+            Err(refusal) => return self.reject(endpoint, tracker, &refusal),
         };
         tracker.set_model_key(&model.name);
         if let Some(response) = self.check_context(endpoint, plan.prompt_tokens) {
             return finish(tracker, response, Outcome::Rejected(400));
         }
-        let lease = match self.admit(&model, &mut tracker, plan.prompt_tokens).await {
+        let sequences = match self.sequences(&request, endpoint) {
+            Ok(sequences) => sequences,
+            Err(refusal) => return self.reject(endpoint, tracker, &refusal),
+        };
+        let lease = match self
+            .admit(&model, &mut tracker, plan.prompt_tokens, sequences)
+            .await
+        {
             Ok(lease) => lease,
-            Err(refusal) => return self.reject(tracker, &refusal),
+            Err(refusal) => return self.reject(endpoint, tracker, &refusal),
         };
         model.touch();
         let signal = lease.signal();
@@ -228,6 +175,7 @@ impl App {
             model: request.model.as_deref().unwrap_or(&model.name),
             plan: &plan,
             include_usage: request.include_usage(),
+            choices: u32::try_from(sequences).unwrap_or(1),
         };
         let generation = Generation {
             answer,
@@ -238,8 +186,23 @@ impl App {
         self.generate(generation, stream, tracker).await
     }
 
+    /// A `previous_response_id` this instance does not remember: vLLM's 404.
+    fn check_previous(&self, endpoint: Endpoint, request: &InferenceRequest) -> Option<Refusal> {
+        let previous = request.previous_response_id.as_deref()?;
+        if endpoint != Endpoint::Responses
+            || !self.config.responses_store
+            || self.responses.get(previous).is_some()
+        {
+            return None;
+        }
+        Some(Refusal {
+            param: Some("previous_response_id"),
+            ..Refusal::new(404, format!("Response with id '{previous}' not found."))
+        })
+    }
+
     /// Finds the model a request names, the kind's way.
-    fn resolve(&self, requested: Option<&str>) -> Result<Arc<Model>, Refusal> {
+    fn resolve(&self, endpoint: Endpoint, requested: Option<&str>) -> Result<Arc<Model>, Refusal> {
         let requested = requested.filter(|name| !name.is_empty());
         match self.kind() {
             // A single-model llama-server ignores the model field.
@@ -259,25 +222,15 @@ impl App {
             Kind::Ollama => {
                 let name = requested.ok_or_else(|| Refusal::new(400, "model is required"))?;
                 self.registry.get(name).cloned().ok_or_else(|| {
-                    Refusal::new(
-                        404,
-                        format!("model \"{name}\" not found, try pulling it first"),
-                    )
+                    let message = if endpoint.is_ollama_native() {
+                        format!("model '{name}' not found")
+                    } else {
+                        format!("model \"{name}\" not found, try pulling it first")
+                    };
+                    Refusal::new(404, message)
                 })
             }
         }
-    }
-
-    /// A router model by name: unknown → 400, not running with autoload off → 400.
-    pub(crate) fn router_model(&self, name: &str) -> Result<Arc<Model>, Refusal> {
-        let model = self
-            .registry
-            .get(name)
-            .ok_or_else(|| Refusal::new(400, format!("model '{name}' not found")))?;
-        if !self.config.autoload && model.residency() == Residency::Unloaded {
-            return Err(Refusal::new(400, "model is not loaded"));
-        }
-        Ok(Arc::clone(model))
     }
 
     /// The kind's 400 for a prompt that does not fit the context.
@@ -314,9 +267,10 @@ impl App {
         model: &Arc<Model>,
         tracker: &mut Tracker,
         prompt_tokens: u32,
+        sequences: usize,
     ) -> Result<Lease, Refusal> {
         if model.is_loaded()
-            && let Some(lease) = model.pool.try_acquire(prompt_tokens)
+            && let Some(lease) = model.pool.try_acquire(prompt_tokens, sequences)
         {
             return Ok(lease);
         }
@@ -331,7 +285,24 @@ impl App {
         };
         tracker.queued();
         self.registry.ensure_loaded(model).await;
-        Ok(model.pool.acquire(prompt_tokens).await)
+        Ok(model.pool.acquire(prompt_tokens, sequences).await)
+    }
+
+    /// The sequences (engine slots) a request runs: `n` choices (chat), `max(n, best_of)`
+    /// (completions), each in its own slot (real-engine-notes: llama-server showed
+    /// `requests_processing 2` for one `"n":2` request). llama-server refuses more than its slots
+    /// with 400; vLLM takes every slot; Ollama ignores `n` and runs one.
+    fn sequences(&self, request: &InferenceRequest, endpoint: Endpoint) -> Result<usize, Refusal> {
+        let n = request.sequences(endpoint);
+        let parallel = self.config.parallel;
+        match self.kind() {
+            Kind::Ollama => Ok(1),
+            Kind::LlamaServer if n as usize > parallel => Err(Refusal::new(
+                400,
+                format!("Field 'n': Value must be between 1 <= value <= {parallel}, but got {n}"),
+            )),
+            Kind::LlamaServer | Kind::Vllm => Ok((n as usize).min(parallel)),
+        }
     }
 
     // === answering ===
@@ -346,8 +317,15 @@ impl App {
         if let Some(delay) = failures.slow_first_byte {
             tokio::time::sleep(delay).await;
         }
+        if failures.reset_before_head {
+            return doom(tracker, Fate::Reset, Failure::ResetBeforeHead).await;
+        }
+        if failures.garbage {
+            return doom(tracker, Fate::Garbage, Failure::Garbage).await;
+        }
         if let Some(status) = failures.status {
-            let response = self.error(status, &format!("injected failure: status {status}"), None);
+            let message = kinds::injected_status_message(self.kind(), status);
+            let response = self.error(generation.answer.endpoint, status, &message, None);
             return finish(
                 tracker,
                 response,
@@ -367,66 +345,184 @@ impl App {
         }
 
         let plan = generation.answer.plan;
+        if failures.stall_after.is_some() {
+            return stalled_json(tracker);
+        }
+        let prefill = failures.first_token_delay.unwrap_or_default();
         tokio::select! {
-            () = tokio::time::sleep(plan.total()) => {}
+            () = tokio::time::sleep(prefill + plan.total()) => {}
             () = generation.signal.collapsed() => {
                 return finish(tracker, self.collapse_error(), Outcome::Failed(500));
             }
         }
         generation.pool.add_predicted(plan.tokens);
         if let Some(n) = failures.error_after {
-            let response = self.error(500, "injected failure: error after generation", None);
+            let message = "injected failure: error after generation";
+            let response = self.error(generation.answer.endpoint, 500, message, None);
             return finish(
                 tracker,
                 response,
                 Outcome::Injected(Failure::ErrorAfterChunks(n)),
             );
         }
-        let body = match generation.answer.endpoint {
-            Endpoint::Embeddings => openai::embeddings(
-                generation.answer.model,
-                generation.request.embedding_inputs(),
-                plan.prompt_tokens,
-            ),
-            _ => generation.answer.full(),
-        };
+        let (content_type, body) = self.full_body(&generation);
         if let Some(n) = failures.die_after {
-            return truncated_json(&body, n, tracker);
+            let outcome = Outcome::Injected(Failure::DieAfterChunks(n));
+            return truncated(content_type, &body, Emit::Abort(outcome), tracker);
         }
-        finish(tracker, json_response(200, &body), Outcome::Completed)
+        if let Some(n) = failures.reset_after {
+            let outcome = Outcome::Injected(Failure::ResetAfterChunks(n));
+            return truncated(content_type, &body, Emit::Reset(outcome), tracker);
+        }
+        finish(
+            tracker,
+            response(200, content_type, body),
+            Outcome::Completed,
+        )
     }
 
-    /// The SSE answer: the role chunk at once, one chunk per token `interval` apart, the closing
-    /// chunks, `[DONE]`; with the injected failures and the collapse applied on the way.
+    /// The whole answer of a non-streaming request: its content type and bytes.
+    fn full_body(&self, generation: &Generation<'_>) -> (&'static str, Bytes) {
+        let answer = &generation.answer;
+        let request = generation.request;
+        let prompt_tokens = answer.plan.prompt_tokens;
+        let json = |value: Value| {
+            let bytes = serde_json::to_vec(&value).expect("a Value always serialises");
+            ("application/json", Bytes::from(bytes))
+        };
+        match answer.endpoint {
+            Endpoint::Chat | Endpoint::Completions => json(answer.full()),
+            Endpoint::Embeddings => json(openai::embeddings(
+                answer.model,
+                request.embedding_inputs(),
+                prompt_tokens,
+            )),
+            Endpoint::Responses => json(self.remember(answer, request)),
+            Endpoint::Messages => json(anthropic::full(answer)),
+            Endpoint::OllamaChat => json(ollama_api::full(answer, OllamaGeneration::Chat)),
+            Endpoint::OllamaGenerate => json(ollama_api::full(answer, OllamaGeneration::Generate)),
+            Endpoint::OllamaEmbed => json(ollama_api::embed(
+                answer.model,
+                request.embedding_inputs(),
+                prompt_tokens,
+            )),
+            Endpoint::OllamaEmbeddings => json(ollama_api::embeddings()),
+            Endpoint::Completion | Endpoint::Infill => {
+                json(llama_api::full(answer, &native_prompt(request)))
+            }
+            Endpoint::Embedding => json(llama_api::embedding(request.embedding_inputs())),
+            Endpoint::Rerank => {
+                let documents = match &request.documents {
+                    Some(Value::Array(items)) => items.as_slice(),
+                    _ => &[],
+                };
+                json(rerank::rerank(
+                    self.kind(),
+                    &answer.id,
+                    answer.model,
+                    documents,
+                    request.top_n,
+                    prompt_tokens,
+                ))
+            }
+            Endpoint::Score => {
+                let pairs = openai::count_items(request.text_1.as_ref())
+                    .max(openai::count_items(request.text_2.as_ref()));
+                json(rerank::score_answer(
+                    &answer.id,
+                    answer.created,
+                    answer.model,
+                    pairs,
+                    prompt_tokens,
+                ))
+            }
+            Endpoint::Transcription | Endpoint::Translation => {
+                let text = media::heard(answer.plan.tokens);
+                if request.response_format.as_ref().and_then(Value::as_str) == Some("text") {
+                    ("text/plain; charset=utf-8", Bytes::from(text))
+                } else {
+                    json(media::transcription(&text))
+                }
+            }
+            Endpoint::Speech => ("audio/wav", Bytes::from(media::speech())),
+            Endpoint::Images => json(media::images(
+                answer.created,
+                request.n.unwrap_or(1) as usize,
+            )),
+        }
+    }
+
+    /// The final response object of a Responses request, remembered when the store is on.
+    fn remember(&self, answer: &Answer<'_>, request: &InferenceRequest) -> Value {
+        let previous = request.previous_response_id.as_deref();
+        let object = responses::object(answer, previous, true);
+        if self.config.responses_store {
+            let stored = Stored {
+                object: object.clone(),
+                input: request.input.clone(),
+            };
+            self.responses.put(&answer.id, stored);
+        }
+        object
+    }
+
+    /// The steps of a streamed answer and their content type.
+    fn stream_steps(&self, generation: &Generation<'_>) -> (Vec<Step>, &'static str) {
+        let answer = &generation.answer;
+        let request = generation.request;
+        let sse = "text/event-stream";
+        match answer.endpoint {
+            Endpoint::Responses => {
+                // Remembered whole up front: the fake knows its answer before it streams it.
+                self.remember(answer, request);
+                let previous = request.previous_response_id.as_deref();
+                (responses::stream(answer, previous), sse)
+            }
+            Endpoint::Messages => (anthropic::stream(answer), sse),
+            Endpoint::OllamaChat => (
+                ollama_api::stream(answer, OllamaGeneration::Chat),
+                "application/x-ndjson",
+            ),
+            Endpoint::OllamaGenerate => (
+                ollama_api::stream(answer, OllamaGeneration::Generate),
+                "application/x-ndjson",
+            ),
+            Endpoint::Completion | Endpoint::Infill => {
+                (llama_api::stream(answer, &native_prompt(request)), sse)
+            }
+            _ => (answer.steps(), sse),
+        }
+    }
+
+    /// A streamed answer: its steps, each paced token `interval` apart (the first after the
+    /// injected first-token delay), with the injected failures and the collapse applied on the
+    /// way.
     fn stream(&self, generation: Generation<'_>, mut tracker: Tracker) -> Response<ResponseBody> {
         let answer = &generation.answer;
         let plan = answer.plan;
         // Counted up front: the stream owns no pool handle, and the figure is only a metric.
-        generation.pool.add_predicted(plan.tokens);
-        let content = answer.content_chunks();
-        let first_token = usize::from(answer.endpoint == Endpoint::Chat);
-        let mut events: VecDeque<(Duration, Bytes)> = content
-            .iter()
-            .enumerate()
-            .map(|(i, chunk)| {
-                let gap = if i < first_token {
-                    Duration::ZERO
-                } else {
+        generation.pool.add_predicted(answer.completion_tokens());
+        let (steps, content_type) = self.stream_steps(&generation);
+        let mut events: VecDeque<(Duration, Bytes)> = steps
+            .into_iter()
+            .map(|step| {
+                let gap = if step.paced {
                     plan.interval
+                } else {
+                    Duration::ZERO
                 };
-                (gap, sse::event(chunk))
+                (gap, step.bytes)
             })
             .collect();
-        events.extend(
-            answer
-                .closing_chunks()
-                .iter()
-                .map(|chunk| (Duration::ZERO, sse::event(chunk))),
-        );
-        events.push_back((Duration::ZERO, Bytes::from_static(sse::DONE)));
+        if let (Some(delay), Some((gap, _))) = (plan.failures.first_token_delay, events.front_mut())
+        {
+            // The head goes out now; the first event waits for the "prefill".
+            *gap += delay;
+        }
 
         let script = Script {
             kind: self.kind(),
+            endpoint: answer.endpoint,
             events,
             tail: VecDeque::new(),
             failures: plan.failures,
@@ -439,41 +535,48 @@ impl App {
             futures::stream::unfold(script, Script::next).boxed(),
             tracker,
         );
-        event_stream_response(body)
+        stream_response(content_type, body)
     }
 
     fn answer_id(&self, endpoint: Endpoint) -> String {
-        let n = self.answer_ids.fetch_add(1, Ordering::Relaxed);
-        match endpoint {
-            Endpoint::Chat => format!("chatcmpl-fake{n}"),
-            Endpoint::Completions => format!("cmpl-fake{n}"),
-            Endpoint::Embeddings => format!("embd-fake{n}"),
+        let n = self.next_answer_number();
+        // Responses ids are unique across instances too, so an id sent to the wrong instance
+        // is never found there by accident.
+        if endpoint == Endpoint::Responses {
+            return format!("{}{}_{n}", endpoint.id_prefix(), self.started_unix_nanos);
         }
+        format!("{}{n}", endpoint.id_prefix())
     }
 
     // === errors ===
 
-    /// An error response in the kind's own envelope.
+    /// An error response in the route's envelope (the kind's, Anthropic's, Ollama's native).
     pub(crate) fn error(
         &self,
+        endpoint: Endpoint,
         status: u16,
         message: &str,
         param: Option<&str>,
     ) -> Response<ResponseBody> {
         json_response(
             status,
-            &kinds::error_json(self.kind(), status, message, param),
+            &kinds::error_for(self.kind(), endpoint, status, message, param),
         )
     }
 
-    /// Ends `tracker` with a refusal in the kind's envelope.
-    pub(crate) fn reject(&self, tracker: Tracker, refusal: &Refusal) -> Response<ResponseBody> {
-        let response = self.error(refusal.status, &refusal.message, refusal.param);
+    /// Ends `tracker` with a refusal in the route's envelope.
+    pub(crate) fn reject(
+        &self,
+        endpoint: Endpoint,
+        tracker: Tracker,
+        refusal: &Refusal,
+    ) -> Response<ResponseBody> {
+        let response = self.error(endpoint, refusal.status, &refusal.message, refusal.param);
         finish(tracker, response, Outcome::Rejected(refusal.status))
     }
 
     fn collapse_error(&self) -> Response<ResponseBody> {
-        self.error(500, llama::CONTEXT_EXCEEDED, None)
+        self.error(Endpoint::Chat, 500, llama::CONTEXT_EXCEEDED, None)
     }
 }
 
@@ -489,6 +592,8 @@ struct Generation<'a> {
 /// The state of a streamed answer, advanced one [`Emit`] at a time.
 struct Script {
     kind: Kind,
+    /// The route, whose shape an in-stream error takes.
+    endpoint: Endpoint,
     /// The events still to send, each with the pause before it.
     events: VecDeque<(Duration, Bytes)>,
     /// What is left to send once the stream has been cut short by an error.
@@ -506,6 +611,16 @@ impl Script {
         }
         if self.done {
             return None;
+        }
+        if self.failures.stall_after == Some(self.sent) {
+            // Silence with the slot and the connection held, until the client gives up.
+            std::future::pending::<()>().await;
+        }
+        if self.failures.reset_after == Some(self.sent) {
+            self.done = true;
+            before_abort().await;
+            let failure = Failure::ResetAfterChunks(self.sent);
+            return Some((Emit::Reset(Outcome::Injected(failure)), self));
         }
         if self.failures.die_after == Some(self.sent) {
             self.done = true;
@@ -537,35 +652,82 @@ impl Script {
     /// Ends the stream with the kind's in-stream error event.
     fn fail(mut self, status: u16, message: &str, outcome: Outcome) -> Option<(Emit, Self)> {
         self.done = true;
-        let (error, then_done) = kinds::stream_error(self.kind, status, message);
-        self.tail.push_back(Emit::Event(sse::event(&error)));
-        if then_done {
-            self.tail
-                .push_back(Emit::Event(Bytes::from_static(sse::DONE)));
-        }
+        let events = kinds::stream_error_events(self.kind, self.endpoint, status, message);
+        self.tail.extend(events.into_iter().map(Emit::Event));
         self.tail.push_back(Emit::End(outcome));
         let first = self.tail.pop_front()?;
         Some((first, self))
     }
 }
 
-/// A non-streaming answer cut in half: headers and half the JSON, then an abort.
-fn truncated_json(body: &Value, n: u32, mut tracker: Tracker) -> Response<ResponseBody> {
-    let bytes = serde_json::to_vec(body).expect("a Value always serialises");
-    let half = bytes.len() / 2;
-    let half = Bytes::from(bytes).slice(..half);
+/// A non-streaming answer cut in half: headers and half the body, then `end` (an abort or a
+/// reset).
+fn truncated(
+    content_type: &'static str,
+    body: &Bytes,
+    end: Emit,
+    mut tracker: Tracker,
+) -> Response<ResponseBody> {
+    let half = body.slice(..body.len() / 2);
     tracker.status(200);
-    let abort = async move {
+    let end = async move {
         before_abort().await;
-        Emit::Abort(Outcome::Injected(Failure::DieAfterChunks(n)))
+        end
     };
-    let emits = futures::stream::iter([Emit::Raw(half)]).chain(futures::stream::once(abort));
-    let body = ResponseBody::stream(emits.boxed(), tracker);
-    let mut response = Response::new(body);
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
+    let emits = futures::stream::iter([Emit::Raw(half)]).chain(futures::stream::once(end));
+    stream_response(content_type, ResponseBody::stream(emits.boxed(), tracker))
+}
+
+/// A non-streaming answer that sends its head and then nothing, holding the slot.
+fn stalled_json(mut tracker: Tracker) -> Response<ResponseBody> {
+    tracker.status(200);
+    let body = ResponseBody::stream(futures::stream::pending().boxed(), tracker);
+    stream_response("application/json", body)
+}
+
+/// Reads an inference request's body: JSON, or a multipart form for audio.
+async fn read_request(
+    endpoint: Endpoint,
+    content_type: &str,
+    body: Bytes,
+) -> Result<InferenceRequest, Refusal> {
+    if endpoint.is_multipart() {
+        let form = form::read(content_type, body)
+            .await
+            .map_err(|e| Refusal::new(400, error_chain(&e)))?;
+        return Ok(InferenceRequest::from_form(&form.fields, form.file_len));
+    }
+    serde_json::from_slice(&body).map_err(|e| Refusal::new(400, format!("invalid JSON: {e}")))
+}
+
+/// An error and its causes, for a refusal's message.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
+}
+
+/// What llama-server echoes as `prompt` on `/completion` and `/infill`.
+fn native_prompt(request: &InferenceRequest) -> Value {
+    request
+        .prompt
+        .clone()
+        .or_else(|| request.input_prefix.clone())
+        .unwrap_or(Value::Null)
+}
+
+/// Ends the request with `failure` and dooms its connection to `fate`. Never returns: the
+/// connection task drops this future with the connection.
+async fn doom(mut tracker: Tracker, fate: Fate, failure: Failure) -> Response<ResponseBody> {
+    let connection = Arc::clone(tracker.connection());
+    tracker.finish(Outcome::Injected(failure));
+    connection.doom(fate);
+    std::future::pending().await
 }
 
 /// A pause before an injected abort. hyper drops whatever it still buffers when a body fails, so
@@ -573,68 +735,4 @@ fn truncated_json(body: &Value, n: u32, mut tracker: Tracker) -> Response<Respon
 /// real server that dies after N chunks has written them out first.
 async fn before_abort() {
     tokio::time::sleep(Duration::from_millis(20)).await;
-}
-
-/// Records the status and outcome, then hands the response on.
-pub(crate) fn finish(
-    mut tracker: Tracker,
-    response: Response<ResponseBody>,
-    outcome: Outcome,
-) -> Response<ResponseBody> {
-    tracker.status(response.status().as_u16());
-    tracker.finish(outcome);
-    response
-}
-
-/// A JSON response.
-pub(crate) fn json_response(status: u16, body: &Value) -> Response<ResponseBody> {
-    let bytes = serde_json::to_vec(body).expect("a Value always serialises");
-    response(status, "application/json", bytes)
-}
-
-/// A response with a body of the given type.
-pub(crate) fn response(
-    status: u16,
-    content_type: &'static str,
-    body: impl Into<Bytes>,
-) -> Response<ResponseBody> {
-    let mut response = Response::new(ResponseBody::full(body));
-    *response.status_mut() =
-        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-    response
-}
-
-fn event_stream_response(body: ResponseBody) -> Response<ResponseBody> {
-    let mut response = Response::new(body);
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    headers.insert(
-        http::header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache"),
-    );
-    response
-}
-
-/// The `?name=value` pairs of a request, decoded.
-pub(crate) fn query_param(req: &Request<Incoming>, name: &str) -> Option<String> {
-    let query = req.uri().query()?;
-    form_urlencoded::parse(query.as_bytes())
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.into_owned())
-}
-
-/// A JSON body of a small POST (router `/models/load`), or `Value::Null` if unreadable.
-pub(crate) async fn read_json(req: Request<Incoming>) -> Value {
-    match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(body) => serde_json::from_slice(&body.to_bytes()).unwrap_or(Value::Null),
-        Err(_) => Value::Null,
-    }
-}
-
-/// `{"success":true}`, the router's answer to a load or unload.
-pub(crate) fn success() -> Value {
-    json!({"success": true})
 }

@@ -3,7 +3,8 @@
 //!
 //! A streaming body ends the tracker on every path: when its last event has been handed to
 //! hyper ([`Outcome::Completed`] or the kind's own failure), when an injected failure aborts it,
-//! and, through the tracker's `Drop`, when hyper drops it early because the client went away.
+//! when an injected reset dooms its connection, and, through the tracker's `Drop`, when hyper
+//! drops it early because the client went away.
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -12,7 +13,7 @@ use bytes::Bytes;
 use futures::stream::BoxStream;
 use http_body::{Body, Frame, SizeHint};
 
-use crate::observer::{Outcome, Tracker};
+use crate::observer::{Fate, Outcome, Tracker};
 
 /// One step of a streamed response.
 #[derive(Debug)]
@@ -25,6 +26,8 @@ pub(crate) enum Emit {
     End(Outcome),
     /// The connection is aborted with this outcome: no terminating chunk, or a reset stream.
     Abort(Outcome),
+    /// The connection is closed with a TCP reset, with this outcome.
+    Reset(Outcome),
 }
 
 /// The error a body yields to make hyper abort the connection.
@@ -102,6 +105,14 @@ impl Body for ResponseBody {
                         *events = None;
                         tracker.finish(outcome);
                         Poll::Ready(Some(Err(Aborted)))
+                    }
+                    Some(Emit::Reset(outcome)) => {
+                        *events = None;
+                        tracker.finish(outcome);
+                        // The connection task drops hyper's side and resets the socket; hyper
+                        // must not end the body (or close the socket cleanly) meanwhile.
+                        tracker.connection().doom(Fate::Reset);
+                        Poll::Pending
                     }
                     None => {
                         *events = None;

@@ -170,6 +170,11 @@ pub struct FakeConfig {
     pub slots_endpoint: bool,
     /// Where to listen. Defaults to `127.0.0.1:0` (an ephemeral port).
     pub listen: SocketAddr,
+    /// Remember Responses API answers, so `GET /v1/responses/{id}`, `DELETE`, `.../cancel`,
+    /// `.../input_items` and `previous_response_id` find them on this instance (404 on any
+    /// other). On by default for vLLM (which needs `VLLM_ENABLE_RESPONSES_API_STORE=1` for it);
+    /// off for llama-server and Ollama, whose Responses API is stateless.
+    pub responses_store: bool,
 }
 
 impl FakeConfig {
@@ -193,6 +198,7 @@ impl FakeConfig {
             metrics: true,
             slots_endpoint: true,
             listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            responses_store: kind == Kind::Vllm,
         }
     }
 
@@ -330,6 +336,13 @@ impl FakeConfig {
     #[must_use]
     pub fn slots_endpoint(mut self, on: bool) -> Self {
         self.slots_endpoint = on;
+        self
+    }
+
+    /// Turns the Responses API's memory on or off (see [`FakeConfig::responses_store`]).
+    #[must_use]
+    pub fn responses_store(mut self, on: bool) -> Self {
+        self.responses_store = on;
         self
     }
 

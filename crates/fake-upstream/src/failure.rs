@@ -1,6 +1,13 @@
 //! Failure injection: the ways a real inference server lets its clients down, written the same way
 //! in [`FakeConfig::failures`](crate::FakeConfig::failures), in the `x-fake-fail` header and on the
-//! command line (`status-500`, `hang`, `die-after-chunks=3`, ...).
+//! command line (`status-500`, `hang`, `die-after-chunks=3`, `reset-before-head`, ...).
+//!
+//! They cover the rows of a fault matrix: an engine that answers an error status, never answers
+//! (`hang`), stalls mid-stream with the connection open (`stall-after-chunks`), dies mid-stream
+//! without the last chunk (`die-after-chunks`) or with a TCP reset (`reset-after-chunks`,
+//! `reset-before-head`), speaks something that is not HTTP (`garbage`), reports an error inside
+//! the stream (`error-after-chunks`), or is slow to its head (`slow-first-byte-ms`) or to its
+//! first token after the head (`first-token-delay-ms`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -27,7 +34,30 @@ pub enum Failure {
     /// `slow-first-byte-ms=N`: wait this long after the slot is granted before the response
     /// headers (and, for a stream, the first event) go out.
     SlowFirstByte(Duration),
+    /// `stall-after-chunks=N`: send the head and N SSE events (NDJSON lines for Ollama's native
+    /// API), then nothing more, holding the slot and the connection open until the client goes
+    /// away: a hung generation, or a host gone without a FIN. A non-streaming request sends its
+    /// head and no body.
+    StallAfterChunks(u32),
+    /// `reset-after-chunks=N`: send N events, then close the connection with a TCP reset
+    /// (`SO_LINGER` 0, then close). A non-streaming request sends its head and half its body
+    /// first. On HTTP/2 this resets the whole connection, every stream on it.
+    ResetAfterChunks(u32),
+    /// `reset-before-head`: take the slot, then reset the connection before any byte of the
+    /// response: a crash between accepting a request and answering it.
+    ResetBeforeHead,
+    /// `garbage`: take the slot, then write bytes that are not HTTP ([`GARBAGE`]) instead of a
+    /// response and close the connection: a wrong service on the port.
+    Garbage,
+    /// `first-token-delay-ms=N`: for a stream, send the head at once and wait this long before
+    /// the first event (prefill: the engine has answered but not yet produced a token). A
+    /// non-streaming request answers this much later.
+    FirstTokenDelay(Duration),
 }
+
+/// What [`Failure::Garbage`] writes instead of a response: an SSH banner, as when a port
+/// mapping points at the wrong service.
+pub const GARBAGE: &[u8] = b"SSH-2.0-OpenSSH_9.6p1 fake-upstream\r\n\x00\x01\x02\xff not http\r\n";
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -37,6 +67,11 @@ impl fmt::Display for Failure {
             Self::DieAfterChunks(n) => write!(f, "die-after-chunks={n}"),
             Self::ErrorAfterChunks(n) => write!(f, "error-after-chunks={n}"),
             Self::SlowFirstByte(d) => write!(f, "slow-first-byte-ms={}", d.as_millis()),
+            Self::StallAfterChunks(n) => write!(f, "stall-after-chunks={n}"),
+            Self::ResetAfterChunks(n) => write!(f, "reset-after-chunks={n}"),
+            Self::ResetBeforeHead => f.write_str("reset-before-head"),
+            Self::Garbage => f.write_str("garbage"),
+            Self::FirstTokenDelay(d) => write!(f, "first-token-delay-ms={}", d.as_millis()),
         }
     }
 }
@@ -45,7 +80,8 @@ impl fmt::Display for Failure {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
     "bad failure spec {0:?} (expected status-<code>, hang, die-after-chunks=<n>, \
-     error-after-chunks=<n>, slow-first-byte-ms=<n> or none)"
+     error-after-chunks=<n>, slow-first-byte-ms=<n>, stall-after-chunks=<n>, \
+     reset-after-chunks=<n>, reset-before-head, garbage, first-token-delay-ms=<n> or none)"
 )]
 pub struct BadFailureSpec(String);
 
@@ -55,8 +91,11 @@ impl FromStr for Failure {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || BadFailureSpec(s.to_owned());
         let spec = s.trim();
-        if spec == "hang" {
-            return Ok(Self::Hang);
+        match spec {
+            "hang" => return Ok(Self::Hang),
+            "reset-before-head" => return Ok(Self::ResetBeforeHead),
+            "garbage" => return Ok(Self::Garbage),
+            _ => {}
         }
         if let Some(code) = spec.strip_prefix("status-") {
             let code: u16 = code.parse().map_err(|_| bad())?;
@@ -73,6 +112,9 @@ impl FromStr for Failure {
             "die-after-chunks" => Ok(Self::DieAfterChunks(n)),
             "error-after-chunks" => Ok(Self::ErrorAfterChunks(n)),
             "slow-first-byte-ms" => Ok(Self::SlowFirstByte(Duration::from_millis(n.into()))),
+            "stall-after-chunks" => Ok(Self::StallAfterChunks(n)),
+            "reset-after-chunks" => Ok(Self::ResetAfterChunks(n)),
+            "first-token-delay-ms" => Ok(Self::FirstTokenDelay(Duration::from_millis(n.into()))),
             _ => Err(bad()),
         }
     }
@@ -96,6 +138,11 @@ pub(crate) struct FailurePlan {
     pub(crate) hang: bool,
     pub(crate) die_after: Option<u32>,
     pub(crate) error_after: Option<u32>,
+    pub(crate) stall_after: Option<u32>,
+    pub(crate) reset_after: Option<u32>,
+    pub(crate) reset_before_head: bool,
+    pub(crate) garbage: bool,
+    pub(crate) first_token_delay: Option<Duration>,
 }
 
 impl FailurePlan {
@@ -109,6 +156,11 @@ impl FailurePlan {
                 Failure::DieAfterChunks(n) => plan.die_after = Some(n),
                 Failure::ErrorAfterChunks(n) => plan.error_after = Some(n),
                 Failure::SlowFirstByte(d) => plan.slow_first_byte = Some(d),
+                Failure::StallAfterChunks(n) => plan.stall_after = Some(n),
+                Failure::ResetAfterChunks(n) => plan.reset_after = Some(n),
+                Failure::ResetBeforeHead => plan.reset_before_head = true,
+                Failure::Garbage => plan.garbage = true,
+                Failure::FirstTokenDelay(d) => plan.first_token_delay = Some(d),
             }
         }
         plan
@@ -128,6 +180,11 @@ mod tests {
             Failure::DieAfterChunks(3),
             Failure::ErrorAfterChunks(0),
             Failure::SlowFirstByte(Duration::from_millis(250)),
+            Failure::StallAfterChunks(2),
+            Failure::ResetAfterChunks(1),
+            Failure::ResetBeforeHead,
+            Failure::Garbage,
+            Failure::FirstTokenDelay(Duration::from_millis(500)),
         ];
         for failure in all {
             assert_eq!(failure.to_string().parse::<Failure>(), Ok(failure));
@@ -157,6 +214,8 @@ mod tests {
             "die-after-chunks=x",
             "explode",
             "hang=1",
+            "garbage=1",
+            "stall-after-chunks=-1",
         ] {
             assert!(bad.parse::<Failure>().is_err(), "{bad} parsed");
         }

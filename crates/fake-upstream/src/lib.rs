@@ -31,10 +31,39 @@
 //! | `vllm` | `max_num_seqs` | waiting FIFO without bound, silently |
 //! | `ollama` | `num_parallel` per model | up to `max_queue` pending, then 503 "server busy, please try again.  maximum pending requests exceeded" |
 //!
-//! Endpoints: `POST /v1/chat/completions`, `/v1/completions`, `/v1/embeddings` and `GET
-//! /v1/models` everywhere; llama-server adds `/health`, `/slots`, `/props`, `/metrics` and, in
-//! router mode, `/models`, `/models/load`, `/models/unload`; vLLM adds `/health` (empty body) and
-//! `/metrics`; Ollama adds `GET /`, `/api/tags`, `/api/ps` and `/api/version`.
+//! Endpoints that only read: `GET /v1/models` everywhere; llama-server adds `/health`, `/slots`,
+//! `/props`, `/metrics`, `POST /tokenize`, `/detokenize`, `/apply-template`,
+//! `/v1/messages/count_tokens` and, in router mode, `/models`, `/models/load`, `/models/unload`;
+//! vLLM adds `/health` (empty body), `/metrics`, `/version`, `POST /tokenize`, `/detokenize`,
+//! `/v1/messages/count_tokens`, and the stored Responses (`GET`/`DELETE /v1/responses/{id}`,
+//! `POST /v1/responses/{id}/cancel`, `GET /v1/responses/{id}/input_items`); Ollama adds `GET /`,
+//! `/api/tags`, `/api/ps`, `/api/version`, `POST /api/show` and `GET /v1/models/{id}`. None of
+//! them takes a slot.
+//!
+//! Endpoints that run inference, each taking its slots exactly as chat does (so the observer
+//! counts them and cap tests hold), in the shapes of the engine that serves them:
+//!
+//! | route | llama-server | vLLM | Ollama |
+//! |---|---|---|---|
+//! | `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings` | yes (also without `/v1`) | yes | yes |
+//! | `/v1/responses` (SSE `response.*` events, no `[DONE]`) | yes (also `/responses`) | yes, remembered | yes |
+//! | `/v1/messages` (Anthropic; SSE `message_start` … `message_stop`) | yes | yes | yes |
+//! | `/completion`, `/infill`, `/embedding` | yes | | |
+//! | `/rerank`, `/v1/rerank` | yes (also `/reranking`, `/v1/reranking`) | yes (also `/v2/rerank`) | |
+//! | `/score`, `/v1/score` | | yes | |
+//! | `/v1/audio/transcriptions` (multipart) | yes | yes | yes |
+//! | `/v1/audio/translations` (multipart) | | yes | |
+//! | `/v1/audio/speech`, `/v1/images/generations` | | simplified | |
+//! | `/api/chat`, `/api/generate` (NDJSON, streamed unless `"stream": false`), `/api/embed`, `/api/embeddings` | | | yes |
+//!
+//! A route a kind does not serve gets that kind's own 404 (llama-server's JSON `File Not
+//! Found`, vLLM's `{"detail":"Not Found"}`, Ollama's plain `404 page not found`). Errors use the
+//! route's envelope: Anthropic's on `/v1/messages`, Ollama's `{"error"}` on `/api/*`, the kind's
+//! OpenAI-compatible one elsewhere.
+//!
+//! The Responses memory ([`FakeConfig::responses_store`], on for vLLM by default) is per
+//! instance: an id made on one fake is a 404 on another, for look-ups and for
+//! `previous_response_id`, which is how a test proves a gateway's affinity.
 //!
 //! Generated text is `tok0 tok1 tok2 ...`; streams start with a role chunk (chat), send one chunk
 //! per token, a closing chunk with `finish_reason`, a usage chunk with `choices: []` when
@@ -59,14 +88,42 @@
 //!
 //! Failures ([`Failure`]), applied once the request holds a slot:
 //! - `status-<code>`: answer at once with that status in the kind's error envelope;
-//! - `hang`: hold the slot and never answer;
+//! - `hang`: hold the slot and never answer (no response head);
 //! - `die-after-chunks=N`: send N SSE events (the chat role chunk and `[DONE]` count), then abort
 //!   the connection without the terminating chunk; a non-streaming answer is cut half-way;
 //! - `error-after-chunks=N`: send N events, then the kind's in-stream error event;
-//! - `slow-first-byte-ms=N`: wait N ms before the response headers.
+//! - `slow-first-byte-ms=N`: wait N ms before the response headers;
+//! - `stall-after-chunks=N`: send the head and N events, then nothing, with the slot and the
+//!   connection held until the client leaves (non-streaming: the head only);
+//! - `reset-after-chunks=N`: send N events (non-streaming: the head and half the body), then
+//!   close the connection with a TCP reset (`SO_LINGER` 0);
+//! - `reset-before-head`: reset the connection before any byte of the response;
+//! - `garbage`: write [`GARBAGE`] (not HTTP) instead of a response, then close;
+//! - `first-token-delay-ms=N`: a stream sends its head at once and its first event N ms later
+//!   (a prefill, for time-to-first-token); a non-streaming answer comes N ms later.
+//!
+//! `status-<code>` uses the kind's envelope; where the engine has its own words for the status
+//! they are used (llama-server 503: `Loading model`, exactly the body it sends while loading;
+//! Ollama 503: its queue-full `server busy`). Engines do not send 502 or 504 themselves (a proxy
+//! in front of them does); the fake sends them in the kind's envelope anyway.
+//!
+//! A request runs one sequence per choice: `n` (chat), `max(n, best_of)` (completions), each in
+//! its own slot, taken together and in FIFO order; llama-server refuses `n` above its slots with
+//! 400 (as measured on a real one), vLLM caps it at `max_num_seqs`, Ollama ignores `n`.
 //!
 //! A non-streaming request holds its slot for the whole generation time (embeddings too) and then
 //! answers; a streaming one holds it until its last event is sent.
+//!
+//! # What the observer sees
+//!
+//! Per request ([`RequestRecord`]): arrival, slot start, end, [`Outcome`] (a client that left
+//! is [`Outcome::ClientGoneWhileQueued`] or [`Outcome::ClientGoneMidResponse`]), status,
+//! events sent, the slots it held (`weight`), its connection and when that connection closed
+//! ([`Observer::wait_for_connection_closed`]). Counters ([`Snapshot`]): requests in flight and
+//! queued with their peak, sequences in flight (engine slots in use) with their peak, per model
+//! and in total (the total over a fake's models is the engine-wide figure: vLLM's `LoRA`
+//! adapters share one engine), and connections open and accepted
+//! ([`Observer::wait_for_open_connections`]).
 //!
 //! # Server-level switches
 //!
@@ -82,25 +139,48 @@
 //! - `/metrics` is on by default (llama-server needs `--metrics`); `FakeConfig::metrics(false)`
 //!   gives the real default's 501.
 //! - While llama-server loads, `/` answers the JSON 503 like every other path, not the HTML page.
+//! - vLLM keeps Responses only with `VLLM_ENABLE_RESPONSES_API_STORE=1`, and serves neither
+//!   `DELETE /v1/responses/{id}` nor `.../input_items` (OpenAI's API has both); the fake serves
+//!   all four whenever its store is on. A streamed response is remembered in its final state
+//!   as soon as it starts, and cancelling a finished response returns it unchanged.
+//! - `/v1/audio/speech` and `/v1/images/generations` are served on `kind = vllm` only, as
+//!   placeholders (a WAV of silence, a 1×1 PNG): vLLM's own server has neither (vLLM-Omni and
+//!   hosted APIs do). Transcriptions answer the generated text, whatever the audio.
+//! - Rerank needs `--reranking` on a real llama-server (else 501); the fake always serves it.
+//!   llama-server's errors on `/v1/messages` use Anthropic's envelope here, which is not
+//!   verified against its source.
+//! - Token counts are word counts.
+//! - llama-server's bare `/completions` and `/embeddings` are its native handlers (the same as
+//!   `/completion` and `/embedding`); the fake answers them in the OpenAI shape, as it always
+//!   has, and tests rely on it. Use `/completion` and `/embedding` for the native shapes.
 //! - Ollama's `max_queue` applies to every request that must wait, as older Ollama versions did;
 //!   the version cited in PROTOCOLS.md lets requests for a loaded model skip that queue, so the
 //!   503 may never trigger there.
 
+// The modules form a straight stack, each using only those listed before it:
+// failure, config, route, control, slots, observer, body, sse, form, openai, api, store, models,
+// reply, state, kinds, app, server.
+mod api;
 mod app;
 mod body;
 mod config;
 mod control;
 mod failure;
+mod form;
 mod kinds;
 mod models;
 mod observer;
 mod openai;
+mod reply;
+mod route;
 mod server;
 mod slots;
 pub mod sse;
+mod state;
+mod store;
 
 pub use crate::config::{FakeConfig, Kind, ModelSpec, Pacing, UnknownKind};
 pub use crate::control::headers;
-pub use crate::failure::{BadFailureSpec, Failure, parse_failures};
+pub use crate::failure::{BadFailureSpec, Failure, GARBAGE, parse_failures};
 pub use crate::observer::{ModelCounts, Observer, Outcome, RequestRecord, Snapshot, WaitTimeout};
 pub use crate::server::{FakeUpstream, StartError};

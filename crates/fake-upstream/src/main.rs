@@ -81,6 +81,10 @@ struct Args {
     /// Answer /slots with llama-server's 501 (--no-slots).
     #[arg(long)]
     no_slots: bool,
+    /// Remember Responses API answers, so a later look-up or follow-up by id finds them
+    /// (default: on for vllm, off for the others).
+    #[arg(long)]
+    responses_store: Option<bool>,
 }
 
 impl Args {
@@ -106,6 +110,9 @@ impl Args {
             .metrics(!self.no_metrics)
             .slots_endpoint(!self.no_slots);
         config.failures = failures;
+        if let Some(on) = self.responses_store {
+            config = config.responses_store(on);
+        }
         for model in self.models {
             config = config.model(model);
         }

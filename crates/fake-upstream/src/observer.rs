@@ -1,7 +1,11 @@
 //! The observer: what the fake saw. It records every request (id, path, model, timeline,
 //! outcome) and keeps the concurrency counters tests assert on: requests holding a slot now
 //! (in flight), requests waiting for one (queued: llama-server's deferred, vLLM's waiting), and
-//! the peak of in flight since the last [`Observer::reset_peak`].
+//! the peak of in flight since the last [`Observer::reset_peak`]. Next to the request counts it
+//! keeps the *sequences* in flight and their peak: a request with `n` choices runs `n`
+//! sequences, each in its own engine slot, so the sequences are what an engine's slot count
+//! (`--parallel`, `max_num_seqs`) caps. Both exist per model and in total; the total over the
+//! models of one fake is the engine-wide figure (vLLM `LoRA` adapters share one engine).
 //!
 //! # Implementation Details
 //!
@@ -12,20 +16,25 @@
 //! [`Lease`], and on every path it updates the counters *before* it frees the slot, so the next
 //! waiter can never be counted while this request still is (the peak never over-counts).
 //!
+//! Connections are counted too (open now, accepted so far), and every record names its
+//! connection and when that connection closed, so a test can see that a client (the gateway)
+//! let go of the engine's connection, not only of the request.
+//!
 //! Waiters use a `watch` channel bumped on every change: subscribe, check, await a change, check
 //! again. No change can slip between the check and the wait.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::failure::Failure;
+use crate::route::is_inference_path;
 use crate::slots::Lease;
 
 /// How a request ended.
@@ -73,19 +82,28 @@ pub struct RequestRecord {
     pub received_at: Instant,
     /// When it got a slot; `None` if it never did (or never needed one: probes, listings).
     pub started_at: Option<Instant>,
+    /// The slots (sequences) it held once started: `n` for `n` choices, else 1; 0 before.
+    pub weight: usize,
     /// When it ended; `None` while it is still going.
     pub ended_at: Option<Instant>,
     /// How it ended; `None` while it is still going.
     pub outcome: Option<Outcome>,
     /// The response status, once headers went out.
     pub status: Option<u16>,
-    /// SSE events (`data: ...`) sent so far, `[DONE]` included.
+    /// SSE events (`data: ...`) sent so far, `[DONE]` included (NDJSON lines for Ollama's
+    /// native API).
     pub events_sent: usize,
+    /// The connection it came on: a number unique to this fake, counted from 1.
+    pub connection: u64,
+    /// When that connection closed (either side); `None` while it is open.
+    pub connection_closed_at: Option<Instant>,
 }
 
 impl RequestRecord {
-    /// True for the OpenAI inference endpoints (chat completions, completions, embeddings); false
-    /// for probes and listings.
+    /// True for the routes that run inference on some kind (OpenAI chat, completions,
+    /// embeddings, responses; Anthropic messages; Ollama's and llama-server's native generation
+    /// and embeddings; rerank, score, audio, images); false for probes, listings and the
+    /// slot-free helpers (tokenize, count tokens, stored responses).
     pub fn is_inference(&self) -> bool {
         is_inference_path(&self.path)
     }
@@ -101,12 +119,6 @@ impl RequestRecord {
     }
 }
 
-pub(crate) fn is_inference_path(path: &str) -> bool {
-    path.ends_with("/chat/completions")
-        || path.ends_with("/completions")
-        || path.ends_with("/embeddings")
-}
-
 /// Counters of one model (the served model name).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -117,6 +129,10 @@ pub struct ModelCounts {
     pub queued: usize,
     /// The most requests that held a slot at once since the last reset.
     pub peak_in_flight: usize,
+    /// Sequences running now: the slots the requests in flight hold (`n` for `n` choices).
+    pub sequences_in_flight: usize,
+    /// The most sequences that ran at once since the last reset.
+    pub peak_sequences_in_flight: usize,
 }
 
 /// The counters at one instant.
@@ -129,12 +145,22 @@ pub struct Snapshot {
     pub queued: usize,
     /// The most requests that held a slot at once since start or the last reset.
     pub peak_in_flight: usize,
+    /// Sequences running now over all models: the engine slots in use (a request with `n`
+    /// choices holds `n`).
+    pub sequences_in_flight: usize,
+    /// The most sequences that ran at once, over all models, since start or the last reset:
+    /// what a shared engine-wide cap must bound.
+    pub peak_sequences_in_flight: usize,
     /// Inference requests received so far (probes and listings are recorded but not counted).
     pub received: usize,
     /// Inference requests that have ended so far.
     pub ended: usize,
     /// The same counters per served model.
     pub models: BTreeMap<String, ModelCounts>,
+    /// Connections open now.
+    pub connections_open: usize,
+    /// Connections accepted since start.
+    pub connections_accepted: usize,
 }
 
 impl Snapshot {
@@ -224,12 +250,26 @@ impl Observer {
         self.inner.state.lock().counts.peak_in_flight
     }
 
-    /// Restarts peak tracking from the current in-flight numbers (overall and per model).
+    /// Sequences running now over all models (engine slots in use).
+    pub fn sequences_in_flight(&self) -> usize {
+        self.inner.state.lock().counts.sequences_in_flight
+    }
+
+    /// The most sequences that ran at once over all models since start or the last
+    /// [`reset_peak`](Observer::reset_peak).
+    pub fn peak_sequences_in_flight(&self) -> usize {
+        self.inner.state.lock().counts.peak_sequences_in_flight
+    }
+
+    /// Restarts peak tracking from the current in-flight numbers (requests and sequences,
+    /// overall and per model).
     pub fn reset_peak(&self) {
         let mut state = self.inner.state.lock();
         state.counts.peak_in_flight = state.counts.in_flight;
+        state.counts.peak_sequences_in_flight = state.counts.sequences_in_flight;
         for counts in state.counts.models.values_mut() {
             counts.peak_in_flight = counts.in_flight;
+            counts.peak_sequences_in_flight = counts.sequences_in_flight;
         }
         drop(state);
         self.notify();
@@ -340,6 +380,39 @@ impl Observer {
         .await
     }
 
+    /// Waits until exactly `n` connections are open.
+    pub async fn wait_for_open_connections(
+        &self,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<(), WaitTimeout> {
+        self.wait_until(&format!("connections_open == {n}"), timeout, |s| {
+            s.connections_open == n
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Waits until the connection that carried the request with this id has closed, and returns
+    /// the request's record: proof that the client (the gateway) let go of the engine's
+    /// connection.
+    pub async fn wait_for_connection_closed(
+        &self,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<RequestRecord, WaitTimeout> {
+        let what = format!("the connection of request {id:?} to close");
+        self.wait_for(&what, timeout, |state| {
+            state
+                .records
+                .iter()
+                .rev()
+                .find(|r| r.id == id && r.connection_closed_at.is_some())
+                .cloned()
+        })
+        .await
+    }
+
     async fn wait_for<T>(
         &self,
         what: &str,
@@ -370,6 +443,34 @@ impl Observer {
 
     // === the fake's side ===
 
+    /// Counts a new connection and returns its state.
+    pub(crate) fn connection_opened(&self) -> Arc<ConnectionState> {
+        let mut state = self.inner.state.lock();
+        state.counts.connections_accepted += 1;
+        state.counts.connections_open += 1;
+        let id = state.counts.connections_accepted as u64;
+        drop(state);
+        self.notify();
+        Arc::new(ConnectionState {
+            id,
+            ..ConnectionState::default()
+        })
+    }
+
+    /// Counts a connection as closed and stamps the records of its requests.
+    pub(crate) fn connection_closed(&self, connection: &ConnectionState) {
+        let mut state = self.inner.state.lock();
+        state.counts.connections_open -= 1;
+        let now = Instant::now();
+        for record in state.records.iter_mut().rev() {
+            if record.connection == connection.id && record.connection_closed_at.is_none() {
+                record.connection_closed_at = Some(now);
+            }
+        }
+        drop(state);
+        self.notify();
+    }
+
     /// Starts recording a request.
     pub(crate) fn track(
         &self,
@@ -395,10 +496,13 @@ impl Observer {
             failures: Vec::new(),
             received_at: Instant::now(),
             started_at: None,
+            weight: 0,
             ended_at: None,
             outcome: None,
             status: None,
             events_sent: 0,
+            connection: connection.id,
+            connection_closed_at: None,
         });
         drop(state);
         self.notify();
@@ -409,6 +513,7 @@ impl Observer {
             inference,
             model_key: None,
             phase: Phase::Received,
+            weight: 0,
             lease: None,
             connection,
         }
@@ -433,12 +538,51 @@ impl Observer {
     }
 }
 
-/// Per-connection state the trackers consult when they are dropped.
+/// Per-connection state: what the trackers consult when they are dropped, and how a request
+/// asks the server to end its connection abnormally (an injected reset or garbage).
 #[derive(Debug, Default)]
 pub(crate) struct ConnectionState {
+    /// The observer's number for it (0 outside a server, in unit tests).
+    pub(crate) id: u64,
     /// Set by the server right before it cuts the connection, so requests dropped with it are
     /// recorded as [`Outcome::ServerDropped`] rather than as the client leaving.
     pub(crate) killed: AtomicBool,
+    /// The [`Fate`] a request asked for, as its `u8`.
+    fate: AtomicU8,
+    doomed: Notify,
+}
+
+/// How a request asks its connection to end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fate {
+    /// Close with a TCP reset (`SO_LINGER` 0).
+    Reset = 1,
+    /// Write bytes that are not HTTP, then close.
+    Garbage = 2,
+}
+
+impl ConnectionState {
+    /// Asks the server to end this connection this way; the first request to ask wins.
+    pub(crate) fn doom(&self, fate: Fate) {
+        let _ = self
+            .fate
+            .compare_exchange(0, fate as u8, Ordering::AcqRel, Ordering::Acquire);
+        self.doomed.notify_one();
+    }
+
+    /// The fate asked for, if any.
+    pub(crate) fn fate(&self) -> Option<Fate> {
+        match self.fate.load(Ordering::Acquire) {
+            1 => Some(Fate::Reset),
+            2 => Some(Fate::Garbage),
+            _ => None,
+        }
+    }
+
+    /// Resolves once a request has asked for a fate.
+    pub(crate) async fn doomed(&self) {
+        self.doomed.notified().await;
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -457,6 +601,8 @@ pub(crate) struct Tracker {
     inference: bool,
     model_key: Option<String>,
     phase: Phase,
+    /// The slots it holds once running.
+    weight: usize,
     lease: Option<Lease>,
     connection: Arc<ConnectionState>,
 }
@@ -474,6 +620,11 @@ impl Tracker {
     /// The request id.
     pub(crate) fn id(&self) -> &str {
         &self.id
+    }
+
+    /// The connection the request came on.
+    pub(crate) fn connection(&self) -> &Arc<ConnectionState> {
+        &self.connection
     }
 
     /// Records what the body asked for.
@@ -507,21 +658,28 @@ impl Tracker {
         });
     }
 
-    /// The request got its slot.
+    /// The request got its slots.
     pub(crate) fn start(&mut self, lease: Lease) {
         let was_queued = self.phase == Phase::Queued;
         self.phase = Phase::Running;
+        let weight = lease.weight();
+        self.weight = weight;
         self.lease = Some(lease);
         let key = self.model_key.clone();
         self.observer.update(self, |record, counts| {
             if let Some(record) = record {
                 record.started_at = Some(Instant::now());
+                record.weight = weight;
             }
             if was_queued {
                 counts.queued -= 1;
             }
             counts.in_flight += 1;
             counts.peak_in_flight = counts.peak_in_flight.max(counts.in_flight);
+            counts.sequences_in_flight += weight;
+            counts.peak_sequences_in_flight = counts
+                .peak_sequences_in_flight
+                .max(counts.sequences_in_flight);
             if let Some(key) = key {
                 let model = counts.models.entry(key).or_default();
                 if was_queued {
@@ -529,6 +687,10 @@ impl Tracker {
                 }
                 model.in_flight += 1;
                 model.peak_in_flight = model.peak_in_flight.max(model.in_flight);
+                model.sequences_in_flight += weight;
+                model.peak_sequences_in_flight = model
+                    .peak_sequences_in_flight
+                    .max(model.sequences_in_flight);
             }
         });
     }
@@ -559,6 +721,7 @@ impl Tracker {
         }
         let key = self.model_key.clone();
         let inference = self.inference;
+        let weight = self.weight;
         self.observer.update(self, |record, counts| {
             if let Some(record) = record {
                 record.ended_at = Some(Instant::now());
@@ -577,8 +740,10 @@ impl Tracker {
                 }
                 Phase::Running => {
                     counts.in_flight -= 1;
+                    counts.sequences_in_flight -= weight;
                     if let Some(m) = model {
                         m.in_flight -= 1;
+                        m.sequences_in_flight -= weight;
                     }
                 }
                 Phase::Received | Phase::Done => {}
@@ -619,7 +784,7 @@ mod tests {
         a.set_model_key("m");
         a.queued();
         assert_eq!(observer.queued(), 1);
-        a.start(pool.try_acquire(1).unwrap());
+        a.start(pool.try_acquire(1, 1).unwrap());
         let s = observer.snapshot();
         assert_eq!((s.in_flight, s.queued, s.peak_in_flight), (1, 0, 1));
         assert_eq!(s.model("m").in_flight, 1);
@@ -644,11 +809,11 @@ mod tests {
         queued.queued();
         drop(queued);
         let mut running = observer.track(Some("r".into()), "POST", "/v1/completions", conn());
-        running.start(pool.try_acquire(1).unwrap());
+        running.start(pool.try_acquire(1, 1).unwrap());
         drop(running);
         let killed = conn();
         let mut cut = observer.track(Some("k".into()), "POST", "/v1/completions", killed.clone());
-        cut.start(pool.try_acquire(1).unwrap());
+        cut.start(pool.try_acquire(1, 1).unwrap());
         killed.killed.store(true, Ordering::Release);
         drop(cut);
         let outcome = |id| observer.request(id).unwrap().outcome.unwrap();

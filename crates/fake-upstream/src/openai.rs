@@ -3,46 +3,14 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::config::Kind;
 use crate::control::Plan;
-
-/// The inference endpoints.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Endpoint {
-    Chat,
-    Completions,
-    Embeddings,
-}
-
-impl Endpoint {
-    /// The endpoint a path names, accepting llama-server's un-prefixed aliases when `bare` is
-    /// allowed.
-    pub(crate) fn from_path(path: &str, bare: bool) -> Option<Self> {
-        let rest = match path.strip_prefix("/v1") {
-            Some(rest) => rest,
-            None if bare => path,
-            None => return None,
-        };
-        match rest {
-            "/chat/completions" => Some(Self::Chat),
-            "/completions" => Some(Self::Completions),
-            "/embeddings" => Some(Self::Embeddings),
-            _ => None,
-        }
-    }
-
-    /// The body field the endpoint requires besides `model`.
-    pub(crate) fn required_field(self) -> &'static str {
-        match self {
-            Self::Chat => "messages",
-            Self::Completions => "prompt",
-            Self::Embeddings => "input",
-        }
-    }
-}
+pub(crate) use crate::route::Endpoint;
+use crate::sse::{self, Step};
 
 /// The request fields the fake looks at. Everything else is accepted and ignored.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -63,6 +31,51 @@ pub(crate) struct InferenceRequest {
     pub(crate) prompt: Option<Value>,
     #[serde(default)]
     pub(crate) input: Option<Value>,
+    /// Choices to generate: each runs as its own sequence in its own slot.
+    #[serde(default)]
+    pub(crate) n: Option<u32>,
+    /// Completions: candidates generated server-side, of which `n` are returned.
+    #[serde(default)]
+    pub(crate) best_of: Option<u32>,
+    /// Responses: the limit on output tokens.
+    #[serde(default)]
+    pub(crate) max_output_tokens: Option<i64>,
+    /// Responses: the answer this one continues.
+    #[serde(default)]
+    pub(crate) previous_response_id: Option<String>,
+    /// llama-server native: the completion limit (-1: none).
+    #[serde(default)]
+    pub(crate) n_predict: Option<i64>,
+    /// Ollama native: `options.num_predict` is its completion limit.
+    #[serde(default)]
+    pub(crate) options: Option<Value>,
+    /// llama-server `/infill`: the text before the cursor.
+    #[serde(default)]
+    pub(crate) input_prefix: Option<Value>,
+    /// llama-server `/embedding`, `/tokenize`: the text.
+    #[serde(default)]
+    pub(crate) content: Option<Value>,
+    /// Rerank: the query.
+    #[serde(default)]
+    pub(crate) query: Option<Value>,
+    /// Rerank: the documents.
+    #[serde(default)]
+    pub(crate) documents: Option<Value>,
+    /// Rerank: how many results to return.
+    #[serde(default)]
+    pub(crate) top_n: Option<usize>,
+    /// vLLM score: the first text(s).
+    #[serde(default)]
+    pub(crate) text_1: Option<Value>,
+    /// vLLM score: the second text(s).
+    #[serde(default)]
+    pub(crate) text_2: Option<Value>,
+    /// Audio (a form field) and others: how to answer (`json`, `text`, ...).
+    #[serde(default)]
+    pub(crate) response_format: Option<Value>,
+    /// Audio: the uploaded file's size, from the form (never in JSON).
+    #[serde(skip)]
+    pub(crate) file_len: Option<usize>,
 }
 
 /// `stream_options`.
@@ -77,6 +90,22 @@ impl InferenceRequest {
         self.stream.unwrap_or(false)
     }
 
+    /// The request built from an audio form's fields.
+    pub(crate) fn from_form(
+        fields: &std::collections::BTreeMap<String, String>,
+        file_len: Option<usize>,
+    ) -> Self {
+        Self {
+            model: fields.get("model").cloned(),
+            prompt: fields.get("prompt").map(|p| Value::from(p.as_str())),
+            response_format: fields
+                .get("response_format")
+                .map(|f| Value::from(f.as_str())),
+            file_len,
+            ..Self::default()
+        }
+    }
+
     pub(crate) fn include_usage(&self) -> bool {
         self.is_stream()
             && self
@@ -88,42 +117,57 @@ impl InferenceRequest {
     /// The client's completion limit; `max_completion_tokens` supersedes the deprecated
     /// `max_tokens`, and a negative value (llama-server's "no limit") means none.
     pub(crate) fn max_tokens(&self) -> Option<u32> {
+        let num_predict = self
+            .options
+            .as_ref()
+            .and_then(|o| o.get("num_predict"))
+            .and_then(Value::as_i64);
         self.max_completion_tokens
             .or(self.max_tokens)
+            .or(self.max_output_tokens)
+            .or(self.n_predict)
+            .or(num_predict)
             .and_then(|n| u32::try_from(n).ok())
+    }
+
+    /// The sequences the request runs on an engine that honours `n`: `n` for chat, the larger
+    /// of `n` and `best_of` for completions, 1 for everything else.
+    pub(crate) fn sequences(&self, endpoint: Endpoint) -> u32 {
+        let n = self.n.unwrap_or(1).max(1);
+        match endpoint {
+            Endpoint::Chat => n,
+            Endpoint::Completions => n.max(self.best_of.unwrap_or(1)),
+            _ => 1,
+        }
     }
 
     /// The body of the endpoint's required field, if present.
     pub(crate) fn required(&self, endpoint: Endpoint) -> Option<&Value> {
-        match endpoint {
-            Endpoint::Chat => self.messages.as_ref(),
-            Endpoint::Completions => self.prompt.as_ref(),
-            Endpoint::Embeddings => self.input.as_ref(),
+        match endpoint.required_field() {
+            "messages" => self.messages.as_ref(),
+            "prompt" => self.prompt.as_ref(),
+            "input" => self.input.as_ref(),
+            "input_prefix" => self.input_prefix.as_ref(),
+            "content" => self.content.as_ref(),
+            "documents" => self.documents.as_ref(),
+            "text_1" => self.text_1.as_ref(),
+            "file" => self.file_len.map(|_| &Value::Bool(true)),
+            _ => None,
         }
         .filter(|v| !v.is_null())
     }
 
     /// A rough prompt size: the words of every string in the prompt, at least 1.
     pub(crate) fn count_prompt_tokens(&self, endpoint: Endpoint) -> u32 {
-        fn words(v: &Value) -> usize {
-            match v {
-                Value::String(s) => s.split_whitespace().count(),
-                Value::Array(items) => items.iter().map(words).sum(),
-                Value::Object(map) => map
-                    .iter()
-                    .filter(|(k, _)| matches!(k.as_str(), "content" | "text"))
-                    .map(|(_, v)| words(v))
-                    .sum(),
-                _ => 0,
-            }
-        }
-        let n = self.required(endpoint).map_or(0, words);
+        // A rerank's query is part of every pair the engine scores.
+        let n = self.required(endpoint).map_or(0, words) + self.query.as_ref().map_or(0, words);
         u32::try_from(n).unwrap_or(u32::MAX).max(1)
     }
 
-    /// How many inputs an embeddings request has.
+    /// How many inputs an embeddings request has (`input`, or `content` for llama-server's
+    /// `/embedding`).
     pub(crate) fn embedding_inputs(&self) -> usize {
-        match &self.input {
+        match self.input.as_ref().or(self.content.as_ref()) {
             Some(Value::Array(items)) if items.iter().all(Value::is_string) => items.len(),
             // A token array (`[1, 2, 3]`) or array of token arrays is one input per inner array.
             Some(Value::Array(items)) if items.iter().all(Value::is_array) => items.len(),
@@ -138,6 +182,30 @@ pub(crate) fn token_text(i: u32) -> String {
         "tok0".to_owned()
     } else {
         format!(" tok{i}")
+    }
+}
+
+/// The fake's token count of a prompt: the words of every string in it (message `content`s and
+/// `text` parts included).
+pub(crate) fn words(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.split_whitespace().count(),
+        Value::Array(items) => items.iter().map(words).sum(),
+        Value::Object(map) => map
+            .iter()
+            .filter(|(k, _)| matches!(k.as_str(), "content" | "text"))
+            .map(|(_, v)| words(v))
+            .sum(),
+        _ => 0,
+    }
+}
+
+/// The number of items of a string-or-array field (rerank documents, score pairs).
+pub(crate) fn count_items(value: Option<&Value>) -> usize {
+    match value {
+        Some(Value::Array(items)) => items.len(),
+        Some(Value::Null) | None => 0,
+        Some(_) => 1,
     }
 }
 
@@ -158,12 +226,19 @@ pub(crate) struct Answer<'a> {
     pub(crate) model: &'a str,
     pub(crate) plan: &'a Plan,
     pub(crate) include_usage: bool,
+    /// Choices returned (`n`; 1 where the kind ignores it).
+    pub(crate) choices: u32,
 }
 
 impl Answer<'_> {
+    /// Completion tokens over all choices.
+    pub(crate) fn completion_tokens(&self) -> u32 {
+        self.plan.tokens.saturating_mul(self.choices.max(1))
+    }
+
     fn usage(&self) -> Value {
         let prompt = self.plan.prompt_tokens;
-        let completion = self.plan.tokens;
+        let completion = self.completion_tokens();
         let mut usage = json!({
             "prompt_tokens": prompt,
             "completion_tokens": completion,
@@ -185,7 +260,8 @@ impl Answer<'_> {
         }
     }
 
-    fn text(&self) -> String {
+    /// The generated text of one choice.
+    pub(crate) fn text(&self) -> String {
         (0..self.plan.tokens).map(token_text).collect()
     }
 
@@ -198,29 +274,29 @@ impl Answer<'_> {
                 "created": self.created,
                 "model": self.model,
                 "system_fingerprint": self.fingerprint(),
-                "choices": [{
-                    "index": 0,
+                "choices": self.each_choice(|index| json!({
+                    "index": index,
                     "message": {"role": "assistant", "content": self.text()},
                     "logprobs": null,
                     "finish_reason": self.plan.finish_reason,
-                }],
+                })),
                 "usage": self.usage(),
             }),
-            Endpoint::Completions => json!({
+            // Completions; the other routes build their bodies with their own modules.
+            _ => json!({
                 "id": self.id,
                 "object": "text_completion",
                 "created": self.created,
                 "model": self.model,
                 "system_fingerprint": self.fingerprint(),
-                "choices": [{
-                    "index": 0,
+                "choices": self.each_choice(|index| json!({
+                    "index": index,
                     "text": self.text(),
                     "logprobs": null,
                     "finish_reason": self.plan.finish_reason,
-                }],
+                })),
                 "usage": self.usage(),
             }),
-            Endpoint::Embeddings => unreachable!("embeddings are built by `embeddings`"),
         }
     }
 
@@ -244,60 +320,75 @@ impl Answer<'_> {
         chunk
     }
 
-    /// The chunks before the final one: the role chunk (chat only), then one per token.
-    pub(crate) fn content_chunks(&self) -> Vec<Value> {
-        let mut chunks = Vec::with_capacity(self.plan.tokens as usize + 1);
-        if self.endpoint == Endpoint::Chat {
-            chunks.push(self.chunk(json!({
-                "index": 0,
-                "delta": {"role": "assistant", "content": ""},
-                "logprobs": null,
-                "finish_reason": null,
-            })));
-        }
-        for i in 0..self.plan.tokens {
-            chunks.push(self.chunk(match self.endpoint {
-                Endpoint::Chat => json!({
-                    "index": 0,
-                    "delta": {"content": token_text(i)},
-                    "logprobs": null,
-                    "finish_reason": null,
-                }),
-                _ => json!({
-                    "index": 0,
-                    "text": token_text(i),
-                    "logprobs": null,
-                    "finish_reason": null,
-                }),
-            }));
-        }
-        chunks
+    fn each_choice(&self, choice: impl Fn(u32) -> Value) -> Value {
+        Value::Array((0..self.choices.max(1)).map(choice).collect())
     }
 
-    /// The chunk with `finish_reason` and an empty delta, then the usage chunk if asked for.
-    pub(crate) fn closing_chunks(&self) -> Vec<Value> {
-        let last = match self.endpoint {
-            Endpoint::Chat => json!({
-                "index": 0,
-                "delta": {},
-                "logprobs": null,
-                "finish_reason": self.plan.finish_reason,
-            }),
-            _ => json!({
-                "index": 0,
-                "text": "",
-                "logprobs": null,
-                "finish_reason": self.plan.finish_reason,
-            }),
-        };
-        let mut chunks = vec![self.chunk(last)];
+    /// The stream: the role chunk of each choice (chat only), one chunk per token and choice
+    /// (the choices of one token go out together), the closing chunk of each choice, the usage
+    /// chunk if asked for, and `[DONE]`.
+    pub(crate) fn steps(&self) -> Vec<Step> {
+        let choices = self.choices.max(1);
+        let mut steps = Vec::with_capacity(((self.plan.tokens + 2) * choices) as usize + 2);
+        if self.endpoint == Endpoint::Chat {
+            for index in 0..choices {
+                steps.push(Step::at_once(sse::event(&self.chunk(json!({
+                    "index": index,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": null,
+                    "finish_reason": null,
+                })))));
+            }
+        }
+        for i in 0..self.plan.tokens {
+            for index in 0..choices {
+                let chunk = self.chunk(match self.endpoint {
+                    Endpoint::Chat => json!({
+                        "index": index,
+                        "delta": {"content": token_text(i)},
+                        "logprobs": null,
+                        "finish_reason": null,
+                    }),
+                    _ => json!({
+                        "index": index,
+                        "text": token_text(i),
+                        "logprobs": null,
+                        "finish_reason": null,
+                    }),
+                });
+                let bytes = sse::event(&chunk);
+                steps.push(if index == 0 {
+                    Step::token(bytes)
+                } else {
+                    Step::at_once(bytes)
+                });
+            }
+        }
+        for index in 0..choices {
+            let last = match self.endpoint {
+                Endpoint::Chat => json!({
+                    "index": index,
+                    "delta": {},
+                    "logprobs": null,
+                    "finish_reason": self.plan.finish_reason,
+                }),
+                _ => json!({
+                    "index": index,
+                    "text": "",
+                    "logprobs": null,
+                    "finish_reason": self.plan.finish_reason,
+                }),
+            };
+            steps.push(Step::at_once(sse::event(&self.chunk(last))));
+        }
         if self.include_usage {
             let mut usage_chunk = self.chunk(json!(null));
             usage_chunk["choices"] = json!([]);
             usage_chunk["usage"] = self.usage();
-            chunks.push(usage_chunk);
+            steps.push(Step::at_once(sse::event(&usage_chunk)));
         }
-        chunks
+        steps.push(Step::at_once(Bytes::from_static(sse::DONE)));
+        steps
     }
 }
 
@@ -329,20 +420,6 @@ mod tests {
     }
 
     #[test]
-    fn paths_map_to_endpoints() {
-        assert_eq!(
-            Endpoint::from_path("/v1/chat/completions", false),
-            Some(Endpoint::Chat)
-        );
-        assert_eq!(Endpoint::from_path("/chat/completions", false), None);
-        assert_eq!(
-            Endpoint::from_path("/completions", true),
-            Some(Endpoint::Completions)
-        );
-        assert_eq!(Endpoint::from_path("/v1/models", true), None);
-    }
-
-    #[test]
     fn request_fields() {
         let req: InferenceRequest = serde_json::from_value(json!({
             "model": "m", "stream": true, "stream_options": {"include_usage": true},
@@ -360,6 +437,16 @@ mod tests {
         assert_eq!(req.max_tokens(), None);
     }
 
+    fn parsed(steps: &[Step]) -> Vec<Value> {
+        steps
+            .iter()
+            .filter_map(|s| {
+                let text = std::str::from_utf8(&s.bytes).unwrap();
+                serde_json::from_str(text.trim().strip_prefix("data: ")?).ok()
+            })
+            .collect()
+    }
+
     #[test]
     fn chat_answer_shapes() {
         let plan = plan(3);
@@ -371,18 +458,21 @@ mod tests {
             model: "m",
             plan: &plan,
             include_usage: true,
+            choices: 1,
         };
         let full = answer.full();
         assert_eq!(full["choices"][0]["message"]["content"], "tok0 tok1 tok2");
         assert_eq!(full["usage"]["total_tokens"], 6);
-        let chunks = answer.content_chunks();
-        assert_eq!(chunks.len(), 4, "role chunk + 3 tokens");
+        let steps = answer.steps();
+        assert_eq!(steps.len(), 7, "role + 3 tokens + closing + usage + [DONE]");
+        assert_eq!(steps.iter().filter(|s| s.paced).count(), 3);
+        let chunks = parsed(&steps);
         assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
         assert!(chunks[1]["usage"].is_null());
-        let closing = answer.closing_chunks();
-        assert_eq!(closing[0]["choices"][0]["finish_reason"], "stop");
-        assert_eq!(closing[1]["choices"], json!([]));
-        assert_eq!(closing[1]["usage"]["completion_tokens"], 3);
+        assert_eq!(chunks[4]["choices"][0]["finish_reason"], "stop");
+        assert_eq!(chunks[5]["choices"], json!([]));
+        assert_eq!(chunks[5]["usage"]["completion_tokens"], 3);
+        assert_eq!(&steps[6].bytes[..], sse::DONE);
     }
 
     #[test]
@@ -396,12 +486,44 @@ mod tests {
             model: "m",
             plan: &plan,
             include_usage: false,
+            choices: 1,
         };
-        let chunks = answer.content_chunks();
-        assert_eq!(chunks.len(), 2);
+        let chunks = parsed(&answer.steps());
+        assert_eq!(chunks.len(), 3, "2 tokens + closing");
         assert_eq!(chunks[1]["object"], "text_completion");
         assert_eq!(chunks[1]["choices"][0]["text"], " tok1");
         assert!(chunks[1].get("usage").is_none());
-        assert_eq!(answer.closing_chunks().len(), 1);
+    }
+
+    #[test]
+    fn n_choices_answer_n_times() {
+        let plan = plan(2);
+        let answer = Answer {
+            kind: Kind::Vllm,
+            endpoint: Endpoint::Chat,
+            id: "chatcmpl-1".into(),
+            created: 1,
+            model: "m",
+            plan: &plan,
+            include_usage: false,
+            choices: 3,
+        };
+        assert_eq!(answer.full()["choices"].as_array().unwrap().len(), 3);
+        assert_eq!(answer.full()["usage"]["completion_tokens"], 6);
+        let steps = answer.steps();
+        assert_eq!(
+            steps.iter().filter(|s| s.paced).count(),
+            2,
+            "paced per token"
+        );
+        let indices: Vec<u64> = parsed(&steps)
+            .iter()
+            .map(|c| c["choices"][0]["index"].as_u64().unwrap())
+            .collect();
+        assert_eq!(indices, [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2]);
+        let req: InferenceRequest =
+            serde_json::from_value(json!({"prompt": "x", "n": 2, "best_of": 4})).unwrap();
+        assert_eq!(req.sequences(Endpoint::Completions), 4);
+        assert_eq!(req.sequences(Endpoint::Embeddings), 1);
     }
 }

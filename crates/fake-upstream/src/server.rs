@@ -13,6 +13,11 @@
 //! channel. Each connection watches a "kill" epoch; cutting connections marks each connection
 //! as killed *before* dropping it, so the requests dropped with it are recorded as
 //! [`Outcome::ServerDropped`](crate::Outcome::ServerDropped), not as clients going away.
+//!
+//! Each connection also keeps a second descriptor of its socket (`dup`), out of hyper's hands.
+//! A request can doom its connection (an injected reset or garbage): the connection task then
+//! stops serving, sets `SO_LINGER` 0 on that descriptor (so the close sends RST) or writes
+//! the garbage through it, and closes both.
 
 use std::fmt;
 use std::io;
@@ -28,10 +33,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
-use crate::app::App;
 use crate::config::{FakeConfig, Kind, Pacing};
-use crate::failure::Failure;
-use crate::observer::{ConnectionState, Observer};
+use crate::failure::{Failure, GARBAGE};
+use crate::observer::{ConnectionState, Fate, Observer};
+use crate::state::App;
 
 /// Why a fake upstream could not start.
 #[derive(Debug, thiserror::Error)]
@@ -406,11 +411,26 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-/// Serves one connection (HTTP/1.1 or h2c) until it closes or is killed.
+/// Serves one connection (HTTP/1.1 or h2c) until it closes, is killed, or a request dooms it.
 async fn serve_connection(app: Arc<App>, stream: TcpStream, mut kill: watch::Receiver<u64>) {
+    let state = app.observer.connection_opened();
+    // Declared first so it is dropped last: the connection counts as closed once both of its
+    // file descriptors are.
+    let _open = OpenConnection {
+        app: Arc::clone(&app),
+        state: Arc::clone(&state),
+    };
     // Loopback only: small writes should not wait for Nagle.
     let _ = stream.set_nodelay(true);
-    let state = Arc::new(ConnectionState::default());
+    // A second descriptor for the same socket, kept out of hyper's hands: through it a doomed
+    // connection is reset or sent garbage, and the socket outlives hyper's half until then.
+    let (stream, spare) = match split_descriptor(stream) {
+        Ok(pair) => pair,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot duplicate the connection's descriptor");
+            return;
+        }
+    };
     let service = {
         let state = Arc::clone(&state);
         service_fn(move |req| Arc::clone(&app).handle(req, Arc::clone(&state)))
@@ -432,5 +452,52 @@ async fn serve_connection(app: Arc<App>, stream: TcpStream, mut kill: watch::Rec
             // Mark first, then drop: the trackers read the mark when they are dropped.
             state.killed.store(true, std::sync::atomic::Ordering::Release);
         }
+        () = state.doomed() => {}
     }
+    match state.fate() {
+        // SO_LINGER 0 on the socket: closing its last descriptor then sends RST, not FIN.
+        Some(Fate::Reset) => {
+            if let Err(e) = spare.set_zero_linger() {
+                tracing::warn!(error = %e, "cannot set SO_LINGER 0 for an injected reset");
+            }
+        }
+        Some(Fate::Garbage) => {
+            if let Err(e) = write_all(&spare, GARBAGE).await {
+                tracing::debug!(error = %e, "cannot write the injected garbage");
+            }
+        }
+        None => {}
+    }
+}
+
+/// Counts the connection as closed when dropped, whichever way `serve_connection` ends.
+struct OpenConnection {
+    app: Arc<App>,
+    state: Arc<ConnectionState>,
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.app.observer.connection_closed(&self.state);
+    }
+}
+
+/// The stream, and a second tokio handle on a duplicate of its descriptor.
+fn split_descriptor(stream: TcpStream) -> io::Result<(TcpStream, TcpStream)> {
+    let std = stream.into_std()?;
+    let spare = std.try_clone()?;
+    Ok((TcpStream::from_std(std)?, TcpStream::from_std(spare)?))
+}
+
+/// Writes all of `bytes` (the garbage is small: one write, in practice).
+async fn write_all(stream: &TcpStream, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        stream.writable().await?;
+        match stream.try_write(bytes) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }

@@ -1,5 +1,6 @@
 //! Slots: the fixed number of sequences one engine (one model instance) runs at once, and what
-//! happens to the requests past that number.
+//! happens to the requests past that number. A request takes one slot per sequence it runs
+//! (its weight: `n` choices take `n` slots, as llama-server and vLLM do), all at once.
 //!
 //! Two admission modes exist:
 //! - **deferred** (llama-server, vLLM, Ollama): a request waits first-come-first-served for a
@@ -57,47 +58,75 @@ impl SlotPool {
         })
     }
 
-    /// Takes a slot if one is free now (always, in collapse mode).
-    pub(crate) fn try_acquire(self: &Arc<Self>, prompt_tokens: u32) -> Option<Lease> {
+    /// Takes `weight` slots if they are free now (always, in collapse mode). A weight above
+    /// the slot count takes every slot (the caller refuses such requests where the engine does).
+    pub(crate) fn try_acquire(
+        self: &Arc<Self>,
+        prompt_tokens: u32,
+        weight: usize,
+    ) -> Option<Lease> {
+        let weight = weight.clamp(1, self.parallel);
         if self.collapse {
-            return Some(self.admit_collapsing(prompt_tokens));
+            return Some(self.admit_collapsing(prompt_tokens, weight));
         }
-        let permit = Arc::clone(&self.permits).try_acquire_owned().ok()?;
-        Some(self.occupy(permit, prompt_tokens))
+        let permit = Arc::clone(&self.permits)
+            .try_acquire_many_owned(permits(weight))
+            .ok()?;
+        Some(self.occupy(permit, prompt_tokens, weight))
     }
 
-    /// Waits first-come-first-served for a slot. Dropping the future leaves the queue.
-    pub(crate) async fn acquire(self: &Arc<Self>, prompt_tokens: u32) -> Lease {
-        if let Some(lease) = self.try_acquire(prompt_tokens) {
+    /// Waits first-come-first-served for `weight` slots, taken together: a heavy request at the
+    /// head is not overtaken by lighter ones behind it (tokio's `acquire_many`). Dropping the
+    /// future leaves the queue.
+    pub(crate) async fn acquire(self: &Arc<Self>, prompt_tokens: u32, weight: usize) -> Lease {
+        if let Some(lease) = self.try_acquire(prompt_tokens, weight) {
             return lease;
         }
+        let weight = weight.clamp(1, self.parallel);
         let _waiting = WaitingGuard::new(&self.waiting);
         let permit = Arc::clone(&self.permits)
-            .acquire_owned()
+            .acquire_many_owned(permits(weight))
             .await
             .expect("the pool never closes its semaphore");
-        self.occupy(permit, prompt_tokens)
+        self.occupy(permit, prompt_tokens, weight)
     }
 
-    fn occupy(self: &Arc<Self>, permit: OwnedSemaphorePermit, prompt_tokens: u32) -> Lease {
+    fn occupy(
+        self: &Arc<Self>,
+        permit: OwnedSemaphorePermit,
+        prompt_tokens: u32,
+        weight: usize,
+    ) -> Lease {
         let mut slots = self.slots.lock();
-        // A permit guarantees an idle slot: permits and slots are one to one.
-        let slot = slots
+        // Permits guarantee idle slots: permits and slots are one to one.
+        let taken: Vec<usize> = slots
             .iter()
-            .position(|s| !s.busy)
-            .expect("a permit is held, so a slot is idle");
-        let lease = self.start_task(&mut slots, slot, prompt_tokens, Some(permit));
+            .enumerate()
+            .filter(|(_, s)| !s.busy)
+            .map(|(i, _)| i)
+            .take(weight)
+            .collect();
+        assert_eq!(taken.len(), weight, "permits are held, so slots are idle");
+        let lease = self.start_task(&mut slots, taken, prompt_tokens, Some(permit));
         drop(slots);
         lease
     }
 
-    fn admit_collapsing(self: &Arc<Self>, prompt_tokens: u32) -> Lease {
+    fn admit_collapsing(self: &Arc<Self>, prompt_tokens: u32, weight: usize) -> Lease {
         let mut slots = self.slots.lock();
-        let slot = slots.iter().position(|s| !s.busy).unwrap_or_else(|| {
-            slots.push(SlotInfo::default());
-            slots.len() - 1
-        });
-        let lease = self.start_task(&mut slots, slot, prompt_tokens, None);
+        let mut taken = Vec::with_capacity(weight);
+        for _ in 0..weight {
+            let slot = slots
+                .iter()
+                .enumerate()
+                .position(|(i, s)| !s.busy && !taken.contains(&i))
+                .unwrap_or_else(|| {
+                    slots.push(SlotInfo::default());
+                    slots.len() - 1
+                });
+            taken.push(slot);
+        }
+        let lease = self.start_task(&mut slots, taken, prompt_tokens, None);
         let running = slots.iter().filter(|s| s.busy).count();
         drop(slots);
         if running > self.parallel {
@@ -111,16 +140,19 @@ impl SlotPool {
     fn start_task(
         self: &Arc<Self>,
         slots: &mut [SlotInfo],
-        slot: usize,
+        taken: Vec<usize>,
         prompt_tokens: u32,
         permit: Option<OwnedSemaphorePermit>,
     ) -> Lease {
-        let id_task = self.next_task.fetch_add(1, Ordering::Relaxed);
-        slots[slot] = SlotInfo {
-            busy: true,
-            id_task: Some(id_task),
-            n_prompt_tokens: prompt_tokens,
-        };
+        // Each sequence is its own task in its own slot, as llama-server runs `n` choices.
+        for &slot in &taken {
+            let id_task = self.next_task.fetch_add(1, Ordering::Relaxed);
+            slots[slot] = SlotInfo {
+                busy: true,
+                id_task: Some(id_task),
+                n_prompt_tokens: prompt_tokens,
+            };
+        }
         self.requests_total.fetch_add(1, Ordering::Relaxed);
         self.prompt_tokens_total
             .fetch_add(prompt_tokens.into(), Ordering::Relaxed);
@@ -128,7 +160,7 @@ impl SlotPool {
         let epoch = *rx.borrow();
         Lease {
             pool: Arc::clone(self),
-            slot,
+            slots: taken,
             signal: CollapseSignal { rx, epoch },
             _permit: permit,
         }
@@ -170,11 +202,17 @@ impl SlotPool {
     }
 }
 
-/// A held slot. Dropping it frees the slot and, in deferred mode, hands it to the next waiter.
+/// Permits for a weight (slot counts are small).
+fn permits(weight: usize) -> u32 {
+    u32::try_from(weight).unwrap_or(u32::MAX)
+}
+
+/// Held slots. Dropping it frees the slot and, in deferred mode, hands it to the next waiter.
 #[derive(Debug)]
 pub(crate) struct Lease {
     pool: Arc<SlotPool>,
-    slot: usize,
+    /// The slots held, one per sequence.
+    slots: Vec<usize>,
     signal: CollapseSignal,
     // Dropped after `Drop::drop` has marked the slot idle, so the next waiter finds it free.
     _permit: Option<OwnedSemaphorePermit>,
@@ -184,6 +222,11 @@ impl Lease {
     /// The pool this slot belongs to.
     pub(crate) fn pool(&self) -> &Arc<SlotPool> {
         &self.pool
+    }
+
+    /// How many slots (sequences) it holds.
+    pub(crate) fn weight(&self) -> usize {
+        self.slots.len()
     }
 
     /// A handle that tells when the engine collapses under this request.
@@ -218,8 +261,11 @@ impl CollapseSignal {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if let Some(slot) = self.pool.slots.lock().get_mut(self.slot) {
-            slot.busy = false;
+        let mut slots = self.pool.slots.lock();
+        for &slot in &self.slots {
+            if let Some(slot) = slots.get_mut(slot) {
+                slot.busy = false;
+            }
         }
     }
 }
@@ -278,15 +324,15 @@ mod tests {
     #[tokio::test]
     async fn deferred_waiters_are_served_in_order() {
         let pool = SlotPool::new(1, false);
-        let first = pool.try_acquire(1).expect("a free slot");
-        assert!(pool.try_acquire(1).is_none());
+        let first = pool.try_acquire(1, 1).expect("a free slot");
+        assert!(pool.try_acquire(1, 1).is_none());
 
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         for i in 0..3 {
             let waiter = Arc::clone(&pool);
             let tx = tx.clone();
             tokio::spawn(async move {
-                let lease = waiter.acquire(1).await;
+                let lease = waiter.acquire(1, 1).await;
                 tx.send(i).unwrap();
                 drop(lease);
             });
@@ -309,15 +355,41 @@ mod tests {
     #[test]
     fn collapse_fails_everyone_running() {
         let pool = SlotPool::new(2, true);
-        let a = pool.try_acquire(1).unwrap();
-        let b = pool.try_acquire(1).unwrap();
+        let a = pool.try_acquire(1, 1).unwrap();
+        let b = pool.try_acquire(1, 1).unwrap();
         let collapsed = |lease: &Lease| lease.signal().is_collapsed();
         assert!(!collapsed(&a) && !collapsed(&b));
-        let c = pool.try_acquire(1).unwrap();
+        let c = pool.try_acquire(1, 1).unwrap();
         assert!(collapsed(&a) && collapsed(&b) && collapsed(&c));
         drop((a, b, c));
-        let d = pool.try_acquire(1).unwrap();
+        let d = pool.try_acquire(1, 1).unwrap();
         assert!(!collapsed(&d), "a fresh request after the collapse runs");
+    }
+
+    #[tokio::test]
+    async fn a_heavy_request_takes_its_slots_together_and_in_order() {
+        let pool = SlotPool::new(3, false);
+        let one = pool.try_acquire(1, 1).unwrap();
+        assert!(pool.try_acquire(1, 3).is_none(), "three slots are not free");
+        let heavy = {
+            let pool = Arc::clone(&pool);
+            tokio::spawn(async move { pool.acquire(1, 3).await })
+        };
+        while pool.waiting() != 1 {
+            tokio::task::yield_now().await;
+        }
+        // A light request behind the heavy one does not overtake it (FIFO).
+        assert!(pool.try_acquire(1, 1).is_none());
+        drop(one);
+        let heavy = heavy.await.unwrap();
+        assert_eq!((heavy.weight(), pool.running()), (3, 3));
+        drop(heavy);
+        assert_eq!(pool.running(), 0);
+        assert_eq!(
+            pool.try_acquire(1, 9).unwrap().weight(),
+            3,
+            "clamped to the slot count"
+        );
     }
 
     #[test]

@@ -17,6 +17,29 @@ pub(crate) fn event(value: &Value) -> Bytes {
     Bytes::from(out)
 }
 
+/// One step of a streamed answer: its bytes, and whether it carries a token (and so waits the
+/// generation interval before it) or goes out with the step before it.
+#[derive(Clone, Debug)]
+pub(crate) struct Step {
+    pub(crate) paced: bool,
+    pub(crate) bytes: Bytes,
+}
+
+impl Step {
+    /// A step that carries a token.
+    pub(crate) fn token(bytes: Bytes) -> Self {
+        Self { paced: true, bytes }
+    }
+
+    /// A step that goes out with the one before it.
+    pub(crate) fn at_once(bytes: Bytes) -> Self {
+        Self {
+            paced: false,
+            bytes,
+        }
+    }
+}
+
 /// One event read back from a stream.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]

@@ -1,4 +1,12 @@
-//! The state of one (host, model) key: its limits, its in-flight count and its wait queue.
+//! The state of one (host, model) key: its limits, its in-flight units and its wait queue.
+//!
+//! Every change of state ends in [`State::fill`], the one place that grants: it hands free units
+//! to the head waiter while its whole weight fits (under the key's limit and, if the host has a
+//! cap, the host's: see `group.rs` for the second level), and stops at the first one that does
+//! not.
+//! Units left free while somebody waits are the head waiter's partial grant: nobody else may
+//! take them (a newcomer queues behind, `try_acquire` refuses), so they need no bookkeeping of
+//! their own and cannot leak — a head that leaves simply lets `fill` pour them into the next.
 //!
 //! Everything here runs under the key's own mutex and nothing else, which is what keeps keys
 //! from contending with each other (rule 5). No method wakes a task while holding the lock:
@@ -8,13 +16,16 @@
 use std::task::Waker;
 
 use crate::error::{AcquireError, TryAcquireError};
-use crate::sync::Mutex;
+use crate::group::Group;
+use crate::sched::{QueueOrder, QueuePosition, Sched, Ticket};
+use crate::sync::{Arc, Mutex};
 use crate::waiters::{Status, Token, WaitQueue};
 
 /// The limits of a key, as last configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Limits {
-    /// How many permits may be held at once. `usize::MAX` means unlimited.
+    /// How many units may be held at once (a permit of weight `w` holds `w` units).
+    /// `usize::MAX` means unlimited.
     pub parallel: usize,
     /// How many acquirers may wait for a permit at once.
     pub queue: usize,
@@ -37,7 +48,7 @@ impl Limits {
 /// The outcome of joining a key at acquire time.
 #[derive(Debug)]
 pub(crate) enum Joined {
-    /// A slot was free and nobody was ahead: the caller holds it.
+    /// Units were free and nobody was ahead: the caller holds them.
     Granted,
     /// The caller waits in line under this token.
     Queued(Token),
@@ -46,10 +57,17 @@ pub(crate) enum Joined {
 #[derive(Debug)]
 struct State {
     limits: Limits,
+    /// Units held by permits (and granted waiters not yet polled).
     in_flight: usize,
     waiters: WaitQueue,
+    /// Which waiter is served next.
+    sched: Sched,
     /// Set by `remove`: waiters fail with `Closed`, new acquirers too.
     closed: bool,
+    /// The host cap this key counts against, from the moment its host has one.
+    group: Option<Arc<Group>>,
+    /// Whether this key is in its host's queue of blocked keys.
+    blocked: bool,
 }
 
 /// One key's shared state. Permits and acquire futures hold it by `Arc`, so the hot path never
@@ -64,47 +82,110 @@ pub(crate) struct KeyState {
 pub(crate) struct Reading {
     pub(crate) limits: Limits,
     pub(crate) in_flight: usize,
+    pub(crate) reserved: usize,
     pub(crate) queued: usize,
     pub(crate) closed: bool,
 }
 
+/// Wakers collected under the lock, woken after it is released. The first needs no allocation,
+/// which covers every release and cancel that hands over to one waiter.
+#[derive(Debug, Default)]
+pub(crate) struct WakeList {
+    first: Option<Waker>,
+    rest: Vec<Waker>,
+}
+
+impl WakeList {
+    fn push(&mut self, waker: Option<Waker>) {
+        let Some(waker) = waker else { return };
+        if self.first.is_none() {
+            self.first = Some(waker);
+        } else {
+            self.rest.push(waker);
+        }
+    }
+
+    pub(crate) fn wake_all(self) {
+        if let Some(first) = self.first {
+            first.wake();
+        }
+        self.rest.into_iter().for_each(Waker::wake);
+    }
+}
+
 impl KeyState {
-    pub(crate) fn new(limits: Limits) -> Self {
+    pub(crate) fn new(limits: Limits, group: Option<Arc<Group>>) -> Self {
         Self {
             state: Mutex::new(State {
                 limits,
                 in_flight: 0,
                 waiters: WaitQueue::new(),
+                sched: Sched::new(),
                 closed: false,
+                group,
+                blocked: false,
             }),
         }
     }
 
-    /// Takes a slot if one is free and nobody waits; otherwise joins the queue if it has room.
-    pub(crate) fn join(&self) -> Result<Joined, AcquireError> {
-        let mut s = self.state.lock();
+    /// Takes `weight` units if they are free (at the key and its host) and nobody waits;
+    /// otherwise joins the queue if it has room, in the class and tenant list of `ticket`
+    /// (`None`: normal class, no tenant).
+    pub(crate) fn join(
+        this: &Arc<Self>,
+        weight: usize,
+        ticket: Option<&Ticket>,
+    ) -> Result<Joined, AcquireError> {
+        let mut s = this.state.lock();
         if s.closed {
             return Err(AcquireError::Closed);
         }
-        if s.take_free() {
-            return Ok(Joined::Granted);
+        if let Some(parallel) = s.too_heavy(weight) {
+            return Err(AcquireError::TooHeavy { weight, parallel });
+        }
+        match s.take_free(weight) {
+            Take::Taken => return Ok(Joined::Granted),
+            Take::TooHeavy(parallel) => return Err(AcquireError::TooHeavy { weight, parallel }),
+            Take::NoRoom => {}
         }
         if s.waiters.len() >= s.limits.queue {
             return Err(AcquireError::QueueFull);
         }
-        Ok(Joined::Queued(s.waiters.push_back(None)))
+        let list = match ticket {
+            None => s.sched.list_for(crate::Priority::Normal, None, 1),
+            Some(t) => s
+                .sched
+                .list_for(t.class(), t.tenant_name(), t.tenant_share()),
+        };
+        let token = s.waiters.push_back(list, weight);
+        let len = s.waiters.list_len(list);
+        s.sched.joined(list, len);
+        let mut wakers = WakeList::default();
+        // The newcomer may be served first (a higher class, a tenant whose turn it is), or, at
+        // the head, have to join the host's queue of blocked keys.
+        let moved = s.fill(this, &mut wakers);
+        let group = s.group.clone().filter(|_| moved);
+        drop(s);
+        wakers.wake_all();
+        if let Some(group) = group {
+            group.kick();
+        }
+        Ok(Joined::Queued(token))
     }
 
-    /// Takes a slot only if one is free right now and nobody waits.
-    pub(crate) fn try_take(&self) -> Result<(), TryAcquireError> {
+    /// Takes `weight` units only if they are free right now and nobody waits.
+    pub(crate) fn try_take(&self, weight: usize) -> Result<(), TryAcquireError> {
         let mut s = self.state.lock();
         if s.closed {
             return Err(TryAcquireError::Closed);
         }
-        if s.take_free() {
-            Ok(())
-        } else {
-            Err(TryAcquireError::NoSlot)
+        if let Some(parallel) = s.too_heavy(weight) {
+            return Err(TryAcquireError::TooHeavy { weight, parallel });
+        }
+        match s.take_free(weight) {
+            Take::Taken => Ok(()),
+            Take::TooHeavy(parallel) => Err(TryAcquireError::TooHeavy { weight, parallel }),
+            Take::NoRoom => Err(TryAcquireError::NoSlot),
         }
     }
 
@@ -113,51 +194,99 @@ impl KeyState {
         self.state.lock().waiters.poll(token, waker)
     }
 
-    /// A queued waiter's future was dropped: leave the queue, or pass on a slot it was handed.
-    pub(crate) fn cancel(&self, token: Token) {
-        let mut s = self.state.lock();
-        let waker = match s.waiters.remove(token) {
-            // The slot was handed over in the same instant the future was dropped (rule 3).
-            Status::Granted => s.release_one(),
-            Status::Waiting | Status::Closed => None,
-        };
-        drop(s);
-        wake(waker);
+    /// A queued waiter of `weight` units had its future dropped: it leaves the queue, or passes
+    /// on the units it was handed in the same instant (rule 3). Either way the units that were
+    /// set aside for it, if it was the head, go to whoever is head now.
+    pub(crate) fn cancel(this: &Arc<Self>, token: Token, weight: usize) {
+        let mut s = this.state.lock();
+        let (status, left) = s.waiters.remove(token);
+        if status == Status::Granted {
+            s.give_back(weight);
+        }
+        if let Some(list) = left {
+            let State { sched, waiters, .. } = &mut *s;
+            sched.left(list, waiters);
+        }
+        Self::settle(this, s);
     }
 
-    /// A permit was released.
-    pub(crate) fn release(&self) {
-        let mut s = self.state.lock();
-        let waker = s.release_one();
-        drop(s);
-        wake(waker);
+    /// A permit of `weight` units was released.
+    pub(crate) fn release(this: &Arc<Self>, weight: usize) {
+        let mut s = this.state.lock();
+        s.give_back(weight);
+        Self::settle(this, s);
     }
 
     /// Changes the limits live. Held permits are never revoked; new room goes to waiters first.
-    pub(crate) fn configure(&self, limits: Limits) {
-        let mut s = self.state.lock();
+    pub(crate) fn configure(this: &Arc<Self>, limits: Limits) {
+        let mut s = this.state.lock();
         s.limits = limits;
-        let mut wakers = Vec::new();
-        while s.in_flight < s.limits.parallel {
-            match s.waiters.grant_front() {
-                Some(grant) => {
-                    s.in_flight += 1;
-                    wakers.extend(grant.waker);
-                }
-                None => break,
-            }
+        Self::settle(this, s);
+    }
+
+    /// Changes the order in which waiters are served; waiters already queued keep their place.
+    pub(crate) fn set_order(this: &Arc<Self>, order: QueueOrder) {
+        let mut s = this.state.lock();
+        s.sched.order = order;
+        Self::settle(this, s);
+    }
+
+    /// Where a queued waiter stands; `None` once it is no longer waiting.
+    pub(crate) fn position(&self, token: Token) -> Option<QueuePosition> {
+        let s = self.state.lock();
+        let (list, ahead) = s.waiters.position(token)?;
+        Some(s.sched.position(list, ahead, &s.waiters))
+    }
+
+    /// Where a newcomer with `ticket` would stand if it queued now.
+    pub(crate) fn position_for(&self, ticket: &Ticket) -> QueuePosition {
+        let s = self.state.lock();
+        s.sched.position_for(
+            ticket.class(),
+            ticket.tenant_name(),
+            ticket.tenant_share(),
+            &s.waiters,
+        )
+    }
+
+    /// Makes the key count against its host's cap from now on, with the units it holds now.
+    pub(crate) fn attach(this: &Arc<Self>, group: &Arc<Group>) {
+        let mut s = this.state.lock();
+        if s.group.is_some() {
+            return;
         }
+        group.state.lock().in_flight += s.in_flight;
+        s.group = Some(group.clone());
+        Self::settle(this, s);
+    }
+
+    /// A kick from the host: runs the grant step; whether it made progress on the host's queue
+    /// (this key was granted from its front, or left it).
+    pub(crate) fn unblock(this: &Arc<Self>) -> bool {
+        let mut s = this.state.lock();
+        let mut wakers = WakeList::default();
+        let moved = s.fill(this, &mut wakers);
         drop(s);
-        wakers.into_iter().for_each(Waker::wake);
+        wakers.wake_all();
+        moved
     }
 
     /// Closes the key: every waiter fails with `Closed`; held permits stay valid.
-    pub(crate) fn close(&self) {
-        let mut s = self.state.lock();
+    pub(crate) fn close(this: &Arc<Self>) {
+        let mut s = this.state.lock();
         s.closed = true;
         let wakers = s.waiters.close_all();
+        s.sched.clear();
+        let mut rest = WakeList::default();
+        // No waiter left: this takes the key off its host's queue if it was there.
+        let moved = s.fill(this, &mut rest);
+        let group = s.group.clone().filter(|_| moved);
         drop(s);
         wakers.into_iter().for_each(Waker::wake);
+        rest.wake_all();
+        if let Some(group) = group {
+            group.kick();
+        }
     }
 
     pub(crate) fn read(&self) -> Reading {
@@ -165,41 +294,166 @@ impl KeyState {
         Reading {
             limits: s.limits,
             in_flight: s.in_flight,
+            reserved: s.reserved(),
             queued: s.waiters.len(),
             closed: s.closed,
         }
     }
+
+    /// The host cap this key counts against, if any.
+    pub(crate) fn group(&self) -> Option<Arc<Group>> {
+        self.state.lock().group.clone()
+    }
+
+    /// Runs the grant step, releases the lock, wakes who was granted, and kicks the host if
+    /// host units may now be free for another key.
+    fn settle(this: &Arc<Self>, mut s: crate::sync::MutexGuard<'_, State>) {
+        let mut wakers = WakeList::default();
+        s.fill(this, &mut wakers);
+        let group = s.group.clone();
+        drop(s);
+        wakers.wake_all();
+        if let Some(group) = group {
+            group.kick();
+        }
+    }
+}
+
+/// What [`State::take_free`] did.
+enum Take {
+    Taken,
+    NoRoom,
+    /// The weight is above the host cap's `parallel`.
+    TooHeavy(usize),
 }
 
 impl State {
-    /// Takes a slot if one is free and nobody waits for one. FIFO: a free slot with waiters
-    /// ahead cannot happen (releases hand over first), but checking the queue keeps a late
-    /// arrival from overtaking even if it did.
-    fn take_free(&mut self) -> bool {
-        let free = self.in_flight < self.limits.parallel && self.waiters.is_empty();
-        if free {
-            self.in_flight += 1;
-        }
-        free
+    /// `Some(parallel)` when `weight` can never fit under the limits. A paused key
+    /// (`parallel = 0`) refuses nothing: everything queues until it grows again.
+    fn too_heavy(&self, weight: usize) -> Option<usize> {
+        let parallel = self.limits.parallel;
+        (parallel > 0 && weight > parallel).then_some(parallel)
     }
 
-    /// Gives one held slot back: to the head waiter if the limits leave room for it (handoff,
-    /// `in_flight` unchanged, rule 2), else to the pool. After a shrink, `in_flight` may exceed
-    /// `parallel`; then slots drain to the pool until it fits again (rule 4).
-    fn release_one(&mut self) -> Option<Waker> {
-        if self.in_flight <= self.limits.parallel
-            && let Some(grant) = self.waiters.grant_front()
-        {
-            return grant.waker;
+    /// Whether `weight` more units fit under `parallel` now.
+    fn fits(&self, weight: usize) -> bool {
+        weight <= self.limits.parallel.saturating_sub(self.in_flight)
+    }
+
+    /// Takes `weight` units if they fit and nobody waits, at the key and at its host. FIFO:
+    /// free units with a waiter ahead are that waiter's partial grant, never a newcomer's; free
+    /// host units with a model blocked on the host are that model's.
+    fn take_free(&mut self, weight: usize) -> Take {
+        let free = self.waiters.is_empty() && self.fits(weight);
+        let Some(group) = &self.group else {
+            if free {
+                self.in_flight += weight;
+                return Take::Taken;
+            }
+            return Take::NoRoom;
+        };
+        let mut g = group.state.lock();
+        if let Some(parallel) = g.too_heavy(weight) {
+            return Take::TooHeavy(parallel);
         }
+        if free && g.blocked.is_empty() && g.fits(weight) {
+            g.in_flight += weight;
+            drop(g);
+            self.in_flight += weight;
+            return Take::Taken;
+        }
+        Take::NoRoom
+    }
+
+    /// Units of a permit come back, at the key and at its host.
+    fn give_back(&mut self, weight: usize) {
         // Saturating: a release can never underflow, whatever a caller does.
-        self.in_flight = self.in_flight.saturating_sub(1);
-        None
+        self.in_flight = self.in_flight.saturating_sub(weight);
+        if let Some(group) = &self.group {
+            let mut g = group.state.lock();
+            g.in_flight = g.in_flight.saturating_sub(weight);
+        }
     }
-}
 
-fn wake(waker: Option<Waker>) {
-    if let Some(waker) = waker {
-        waker.wake();
+    /// Grants head waiters in order while each one's whole weight fits (rule 2: handoff, and a
+    /// heavy head is never overtaken by lighter waiters behind it). A head that can never fit
+    /// after a shrink leaves with `TooHeavy`, so it does not block the queue for ever. After a
+    /// shrink `in_flight` may exceed `parallel`; then nothing is granted until it drains (rule
+    /// 4).
+    ///
+    /// With a host cap, a head that fits the key also needs its whole weight free at the host,
+    /// and its turn there; if not, the key joins the host's queue of blocked keys (`me` is the
+    /// key's own `Arc`, for that queue) and the step stops. Returns whether the host queue's
+    /// front changed (this key was granted from it, or left it), after which the host must be
+    /// kicked for the next front.
+    fn fill(&mut self, me: &Arc<KeyState>, wakers: &mut WakeList) -> bool {
+        let mut moved = false;
+        while let Some(list) = self.sched.pick(&self.waiters) {
+            let weight = self.waiters.front_weight(list).unwrap_or(0);
+            if let Some(parallel) = self.too_heavy(weight) {
+                self.refuse(list, parallel, wakers);
+                continue;
+            }
+            if !self.fits(weight) {
+                break;
+            }
+            let Some(group) = &self.group else {
+                self.in_flight += weight;
+                self.grant(list, weight, wakers);
+                continue;
+            };
+            let mut g = group.state.lock();
+            if let Some(parallel) = g.too_heavy(weight) {
+                drop(g);
+                self.refuse(list, parallel, wakers);
+                continue;
+            }
+            if g.turn_of(me) && g.fits(weight) {
+                g.in_flight += weight;
+                if self.blocked {
+                    g.blocked.pop_front();
+                    self.blocked = false;
+                    moved = true;
+                }
+                drop(g);
+                self.in_flight += weight;
+                self.grant(list, weight, wakers);
+                continue;
+            }
+            if !self.blocked {
+                g.blocked.push_back(me.clone());
+                self.blocked = true;
+            }
+            return moved;
+        }
+        // Nobody waits, or the head waits for the key's own units: not blocked on the host.
+        if self.blocked {
+            self.blocked = false;
+            if let Some(group) = &self.group {
+                moved |= group.state.lock().unblock(me);
+            }
+        }
+        moved
+    }
+
+    /// Hands the head of `list` its units (already counted in `in_flight`).
+    fn grant(&mut self, list: usize, weight: usize, wakers: &mut WakeList) {
+        wakers.push(self.waiters.grant_front(list));
+        self.sched.served(list, weight, &self.waiters);
+    }
+
+    /// Takes the head of `list` out as too heavy for `parallel`.
+    fn refuse(&mut self, list: usize, parallel: usize, wakers: &mut WakeList) {
+        wakers.push(self.waiters.refuse_front(list, parallel));
+        self.sched.left(list, &self.waiters);
+    }
+
+    /// Units free now but set aside for the head waiter, which needs more than that.
+    fn reserved(&self) -> usize {
+        if self.waiters.is_empty() {
+            0
+        } else {
+            self.limits.parallel.saturating_sub(self.in_flight)
+        }
     }
 }

@@ -1,4 +1,4 @@
-//! The permit: proof of one held slot, given back when it is dropped.
+//! The permit: proof of held units (one slot, or `weight` of them), given back when dropped.
 
 use std::fmt;
 use std::time::Duration;
@@ -6,10 +6,12 @@ use std::time::Duration;
 use crate::key::KeyState;
 use crate::sync::Arc;
 
-/// One held slot of a key.
+/// Units held on a key: one slot from [`acquire`](crate::Limiter::acquire), `weight` slots from
+/// [`acquire_many`](crate::Limiter::acquire_many).
 ///
-/// Dropping the permit releases the slot: it goes straight to the head waiter of the key if
-/// there is one (the key's `in_flight` count does not change), otherwise back to the pool.
+/// Dropping the permit releases its whole weight at once: the units go straight to the head
+/// waiter of the key if there is one (granting it if its weight now fits, else staying set
+/// aside for it), otherwise back to the pool.
 /// [`release`](Permit::release) does the same, by name. A permit keeps its key's state alive,
 /// so it stays valid even if the key is reconfigured or removed while it is held.
 ///
@@ -28,14 +30,24 @@ use crate::sync::Arc;
 #[must_use = "dropping a permit releases its slot at once"]
 pub struct Permit {
     key: Arc<KeyState>,
+    weight: usize,
     waited: Duration,
 }
 
 // === impl Permit ===
 
 impl Permit {
-    pub(crate) fn new(key: Arc<KeyState>, waited: Duration) -> Self {
-        Self { key, waited }
+    pub(crate) fn new(key: Arc<KeyState>, weight: usize, waited: Duration) -> Self {
+        Self {
+            key,
+            weight,
+            waited,
+        }
+    }
+
+    /// The units this permit holds (and gives back when dropped).
+    pub fn weight(&self) -> usize {
+        self.weight
     }
 
     /// How long the acquirer sat in the queue before this permit was granted: zero when a slot
@@ -44,7 +56,7 @@ impl Permit {
         self.waited
     }
 
-    /// Releases the slot now. The same as dropping the permit.
+    /// Releases the units now. The same as dropping the permit.
     pub fn release(self) {
         drop(self);
     }
@@ -52,13 +64,14 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.key.release();
+        KeyState::release(&self.key, self.weight);
     }
 }
 
 impl fmt::Debug for Permit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Permit")
+            .field("weight", &self.weight)
             .field("waited", &self.waited)
             .finish_non_exhaustive()
     }

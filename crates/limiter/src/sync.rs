@@ -9,13 +9,13 @@
 
 #[cfg(not(loom))]
 mod inner {
-    pub(crate) use parking_lot::{Mutex, RwLock};
+    pub(crate) use parking_lot::{Mutex, MutexGuard, RwLock};
     pub(crate) use std::sync::Arc;
 }
 
 #[cfg(loom)]
 mod inner {
-    pub(crate) use loom::sync::Arc;
+    pub(crate) use loom::sync::{Arc, MutexGuard};
 
     /// loom's mutex with a `parking_lot`-shaped `lock()`.
     #[derive(Debug)]
@@ -57,4 +57,4 @@ mod inner {
     }
 }
 
-pub(crate) use inner::{Arc, Mutex, RwLock};
+pub(crate) use inner::{Arc, Mutex, MutexGuard, RwLock};

@@ -1,4 +1,6 @@
-//! The wait queue of one key: a FIFO of waiters with O(1) push, pop and removal from anywhere.
+//! The wait queue of one key: FIFO lists of weighted waiters with O(1) push, pop and removal
+//! from anywhere. A key has one list per priority class, and under fair order one per tenant
+//! and class; which list is served next is the scheduler's business (`sched.rs`).
 //!
 //! # Implementation Details
 //!
@@ -26,13 +28,6 @@ pub(crate) struct Token {
     generation: u64,
 }
 
-/// A slot handed to the head waiter by [`WaitQueue::grant_front`].
-#[derive(Debug)]
-pub(crate) struct Grant {
-    /// The waiter's waker, to wake once the lock is released; absent if it was never polled.
-    pub(crate) waker: Option<Waker>,
-}
-
 /// What a waiter's entry says when its owner looks at it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Status {
@@ -42,6 +37,12 @@ pub(crate) enum Status {
     Granted,
     /// The key was removed while the waiter was queued.
     Closed,
+    /// The limits shrank below the waiter's weight (to this `parallel`): it could never be
+    /// granted, so it was taken out of the queue.
+    TooHeavy {
+        /// The limit it no longer fits under.
+        parallel: usize,
+    },
 }
 
 #[derive(Debug)]
@@ -53,9 +54,16 @@ enum Entry {
         waker: Option<Waker>,
         prev: usize,
         next: usize,
+        /// How many units the waiter asks for.
+        weight: usize,
+        /// The list it is linked into.
+        list: usize,
     },
     Granted,
     Closed,
+    TooHeavy {
+        parallel: usize,
+    },
 }
 
 #[derive(Debug)]
@@ -64,13 +72,29 @@ struct Slot {
     entry: Entry,
 }
 
-/// A FIFO of waiters backed by an indexed slab. Not synchronised: the key's mutex guards it.
+/// The two ends of one FIFO list, and its length.
+#[derive(Debug, Clone, Copy)]
+struct List {
+    head: usize,
+    tail: usize,
+    len: usize,
+}
+
+impl List {
+    const EMPTY: List = List {
+        head: NIL,
+        tail: NIL,
+        len: 0,
+    };
+}
+
+/// FIFO lists of waiters backed by one indexed slab. Not synchronised: the key's mutex guards
+/// it.
 #[derive(Debug)]
 pub(crate) struct WaitQueue {
     slots: Vec<Slot>,
     free: usize,
-    head: usize,
-    tail: usize,
+    lists: Vec<List>,
     /// Entries in the list (state `Waiting`).
     waiting: usize,
     /// Entries not vacant (waiting, granted or closed but not yet observed).
@@ -91,8 +115,7 @@ impl WaitQueue {
         Self {
             slots: Vec::new(),
             free: NIL,
-            head: NIL,
-            tail: NIL,
+            lists: Vec::new(),
             waiting: 0,
             occupied: 0,
         }
@@ -107,12 +130,30 @@ impl WaitQueue {
         self.waiting == 0
     }
 
-    /// Queues a waiter at the back.
-    pub(crate) fn push_back(&mut self, waker: Option<Waker>) -> Token {
+    /// How many waiters are in `list`.
+    pub(crate) fn list_len(&self, list: usize) -> usize {
+        self.lists.get(list).map_or(0, |l| l.len)
+    }
+
+    /// The weight of the head waiter of `list`, `None` when it is empty.
+    pub(crate) fn front_weight(&self, list: usize) -> Option<usize> {
+        match self.slots.get(self.lists.get(list)?.head)?.entry {
+            Entry::Waiting { weight, .. } => Some(weight),
+            _ => None,
+        }
+    }
+
+    /// Queues a waiter of `weight` units at the back of `list`.
+    pub(crate) fn push_back(&mut self, list: usize, weight: usize) -> Token {
+        if self.lists.len() <= list {
+            self.lists.resize(list + 1, List::EMPTY);
+        }
         let entry = Entry::Waiting {
-            waker,
-            prev: self.tail,
+            waker: None,
+            prev: self.lists[list].tail,
             next: NIL,
+            weight,
+            list,
         };
         let index = if self.free == NIL {
             self.slots.push(Slot {
@@ -131,12 +172,14 @@ impl WaitQueue {
             slot.entry = entry;
             index
         };
-        if self.tail == NIL {
-            self.head = index;
-        } else if let Entry::Waiting { next, .. } = &mut self.slots[self.tail].entry {
+        let l = &mut self.lists[list];
+        if l.tail == NIL {
+            l.head = index;
+        } else if let Entry::Waiting { next, .. } = &mut self.slots[l.tail].entry {
             *next = index;
         }
-        self.tail = index;
+        l.tail = index;
+        l.len += 1;
         self.waiting += 1;
         self.occupied += 1;
         Token {
@@ -145,30 +188,62 @@ impl WaitQueue {
         }
     }
 
-    /// Hands the head waiter a slot: unlinks it, marks it granted and returns its waker.
-    ///
-    /// Returns `None` when nobody waits.
-    pub(crate) fn grant_front(&mut self) -> Option<Grant> {
-        if self.head == NIL {
-            return None;
-        }
-        let index = self.head;
-        let waker = self.unlink(index);
-        self.slots[index].entry = Entry::Granted;
-        Some(Grant { waker })
+    /// Hands the head waiter of `list` its units: unlinks it, marks it granted and returns its
+    /// waker (absent if it was never polled, or if nobody waits).
+    pub(crate) fn grant_front(&mut self, list: usize) -> Option<Waker> {
+        self.settle_front(list, Entry::Granted)
     }
 
-    /// Marks every queued waiter closed and returns their wakers, emptying the list.
+    /// Takes the head waiter of `list` out of the queue because its weight is above
+    /// `parallel`; returns its waker.
+    pub(crate) fn refuse_front(&mut self, list: usize, parallel: usize) -> Option<Waker> {
+        self.settle_front(list, Entry::TooHeavy { parallel })
+    }
+
+    fn settle_front(&mut self, list: usize, outcome: Entry) -> Option<Waker> {
+        let index = self.lists.get(list)?.head;
+        if index == NIL {
+            return None;
+        }
+        let waker = self.unlink(index);
+        self.slots[index].entry = outcome;
+        waker
+    }
+
+    /// Marks every queued waiter closed and returns their wakers, emptying every list.
     pub(crate) fn close_all(&mut self) -> Vec<Waker> {
         let mut wakers = Vec::with_capacity(self.waiting);
-        while self.head != NIL {
-            let index = self.head;
-            if let Some(waker) = self.unlink(index) {
-                wakers.push(waker);
+        for list in 0..self.lists.len() {
+            while self.lists[list].head != NIL {
+                let index = self.lists[list].head;
+                if let Some(waker) = self.unlink(index) {
+                    wakers.push(waker);
+                }
+                self.slots[index].entry = Entry::Closed;
             }
-            self.slots[index].entry = Entry::Closed;
         }
         wakers
+    }
+
+    /// Where a waiting entry stands: its list and how many waiters are ahead of it in that
+    /// list. O(that count): it walks the list backwards.
+    pub(crate) fn position(&self, token: Token) -> Option<(usize, usize)> {
+        let slot = self
+            .slots
+            .get(token.index)
+            .filter(|slot| slot.generation == token.generation)?;
+        let Entry::Waiting { mut prev, list, .. } = slot.entry else {
+            return None;
+        };
+        let mut ahead = 0;
+        while prev != NIL {
+            ahead += 1;
+            prev = match self.slots[prev].entry {
+                Entry::Waiting { prev, .. } => prev,
+                _ => NIL,
+            };
+        }
+        Some((list, ahead))
     }
 
     /// Looks at a waiter's entry on behalf of its future.
@@ -192,6 +267,10 @@ impl WaitQueue {
                 self.vacate(token.index);
                 Status::Granted
             }
+            &mut Entry::TooHeavy { parallel } => {
+                self.vacate(token.index);
+                Status::TooHeavy { parallel }
+            }
             Entry::Closed | Entry::Vacant { .. } => {
                 self.vacate(token.index);
                 Status::Closed
@@ -201,23 +280,27 @@ impl WaitQueue {
 
     /// Removes a waiter on behalf of its dropped future, wherever it stands: O(1).
     ///
-    /// Returns what the entry was; `Granted` means the caller holds a slot it must pass on.
-    pub(crate) fn remove(&mut self, token: Token) -> Status {
+    /// Returns what the entry was, and for a waiting one the list it left; `Granted` means the
+    /// caller holds units it must pass on.
+    pub(crate) fn remove(&mut self, token: Token) -> (Status, Option<usize>) {
         let Some(slot) = self.slot_mut(token) else {
-            return Status::Closed;
+            return (Status::Closed, None);
         };
+        let mut left = None;
         let status = match slot.entry {
-            Entry::Waiting { .. } => {
+            Entry::Waiting { list, .. } => {
                 // Dropping the waker here is fine: the caller holds the lock, and a waker's
                 // drop never re-enters the limiter.
                 self.unlink(token.index);
+                left = Some(list);
                 Status::Waiting
             }
             Entry::Granted => Status::Granted,
+            Entry::TooHeavy { parallel } => Status::TooHeavy { parallel },
             Entry::Closed | Entry::Vacant { .. } => Status::Closed,
         };
         self.vacate(token.index);
-        status
+        (status, left)
     }
 
     fn slot_mut(&mut self, token: Token) -> Option<&mut Slot> {
@@ -230,18 +313,33 @@ impl WaitQueue {
     /// Unlinks a `Waiting` entry from the list and takes its waker; the entry itself is left
     /// for the caller to overwrite.
     fn unlink(&mut self, index: usize) -> Option<Waker> {
-        let Entry::Waiting { waker, prev, next } = &mut self.slots[index].entry else {
+        let Entry::Waiting {
+            waker,
+            prev,
+            next,
+            list,
+            ..
+        } = &mut self.slots[index].entry
+        else {
             return None;
         };
-        let (prev, next, waker) = (*prev, *next, waker.take());
+        let (prev, next, list, waker) = (*prev, *next, *list, waker.take());
+        let l = &mut self.lists[list];
         if prev == NIL {
-            self.head = next;
-        } else if let Entry::Waiting { next: p_next, .. } = &mut self.slots[prev].entry {
-            *p_next = next;
+            l.head = next;
         }
         if next == NIL {
-            self.tail = prev;
-        } else if let Entry::Waiting { prev: n_prev, .. } = &mut self.slots[next].entry {
+            l.tail = prev;
+        }
+        l.len -= 1;
+        if prev != NIL
+            && let Entry::Waiting { next: p_next, .. } = &mut self.slots[prev].entry
+        {
+            *p_next = next;
+        }
+        if next != NIL
+            && let Entry::Waiting { prev: n_prev, .. } = &mut self.slots[next].entry
+        {
             *n_prev = prev;
         }
         self.waiting -= 1;
@@ -276,20 +374,28 @@ mod tests {
     }
 
     #[test]
-    fn fifo_order() {
+    fn fifo_order_with_weights() {
         let mut q = WaitQueue::new();
-        let a = q.push_back(None);
-        let b = q.push_back(None);
-        let c = q.push_back(None);
+        let a = q.push_back(0, 3);
+        let b = q.push_back(0, 1);
+        let c = q.push_back(0, 2);
         assert_eq!(q.len(), 3);
-        assert!(q.grant_front().is_some());
+        assert_eq!(q.front_weight(0), Some(3));
+        assert_eq!(q.poll(a, &noop()), Status::Waiting);
+        assert!(
+            q.grant_front(0).is_some(),
+            "a was polled: its waker comes back"
+        );
         assert_eq!(q.poll(a, &noop()), Status::Granted);
         assert_eq!(q.poll(b, &noop()), Status::Waiting);
-        assert!(q.grant_front().is_some());
+        assert_eq!(q.front_weight(0), Some(1));
+        assert!(q.grant_front(0).is_some());
         assert_eq!(q.poll(b, &noop()), Status::Granted);
-        assert!(q.grant_front().is_some());
-        assert_eq!(q.poll(c, &noop()), Status::Granted);
-        assert!(q.grant_front().is_none());
+        assert_eq!(q.front_weight(0), Some(2));
+        assert!(q.refuse_front(0, 1).is_none(), "c was never polled");
+        assert_eq!(q.poll(c, &noop()), Status::TooHeavy { parallel: 1 });
+        assert_eq!(q.front_weight(0), None);
+        assert!(q.grant_front(0).is_none());
         assert!(q.is_empty());
         assert_eq!(q.occupied, 0);
     }
@@ -297,26 +403,26 @@ mod tests {
     #[test]
     fn remove_from_middle_head_and_tail() {
         let mut q = WaitQueue::new();
-        let tokens: Vec<_> = (0..5).map(|_| q.push_back(None)).collect();
-        assert_eq!(q.remove(tokens[2]), Status::Waiting);
-        assert_eq!(q.remove(tokens[0]), Status::Waiting);
-        assert_eq!(q.remove(tokens[4]), Status::Waiting);
+        let tokens: Vec<_> = (0..5).map(|_| q.push_back(0, 1)).collect();
+        assert_eq!(q.remove(tokens[2]).0, Status::Waiting);
+        assert_eq!(q.remove(tokens[0]).0, Status::Waiting);
+        assert_eq!(q.remove(tokens[4]).0, Status::Waiting);
         assert_eq!(q.len(), 2);
-        q.grant_front();
+        q.grant_front(0);
         assert_eq!(q.poll(tokens[1], &noop()), Status::Granted);
-        q.grant_front();
+        q.grant_front(0);
         assert_eq!(q.poll(tokens[3], &noop()), Status::Granted);
-        assert!(q.grant_front().is_none());
+        assert!(q.grant_front(0).is_none());
     }
 
     #[test]
     fn stale_tokens_never_touch_a_reused_entry() {
         let mut q = WaitQueue::new();
-        let a = q.push_back(None);
-        assert_eq!(q.remove(a), Status::Waiting);
-        let b = q.push_back(None);
+        let a = q.push_back(0, 1);
+        assert_eq!(q.remove(a), (Status::Waiting, Some(0)));
+        let b = q.push_back(0, 1);
         assert_eq!(a.index, b.index, "the vacant entry is reused");
-        assert_eq!(q.remove(a), Status::Closed, "stale token is inert");
+        assert_eq!(q.remove(a).0, Status::Closed, "stale token is inert");
         assert_eq!(q.len(), 1);
         assert_eq!(q.poll(b, &noop()), Status::Waiting);
     }
@@ -324,34 +430,59 @@ mod tests {
     #[test]
     fn granted_entry_removed_reports_granted() {
         let mut q = WaitQueue::new();
-        let a = q.push_back(None);
-        q.grant_front();
-        assert_eq!(q.remove(a), Status::Granted);
+        let a = q.push_back(0, 1);
+        q.grant_front(0);
+        assert_eq!(q.remove(a).0, Status::Granted);
         assert_eq!(q.occupied, 0);
     }
 
     #[test]
     fn close_all_wakes_everyone_once() {
         let mut q = WaitQueue::new();
-        let a = q.push_back(Some(noop()));
-        let b = q.push_back(None);
+        let a = q.push_back(0, 1);
+        let b = q.push_back(0, 1);
+        assert_eq!(q.poll(a, &noop()), Status::Waiting, "stores a waker");
         let wakers = q.close_all();
         assert_eq!(wakers.len(), 1);
         assert!(q.is_empty());
         assert_eq!(q.poll(a, &noop()), Status::Closed);
-        assert_eq!(q.remove(b), Status::Closed);
+        assert_eq!(q.remove(b).0, Status::Closed);
         assert_eq!(q.occupied, 0);
+    }
+
+    #[test]
+    fn lists_are_independent_fifos_and_positions_count_within_a_list() {
+        let mut q = WaitQueue::new();
+        let w0 = q.push_back(0, 1);
+        let w1 = q.push_back(2, 2);
+        let w2 = q.push_back(0, 3);
+        let w3 = q.push_back(2, 1);
+        assert_eq!((q.list_len(0), q.list_len(1), q.list_len(2)), (2, 0, 2));
+        assert_eq!(q.position(w2), Some((0, 1)));
+        assert_eq!(q.position(w3), Some((2, 1)));
+        assert_eq!(q.front_weight(2), Some(2));
+        q.grant_front(2);
+        assert_eq!(q.position(w3), Some((2, 0)));
+        assert_eq!(q.poll(w1, &noop()), Status::Granted);
+        assert_eq!(q.remove(w0), (Status::Waiting, Some(0)));
+        assert_eq!(q.position(w2), Some((0, 0)));
+        assert_eq!(q.front_weight(1), None);
+        let wakers = q.close_all();
+        assert!(wakers.is_empty());
+        assert_eq!(q.len(), 0);
+        assert_eq!(q.poll(w2, &noop()), Status::Closed);
+        assert_eq!(q.poll(w3, &noop()), Status::Closed);
     }
 
     #[test]
     fn memory_is_returned_after_a_burst() {
         let mut q = WaitQueue::new();
-        let tokens: Vec<_> = (0..5000).map(|_| q.push_back(None)).collect();
+        let tokens: Vec<_> = (0..5000).map(|_| q.push_back(0, 1)).collect();
         for t in tokens {
             q.remove(t);
         }
         assert_eq!(q.slots.capacity(), 0);
-        let t = q.push_back(None);
+        let t = q.push_back(0, 1);
         assert_eq!(q.poll(t, &noop()), Status::Waiting);
     }
 }

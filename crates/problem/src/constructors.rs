@@ -90,6 +90,61 @@ impl Problem {
         .with_param("model")
     }
 
+    /// [`Kind::RouteNotServed`] (404): upstreams serve `model`, but none of a kind that serves
+    /// `route` (for example Ollama's `/api/chat` when only a `llama-server` has the model).
+    ///
+    /// Sets the extension members `model` and `route`.
+    ///
+    /// ```
+    /// use slotgate_problem::Problem;
+    ///
+    /// let p = Problem::route_not_served("qwen", "/api/chat");
+    /// assert_eq!(p.status(), 404);
+    /// ```
+    #[must_use]
+    pub fn route_not_served(model: &str, route: &str) -> Self {
+        Self::new(
+            Kind::RouteNotServed,
+            format!(
+                "No server of model `{model}` serves `{route}`. Use a route its engines serve \
+                 (POST /v1/chat/completions works everywhere)."
+            ),
+        )
+        .with_detail(format!(
+            "The upstreams configured for model `{model}` are of kinds that do not serve \
+             `{route}`; docs/configuration.md lists which kind serves which route."
+        ))
+        .ext("model", model)
+        .ext("route", route)
+    }
+
+    /// [`Kind::RouteDisabled`] (403): `route` changes an engine's disk and no upstream serving
+    /// `model` allows it (`allow_model_management`).
+    ///
+    /// Sets the extension members `model` and `route`.
+    ///
+    /// ```
+    /// use slotgate_problem::Problem;
+    ///
+    /// let p = Problem::route_disabled("qwen", "/api/pull");
+    /// assert_eq!(p.status(), 403);
+    /// ```
+    #[must_use]
+    pub fn route_disabled(model: &str, route: &str) -> Self {
+        Self::new(
+            Kind::RouteDisabled,
+            format!(
+                "`{route}` changes the models on an engine's disk and is disabled on this \
+                 gateway. Ask the operator, or manage models on the engine directly."
+            ),
+        )
+        .with_detail(format!(
+            "No upstream serving model `{model}` has `allow_model_management = true`."
+        ))
+        .ext("model", model)
+        .ext("route", route)
+    }
+
     /// [`Kind::NotFound`] (404): `path` is not a route of the gateway.
     ///
     /// Sets the extension member `path`.

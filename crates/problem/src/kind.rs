@@ -137,6 +137,24 @@ kinds! {
         code: "method_not_allowed",
         openai_type: "invalid_request_error",
     }
+    /// Upstreams serve the model, but none of them is of a kind that serves the route: for
+    /// example `/api/chat` for a model only a `llama-server` serves (404).
+    RouteNotServed {
+        slug: ROUTE_NOT_SERVED = "route-not-served",
+        status: NOT_FOUND,
+        title: "Route not served for this model",
+        code: "route_not_served",
+        openai_type: "invalid_request_error",
+    }
+    /// The route changes an engine's disk (Ollama's `/api/pull`, `/api/push`, `/api/create`,
+    /// `/api/delete`, `/api/copy`) and no upstream serving the model allows it (403).
+    RouteDisabled {
+        slug: ROUTE_DISABLED = "route-disabled",
+        status: FORBIDDEN,
+        title: "Route disabled",
+        code: "route_disabled",
+        openai_type: "invalid_request_error",
+    }
     /// The request body is not what the endpoint needs: not JSON, not an object, or `model`
     /// missing or not a string (400).
     BadRequest {

@@ -21,6 +21,8 @@ fn sample(kind: Kind) -> Problem {
         }
         Kind::ModelNotFound => Problem::model_not_found("nope"),
         Kind::NotFound => Problem::not_found("/v2/chat"),
+        Kind::RouteNotServed => Problem::route_not_served("llama", "/api/chat"),
+        Kind::RouteDisabled => Problem::route_disabled("llama", "/api/pull"),
         Kind::MethodNotAllowed => Problem::method_not_allowed(&Method::GET, &[Method::POST]),
         Kind::BadRequest => Problem::bad_request("`model` is missing."),
         Kind::BodyTooLarge => Problem::body_too_large(1 << 20),

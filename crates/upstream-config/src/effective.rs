@@ -101,6 +101,7 @@ struct UpstreamView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     api_key: Option<&'static str>,
     cancel_grace: String,
+    allow_model_management: bool,
     // Tables last: TOML cannot put a plain key after a sub-table.
     models: BTreeMap<&'a str, ModelView>,
 }
@@ -175,6 +176,7 @@ impl<'a> From<&'a Upstream> for UpstreamView<'a> {
             weight: upstream.weight,
             api_key: upstream.api_key.as_ref().map(redact),
             cancel_grace: human(upstream.cancel_grace),
+            allow_model_management: upstream.allow_model_management,
             models: upstream
                 .models
                 .iter()

@@ -222,6 +222,22 @@ impl<'f> Reader<'f> {
         }
     }
 
+    /// `true` or `false`.
+    pub(crate) fn boolean(&mut self, path: &KeyPath, value: &Value) -> Option<bool> {
+        match value {
+            Value::Bool(_, b) => Some(*b),
+            other => {
+                let found = describe(other);
+                self.invalid(
+                    path,
+                    other,
+                    format!("expected true or false, found {found}"),
+                );
+                None
+            }
+        }
+    }
+
     /// A whole number, at least `min`.
     pub(crate) fn count(&mut self, path: &KeyPath, value: &Value, min: usize) -> Option<usize> {
         let Some(n) = integer(value) else {

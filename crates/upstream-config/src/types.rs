@@ -204,6 +204,10 @@ pub struct Upstream {
     /// request's connection about once a second, and a slot handed on before that would make it
     /// queue the next request itself.
     pub cancel_grace: Duration,
+    /// Whether the routes that change the engine's disk (Ollama's `/api/pull`, `/api/push`,
+    /// `/api/create`, `/api/delete`, `/api/copy`) may be sent here (default `false`: a client of
+    /// the gateway should not be able to fill or empty an engine's disk).
+    pub allow_model_management: bool,
     /// The models served here and their limits, by model name. At least one.
     pub models: BTreeMap<String, ModelLimits>,
 }

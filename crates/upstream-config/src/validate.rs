@@ -38,7 +38,15 @@ const SERVER_KEYS: &[&str] = &[
     "api_keys_file",
     "admin_token",
 ];
-const UPSTREAM_KEYS: &[&str] = &["url", "kind", "weight", "api_key", "cancel_grace", "models"];
+const UPSTREAM_KEYS: &[&str] = &[
+    "url",
+    "kind",
+    "weight",
+    "api_key",
+    "cancel_grace",
+    "allow_model_management",
+    "models",
+];
 const MODEL_KEYS: &[&str] = &["parallel", "queue", "queue_timeout", "capacity"];
 
 const UNLIMITED: &str = "unlimited";
@@ -346,6 +354,10 @@ struct ReadUpstream<'v> {
     built: Option<Upstream>,
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one read per key of the table, in the table's order, then one assembly"
+)]
 fn upstream<'v>(
     r: &mut Reader<'_>,
     path: &KeyPath,
@@ -412,6 +424,8 @@ fn upstream<'v>(
     let cancel_grace = optional(r, t, path, "cancel_grace", default_grace, |r, p, v| {
         r.duration(p, v, true)
     });
+    let allow_model_management =
+        optional(r, t, path, "allow_model_management", false, Reader::boolean);
     let models = required(
         r,
         t,
@@ -432,9 +446,18 @@ fn upstream<'v>(
         Some(weight),
         Some(api_key),
         Some(cancel_grace),
+        Some(allow_model_management),
         Some(models),
-    ) = (name_ok, url, kind, weight, api_key, cancel_grace, models)
-    {
+    ) = (
+        name_ok,
+        url,
+        kind,
+        weight,
+        api_key,
+        cancel_grace,
+        allow_model_management,
+        models,
+    ) {
         out.built = Some(Upstream {
             name: name.to_owned(),
             url,
@@ -442,6 +465,7 @@ fn upstream<'v>(
             weight,
             api_key,
             cancel_grace,
+            allow_model_management,
             models,
         });
     }

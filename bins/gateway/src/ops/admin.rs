@@ -26,7 +26,6 @@ use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::Full;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
-use slotgate_config::ModelLimits;
 
 use crate::ops::reload::{ReloadError, Reloader};
 use crate::proxy::live::{Generation, Live};
@@ -34,6 +33,7 @@ use crate::proxy::problems::{self, Error, GET_ONLY, POST_ONLY, allow, not_found}
 use crate::request_id::{REQUEST_ID, request_id};
 use crate::shutdown::ShutdownSignal;
 use crate::upstreams::state::UpstreamState;
+use crate::upstreams::target::Sizing;
 
 /// The admin endpoints' state.
 #[derive(Debug)]
@@ -223,30 +223,14 @@ fn upstream_status(generation: &Generation, upstream: &UpstreamState) -> Value {
                 .iter()
                 .filter(|t| t.upstream.name == upstream.name)
                 .map(|t| {
-                    let (parallel, queue, queue_timeout, capacity) = match t.limits {
-                        ModelLimits::Limited {
-                            parallel,
-                            queue,
-                            queue_timeout,
-                            capacity,
-                        } => (
-                            json!(parallel),
-                            json!(queue),
-                            duration(queue_timeout),
-                            json!(capacity),
-                        ),
-                        ModelLimits::Unlimited => {
-                            (json!("unlimited"), json!(0), Value::Null, Value::Null)
+                    // One reading: the limits and the counts shown together agree.
+                    let reading = t.reading();
+                    let (parallel, capacity) = match &t.sizing {
+                        Sizing::Fixed { capacity } => {
+                            (json!(reading.limits.parallel), json!(capacity))
                         }
-                        ModelLimits::Auto {
-                            queue,
-                            queue_timeout,
-                        } => (
-                            json!("auto"),
-                            json!(queue),
-                            duration(queue_timeout),
-                            Value::Null,
-                        ),
+                        Sizing::Unlimited => (json!("unlimited"), Value::Null),
+                        Sizing::Auto(_) => (json!("auto"), Value::Null),
                     };
                     let mut doc = json!({
                         "name": route.model,
@@ -254,12 +238,12 @@ fn upstream_status(generation: &Generation, upstream: &UpstreamState) -> Value {
                         "parallel": parallel,
                         // The count in force: `parallel`, or the one read for "auto"
                         // (null while unknown, and for unlimited models).
-                        "slots": t.slots(),
-                        "queue": queue,
-                        "queue_timeout": queue_timeout,
+                        "slots": t.slots(&reading),
+                        "queue": reading.limits.queue,
+                        "queue_timeout": t.queue_timeout.map_or(Value::Null, duration),
                         "capacity": capacity,
-                        "in_flight": t.key.in_flight(),
-                        "queued": t.key.queued(),
+                        "in_flight": reading.in_flight,
+                        "queued": reading.queued,
                     });
                     let engine = t.engine.view();
                     if engine.checked.is_some() {
@@ -274,7 +258,7 @@ fn upstream_status(generation: &Generation, upstream: &UpstreamState) -> Value {
                             "last_error": engine.error,
                         });
                     }
-                    if let Some(auto) = &t.auto {
+                    if let Some(auto) = t.auto() {
                         let view = auto.view();
                         doc["discovery"] = json!({
                             "source": "/props total_slots",

@@ -173,7 +173,7 @@ impl Reloader {
 
         let old = self.live.current();
         let new = Generation::build(config, Some(&old), &self.limiter, &self.metrics)
-            .map_err(ReloadError::Invalid)?;
+            .map_err(|problems| ReloadError::Invalid(problems.issues()))?;
 
         // New and changed engines start unknown: learn their state before they get traffic.
         let fresh = new

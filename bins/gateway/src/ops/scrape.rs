@@ -58,25 +58,24 @@ struct KeyGauges {
 fn key_gauges(generation: &Generation) -> Vec<KeyGauges> {
     generation
         .routes
-        .routes()
-        .flat_map(|route| {
-            route.targets.iter().map(|target| {
-                let engine = target.engine.view().reading;
-                KeyGauges {
-                    engine_busy: engine.map(|e| e.busy),
-                    engine_waiting: engine.and_then(|e| e.waiting),
-                    labels: TargetLabels {
-                        upstream: target.upstream.name.clone(),
-                        model: route.model.clone(),
-                    },
-                    loaded: target.is_loaded(),
-                    // Discovered for `parallel = "auto"` (absent while unknown).
-                    capacity: target.slots(),
-                    in_use: target.key.in_flight(),
-                    queued: target.key.queued(),
-                    queue_capacity: target.key.limits().queue,
-                }
-            })
+        .targets()
+        .map(|target| {
+            let reading = target.reading();
+            let engine = target.engine.view().reading;
+            KeyGauges {
+                engine_busy: engine.map(|e| e.busy),
+                engine_waiting: engine.and_then(|e| e.waiting),
+                labels: TargetLabels {
+                    upstream: target.upstream.name.clone(),
+                    model: target.model.clone(),
+                },
+                loaded: target.is_loaded(),
+                // Discovered for `parallel = "auto"` (absent while unknown).
+                capacity: target.slots(&reading),
+                in_use: reading.in_flight,
+                queued: reading.queued,
+                queue_capacity: reading.limits.queue,
+            }
         })
         .collect()
 }

@@ -255,3 +255,6 @@ impl SlotGuard for Slot {
         drop(self.permit);
     }
 }
+
+#[cfg(test)]
+mod tests;

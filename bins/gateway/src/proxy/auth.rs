@@ -13,12 +13,21 @@
 //! A missing or wrong key is a `401 unauthorized` problem, returned before the body is read or
 //! any upstream is chosen: an unauthenticated request never reaches an engine.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use http::HeaderMap;
 use http::header::AUTHORIZATION;
 
 use crate::proxy::problems::Error;
+
+/// `server.api_keys_file` could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("server.api_keys_file: cannot read {}", path.display())]
+pub(crate) struct ApiKeysError {
+    path: PathBuf,
+    #[source]
+    source: std::io::Error,
+}
 
 /// The accepted client API keys.
 #[derive(Default)]
@@ -40,11 +49,12 @@ impl ApiKeys {
     pub(crate) fn load<'a>(
         inline: impl IntoIterator<Item = &'a str>,
         file: Option<&Path>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ApiKeysError> {
         let mut keys: Vec<String> = inline.into_iter().map(str::to_owned).collect();
         if let Some(path) = file {
-            let text = std::fs::read_to_string(path).map_err(|e| {
-                format!("server.api_keys_file: cannot read {}: {e}", path.display())
+            let text = std::fs::read_to_string(path).map_err(|source| ApiKeysError {
+                path: path.to_owned(),
+                source,
             })?;
             keys.extend(
                 text.lines()

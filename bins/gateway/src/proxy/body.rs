@@ -43,6 +43,16 @@ impl SlotGuard for () {
     fn finish(self, _how: Completion) {}
 }
 
+/// `None` holds nothing: the answer of a route that takes no slot (`/tokenize`, `/api/show`)
+/// streams through the same body type as one that does.
+impl<G: SlotGuard> SlotGuard for Option<G> {
+    fn finish(self, how: Completion) {
+        if let Some(guard) = self {
+            guard.finish(how);
+        }
+    }
+}
+
 pin_project! {
     /// A response body that holds a slot guard until the body ends, fails or is dropped.
     ///

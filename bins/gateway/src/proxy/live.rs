@@ -16,12 +16,74 @@ use parking_lot::RwLock;
 use slotgate_config::{Config, Secret};
 use slotgate_limiter::Limiter;
 
+use crate::error::chain;
 use crate::metrics::Metrics;
-use crate::proxy::auth::ApiKeys;
+use crate::proxy::auth::{ApiKeys, ApiKeysError};
 use crate::proxy::route::Routes;
 use crate::upstreams::health::HealthPolicy;
 use crate::upstreams::monitor::Watched;
-use crate::upstreams::state::Upstreams;
+use crate::upstreams::state::{UpstreamError, Upstreams};
+
+/// What the gateway itself refuses in a configuration that `slotgate-config` accepted: every
+/// problem found, each naming its key (`upstreams.NAME.url: unsupported scheme https (only
+/// http)`).
+///
+/// ```no_run
+/// # fn demo(config: &slotgate_config::Config) {
+/// if let Err(slotgate_gateway::StartError::Config(refused)) = slotgate_gateway::check(config) {
+///     for issue in refused.issues() {
+///         eprintln!("{issue}");
+///     }
+/// }
+/// # }
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[error("{}", self.issues().join("; "))]
+pub struct ConfigProblems(Vec<ConfigProblem>);
+
+/// One problem of [`ConfigProblems`].
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConfigProblem {
+    /// An upstream this gateway cannot use.
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    /// The API keys file.
+    #[error(transparent)]
+    ApiKeys(#[from] ApiKeysError),
+}
+
+impl ConfigProblems {
+    /// Every problem, one line each, with its causes.
+    pub fn issues(&self) -> Vec<String> {
+        self.0.iter().map(|problem| chain(problem)).collect()
+    }
+}
+
+/// The parts of a generation that can fail, built together so that every problem is reported
+/// at once. Nothing shared is touched.
+fn fallible_parts(
+    config: &Config,
+    previous: Option<&Upstreams>,
+) -> Result<(Upstreams, ApiKeys), ConfigProblems> {
+    let upstreams = Upstreams::build(config, previous);
+    let api_keys = ApiKeys::load(
+        config.server.api_keys.iter().map(Secret::expose),
+        config.server.api_keys_file.as_deref(),
+    );
+    match (upstreams, api_keys) {
+        (Ok(upstreams), Ok(api_keys)) => Ok((upstreams, api_keys)),
+        (upstreams, api_keys) => {
+            let mut problems: Vec<ConfigProblem> = upstreams
+                .err()
+                .unwrap_or_default()
+                .into_iter()
+                .map(ConfigProblem::from)
+                .collect();
+            problems.extend(api_keys.err().map(ConfigProblem::from));
+            Err(ConfigProblems(problems))
+        }
+    }
+}
 
 /// One configuration and what the gateway derived from it.
 #[derive(Debug)]
@@ -55,20 +117,8 @@ impl Generation {
         previous: Option<&Generation>,
         limiter: &Limiter,
         metrics: &Metrics,
-    ) -> Result<Self, Vec<String>> {
-        let upstreams = Upstreams::build(&config, previous.map(|p| &p.upstreams));
-        let api_keys = ApiKeys::load(
-            config.server.api_keys.iter().map(Secret::expose),
-            config.server.api_keys_file.as_deref(),
-        );
-        let (upstreams, api_keys) = match (upstreams, api_keys) {
-            (Ok(upstreams), Ok(api_keys)) => (upstreams, api_keys),
-            (upstreams, api_keys) => {
-                let mut problems = upstreams.err().unwrap_or_default();
-                problems.extend(api_keys.err());
-                return Err(problems);
-            }
-        };
+    ) -> Result<Self, ConfigProblems> {
+        let (upstreams, api_keys) = fallible_parts(&config, previous.map(|p| &p.upstreams))?;
         let routes = Routes::build(
             &config,
             &upstreams,
@@ -97,20 +147,8 @@ impl Generation {
     }
 
     /// Checks what [`Generation::build`] would refuse, without touching any shared state.
-    pub(crate) fn validate(config: &Config) -> Result<(), Vec<String>> {
-        let mut problems = Upstreams::build(config, None).err().unwrap_or_default();
-        problems.extend(
-            ApiKeys::load(
-                config.server.api_keys.iter().map(Secret::expose),
-                config.server.api_keys_file.as_deref(),
-            )
-            .err(),
-        );
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(problems)
-        }
+    pub(crate) fn validate(config: &Config) -> Result<(), ConfigProblems> {
+        fallible_parts(config, None).map(drop)
     }
 }
 
@@ -138,3 +176,6 @@ impl Live {
         std::mem::replace(&mut *self.current.write(), Arc::new(generation))
     }
 }
+
+#[cfg(test)]
+mod tests;

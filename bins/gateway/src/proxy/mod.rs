@@ -8,8 +8,10 @@
 pub(crate) mod admit;
 pub(crate) mod auth;
 pub(crate) mod body;
+pub(crate) mod endpoint;
 pub(crate) mod forward;
 pub(crate) mod live;
+pub(crate) mod ollama;
 pub(crate) mod problems;
 pub(crate) mod request;
 pub(crate) mod route;

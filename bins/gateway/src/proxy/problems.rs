@@ -59,6 +59,22 @@ pub(crate) enum Error {
         /// The model asked for.
         model: String,
     },
+    /// The model's upstreams are all of kinds that do not serve the route.
+    #[error("no upstream of model {model:?} serves {route}")]
+    RouteNotServed {
+        /// The configured model.
+        model: String,
+        /// The route asked for.
+        route: &'static str,
+    },
+    /// A route that changes an engine's disk, and no upstream of the model allows it.
+    #[error("{route} is disabled for model {model:?}")]
+    RouteDisabled {
+        /// The configured model.
+        model: String,
+        /// The route asked for.
+        route: &'static str,
+    },
     /// The body is not a usable request.
     #[error("{0}")]
     BadRequest(String),
@@ -161,6 +177,8 @@ impl Error {
                 Problem::method_not_allowed(method, allow)
             }
             Error::ModelNotFound { model } => Problem::model_not_found(model),
+            Error::RouteNotServed { model, route } => Problem::route_not_served(model, route),
+            Error::RouteDisabled { model, route } => Problem::route_disabled(model, route),
             Error::BadRequest(detail) => Problem::bad_request(detail.clone()),
             Error::BodyRead(_) => Problem::bad_request("the request body could not be read"),
             Error::BodyTooLarge { limit } => {
@@ -291,6 +309,24 @@ mod tests {
                 },
                 405,
                 "method-not-allowed",
+                false,
+            ),
+            (
+                Error::RouteNotServed {
+                    model: "m".into(),
+                    route: "/api/chat",
+                },
+                404,
+                "route-not-served",
+                false,
+            ),
+            (
+                Error::RouteDisabled {
+                    model: "m".into(),
+                    route: "/api/pull",
+                },
+                403,
+                "route-disabled",
                 false,
             ),
             (

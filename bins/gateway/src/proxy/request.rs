@@ -23,6 +23,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::error::BoxError;
+use crate::proxy::endpoint::{Endpoint, ModelIn};
 use crate::proxy::problems::Error;
 
 /// A request to one of the model-routed endpoints, read and understood.
@@ -32,9 +33,9 @@ pub(crate) struct ApiRequest {
     pub(crate) parts: Parts,
     /// The body, byte for byte.
     pub(crate) body: Bytes,
-    /// The `model` member, unescaped.
-    pub(crate) model: String,
-    /// The `stream` member (`false` when absent or `null`).
+    /// The `model` member, unescaped; `None` only where the route lets it be absent.
+    pub(crate) model: Option<String>,
+    /// The `stream` member (the route's default when absent or `null`).
     pub(crate) stream: bool,
     /// Where the `model` value (with its quotes) sits in `body`.
     model_span: Range<usize>,
@@ -54,8 +55,13 @@ struct Head<'a> {
 ///
 /// Refuses, in this order: a content type other than JSON (415), a declared length above
 /// `limit` (413, before reading), a body that grows past `limit` (413), a body that is not a
-/// JSON object, has no string `model`, or has a non-boolean `stream` (400).
-pub(crate) async fn read<B>(req: Request<B>, limit: usize) -> Result<ApiRequest, Error>
+/// JSON object, has no string `model` (unless the endpoint allows that), or has a non-boolean
+/// `stream` (400).
+pub(crate) async fn read<B>(
+    req: Request<B>,
+    limit: usize,
+    endpoint: &Endpoint,
+) -> Result<ApiRequest, Error>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -72,7 +78,7 @@ where
         Err(error) if error.is::<LengthLimitError>() => return Err(Error::BodyTooLarge { limit }),
         Err(error) => return Err(Error::BodyRead(error)),
     };
-    let (model, stream, model_span) = parse(&body)?;
+    let (model, stream, model_span) = parse(&body, endpoint)?;
     Ok(ApiRequest {
         parts,
         body,
@@ -87,8 +93,13 @@ impl ApiRequest {
     ///
     /// The original bytes when the name is the one the client used (a cheap `Bytes` clone);
     /// otherwise the original bytes with only the `model` value replaced.
+    /// A request without `model` goes as it came.
     pub(crate) fn body_for(&self, upstream_model: &str) -> Bytes {
-        if upstream_model == self.model {
+        if self
+            .model
+            .as_deref()
+            .is_none_or(|model| model == upstream_model)
+        {
             return self.body.clone();
         }
         // `to_string` of a `&str` cannot fail: it only escapes.
@@ -130,7 +141,7 @@ fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, Error> {
         .ok_or_else(|| Error::BadRequest("invalid Content-Length header".into()))
 }
 
-fn parse(body: &[u8]) -> Result<(String, bool, Range<usize>), Error> {
+fn parse(body: &[u8], endpoint: &Endpoint) -> Result<(Option<String>, bool, Range<usize>), Error> {
     // serde's derived struct visitor would also accept a JSON array (`["m", true]`); the
     // OpenAI endpoints take objects only.
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
@@ -140,7 +151,11 @@ fn parse(body: &[u8]) -> Result<(String, bool, Range<usize>), Error> {
     }
     let head: Head<'_> = serde_json::from_slice(body)
         .map_err(|e| Error::BadRequest(format!("the request body is not valid JSON: {e}")))?;
+    let stream = head.stream.unwrap_or(endpoint.stream_default);
     let Some(raw) = head.model else {
+        if endpoint.model == ModelIn::JsonOptional {
+            return Ok((None, stream, 0..0));
+        }
         return Err(Error::BadRequest(
             "the request body has no `model` member".into(),
         ));
@@ -153,7 +168,7 @@ fn parse(body: &[u8]) -> Result<(String, bool, Range<usize>), Error> {
     // `raw` borrows from `body`, so its address tells where the value sits in the body.
     let start = raw.get().as_ptr().addr() - body.as_ptr().addr();
     let span = start..start + raw.get().len();
-    Ok((model, head.stream.unwrap_or(false), span))
+    Ok((Some(model), stream, span))
 }
 
 #[cfg(test)]

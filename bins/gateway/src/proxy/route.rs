@@ -28,10 +28,11 @@ use slotgate_config::{Config, ModelLimits};
 use slotgate_limiter::Limiter;
 
 use crate::metrics::{Metrics, RejectionMetrics};
+use crate::proxy::endpoint::Endpoint;
 use crate::upstreams::auto_slots::AutoSlots;
 use crate::upstreams::residency;
 use crate::upstreams::state::Upstreams;
-use crate::upstreams::target::Target;
+use crate::upstreams::target::{Sizing, Target};
 
 /// The routing table.
 #[derive(Debug)]
@@ -86,49 +87,47 @@ impl Routes {
             let authority = state.authority.as_str();
             for (model, limits) in &upstream.models {
                 let previous = carried.get(&(authority, model.as_str()));
-                let mut auto = None;
-                let (parallel, queue_timeout) = match *limits {
+                let (sizing, queue_timeout) = match *limits {
                     ModelLimits::Limited {
                         parallel,
                         queue,
                         queue_timeout,
-                        ..
+                        capacity,
                     } => {
                         limiter.configure(authority, model.as_str(), parallel, queue);
-                        (Some(parallel), Some(queue_timeout))
+                        (Sizing::Fixed { capacity }, Some(queue_timeout))
                     }
                     ModelLimits::Unlimited => {
                         limiter.configure(authority, model.as_str(), usize::MAX, 0);
-                        (None, None)
+                        (Sizing::Unlimited, None)
                     }
                     ModelLimits::Auto {
                         queue,
                         queue_timeout,
                     } => {
                         // Configures the key with the count found so far (0 while none).
-                        auto = Some(Arc::new(AutoSlots::new(
+                        let auto = AutoSlots::new(
                             state,
                             model,
                             queue,
                             limiter,
-                            previous.and_then(|p| p.auto.as_deref()),
-                        )));
-                        (None, Some(queue_timeout))
+                            previous.and_then(|p| p.auto()),
+                        );
+                        (Sizing::Auto(Arc::new(auto)), Some(queue_timeout))
                     }
                 };
                 let target = Target {
                     upstream: Arc::clone(state),
                     model: model.clone(),
                     key: limiter.handle(authority, model.as_str()),
-                    limits: *limits,
                     tagged_name: residency::tagged_name(state.kind, model),
-                    parallel,
+                    sizing,
                     queue_timeout,
                     weight: upstream.weight,
+                    model_management: upstream.allow_model_management,
                     cancel_grace: upstream.cancel_grace,
                     hold: previous.map_or_else(Arc::default, |p| Arc::clone(&p.hold)),
                     metrics: Arc::new(metrics.target(&upstream.name, model)),
-                    auto,
                     // Carried over so that an excess in progress is not forgotten by a reload.
                     engine: previous.map_or_else(Arc::default, |p| Arc::clone(&p.engine)),
                 };
@@ -163,6 +162,21 @@ impl Routes {
     /// The route for a client-supplied model name (a model or an alias).
     pub(crate) fn resolve(&self, name: &str) -> Option<&Arc<Route>> {
         self.by_name.get(name)
+    }
+
+    /// The route for a request that names no model, on an endpoint that allows that: the only
+    /// model configured on upstreams of a kind that serves `endpoint` (a single-model
+    /// `llama-server` answers with whatever it has loaded). `None` when there are none or
+    /// several.
+    pub(crate) fn only_model(&self, endpoint: &Endpoint) -> Option<&Arc<Route>> {
+        let mut serving = self.routes().filter(|route| {
+            route
+                .targets
+                .iter()
+                .any(|t| endpoint.is_served_by(t.upstream.kind))
+        });
+        let only = serving.next()?;
+        serving.next().is_none().then_some(only)
     }
 
     /// Every name a client may use, sorted: configured models and aliases.
@@ -222,8 +236,11 @@ impl Route {
         let reasons: Vec<String> = self
             .targets
             .iter()
-            .filter_map(|t| t.auto.as_ref()?.unavailable_reason())
+            .filter_map(|t| t.auto()?.unavailable_reason())
             .collect();
         (!reasons.is_empty()).then(|| reasons.join("; "))
     }
 }
+
+#[cfg(test)]
+mod tests;

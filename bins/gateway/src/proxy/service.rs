@@ -22,20 +22,23 @@ use crate::error::{BoxError, chain};
 use crate::metrics::observe;
 use crate::proxy::admit::{self, Refused, Slot};
 use crate::proxy::body::SlotBody;
+use crate::proxy::endpoint::Endpoint;
 use crate::proxy::forward::{Authorization, ForwardError, Forwarder};
 use crate::proxy::live::{Generation, Live};
+use crate::proxy::ollama;
 use crate::proxy::problems::{self, Error, GET_ONLY, POST_ONLY, allow};
 use crate::proxy::request;
+use crate::proxy::route::Route;
 use crate::request_id::{REQUEST_ID, request_id};
 use crate::shutdown::ShutdownSignal;
+use crate::upstreams::state::UpstreamState;
 use crate::upstreams::target::Target;
+use slotgate_config::Kind;
 
 /// The body of every API response: a buffered document (a problem, the model list), or an
 /// upstream's answer streamed through with its slot.
-pub(crate) type ResponseBody = Either<Full<Bytes>, SlotBody<Incoming, admit::Slot>>;
-
-/// The model-routed endpoints. Each takes `POST` only.
-const MODEL_ROUTED: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
+/// A route that takes no slot streams through the same body, holding `None`.
+pub(crate) type ResponseBody = Either<Full<Bytes>, SlotBody<Incoming, Option<admit::Slot>>>;
 
 /// What the request path needs, shared by every connection.
 #[derive(Debug)]
@@ -81,25 +84,48 @@ impl App {
         B::Error: Into<BoxError>,
     {
         let path = req.uri().path();
-        if MODEL_ROUTED.contains(&path) {
+        if let Some(endpoint) = Endpoint::find(path) {
             allow(&req, POST_ONLY)?;
             generation.api_keys.verify(req.headers())?;
-            return self.proxy(req, generation, request_id).await;
+            return self.proxy(req, generation, request_id, endpoint).await;
         }
         if path == "/v1/models" {
             allow(&req, GET_ONLY)?;
             generation.api_keys.verify(req.headers())?;
             return Ok(self.models(generation));
         }
+        if let Some(id) = path.strip_prefix("/v1/models/") {
+            allow(&req, GET_ONLY)?;
+            generation.api_keys.verify(req.headers())?;
+            return self.model(generation, id);
+        }
+        if let Some(listing) = ollama::Listing::find(path) {
+            allow(&req, GET_ONLY)?;
+            generation.api_keys.verify(req.headers())?;
+            return Ok(json_response(
+                StatusCode::OK,
+                ollama::list(&generation.routes, listing),
+            ));
+        }
+        if path == ollama::VERSION {
+            allow(&req, GET_ONLY)?;
+            generation.api_keys.verify(req.headers())?;
+            return self.ollama_version(req, generation, request_id).await;
+        }
         Err(problems::not_found(path))
     }
 
     /// Steps 3 to 8 for a model-routed request.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the steps of one request in order, each refusal next to its step"
+    )]
     async fn proxy<B>(
         &self,
         req: Request<B>,
         generation: &Generation,
         request_id: &HeaderValue,
+        endpoint: &Endpoint,
     ) -> Result<Response<ResponseBody>, Error>
     where
         B: Body<Data = Bytes>,
@@ -112,16 +138,30 @@ impl App {
         }
         // Step 3: the body, under the limit; `model` and `stream` without re-serialising.
         let server = &generation.config.server;
-        let api = request::read(req, server.max_body_bytes).await?;
-        // Step 4: the model's route (an alias shares its target's route).
-        let Some(route) = generation.routes.resolve(&api.model) else {
-            return Err(Error::ModelNotFound { model: api.model });
+        let api = request::read(req, server.max_body_bytes, endpoint).await?;
+        // Step 4: the model's route (an alias shares its target's route), then the targets of
+        // a kind that serves this endpoint.
+        let route = match &api.model {
+            Some(name) => generation
+                .routes
+                .resolve(name)
+                .ok_or_else(|| Error::ModelNotFound {
+                    model: name.clone(),
+                })?,
+            None => generation.routes.only_model(endpoint).ok_or_else(|| {
+                Error::BadRequest(format!(
+                    "the request body has no `model` member, and {} does not serve exactly \
+                     one model; name one",
+                    endpoint.path
+                ))
+            })?,
         };
         let model = route.model.as_str();
-        let ranked = route.ranked();
+        let ranked = eligible(route, endpoint)?;
         debug!(
             request_id = request_id.to_str().unwrap_or_default(),
-            model = %api.model,
+            model = %model,
+            route = endpoint.path,
             stream = api.stream,
             candidates = ranked.len(),
             "routing"
@@ -135,7 +175,13 @@ impl App {
         for target in ranked {
             // Steps 5 and 6: a slot on this target, or on to the next when its queue is full.
             // A shutdown ends the wait: only requests already running get the grace period.
-            let slot = match admit::enter(target, &mut stopping).await {
+            // A metadata route takes none.
+            let admitted = if endpoint.slot {
+                admit::enter(target, &mut stopping).await.map(Some)
+            } else {
+                Ok(None)
+            };
+            let slot = match admitted {
                 Ok(slot) => slot,
                 Err(Refused::ShuttingDown) => {
                     return Err(Error::ShuttingDown {
@@ -177,7 +223,9 @@ impl App {
                 .await;
             match outcome {
                 Ok(response) => {
-                    observe(&slot.metrics().first_byte, sent.elapsed());
+                    if let Some(slot) = &slot {
+                        observe(&slot.metrics().first_byte, sent.elapsed());
+                    }
                     target.upstream.health.record_answer();
                     // Step 8: the slot rides in the body until the answer is over.
                     return Ok(response.map(|body| Either::Right(SlotBody::new(body, slot))));
@@ -190,7 +238,9 @@ impl App {
                     target
                         .upstream
                         .record_connect_error(reason, &generation.policy);
-                    slot.abandon();
+                    if let Some(slot) = slot {
+                        slot.abandon();
+                    }
                     connect_error = Some(error);
                 }
                 Err(failure) => return Err(failed_after_connect(failure, target, model, slot)),
@@ -222,39 +272,104 @@ impl App {
     async fn forward(
         &self,
         target: &Target,
-        slot: Slot,
+        slot: Option<Slot>,
         api: &request::ApiRequest,
         model: &str,
         request_id: &HeaderValue,
         client_keys: bool,
-    ) -> (Result<Response<Incoming>, ForwardError>, Slot) {
-        let sending = slot.sending(target.cancel_grace);
-        let authorization = match &target.upstream.authorization {
-            Some(key) => Authorization::Upstream(key),
-            None if client_keys => Authorization::Withheld,
-            None => Authorization::Client,
-        };
+    ) -> (Result<Response<Incoming>, ForwardError>, Option<Slot>) {
+        let sending = slot.map(|slot| slot.sending(target.cancel_grace));
         let outcome = self
             .forwarder
             .send(
                 &target.upstream.base,
-                authorization,
+                authorization(&target.upstream, client_keys),
                 &api.parts,
                 api.body_for(model),
                 request_id,
             )
             .await;
-        (outcome, sending.answered())
+        (outcome, sending.map(admit::Sending::answered))
+    }
+
+    /// `GET /v1/models/{id}`: the model (or alias) in the shape of one `/v1/models` entry,
+    /// while some healthy, undrained upstream serves it.
+    fn model(&self, generation: &Generation, id: &str) -> Result<Response<ResponseBody>, Error> {
+        let served = generation
+            .routes
+            .resolve(id)
+            .is_some_and(|route| route.is_available());
+        if !served {
+            return Err(Error::ModelNotFound {
+                model: id.chars().take(200).collect(),
+            });
+        }
+        let body = self.model_entry(id).to_string();
+        Ok(json_response(StatusCode::OK, body))
+    }
+
+    /// One entry of `/v1/models`.
+    fn model_entry(&self, name: &str) -> serde_json::Value {
+        let created = self
+            .started
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_secs());
+        serde_json::json!({
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "slotgate",
+        })
+    }
+
+    /// `GET /api/version`: passed to the first available Ollama upstream (the version is the
+    /// engine's, not the gateway's), without a slot.
+    async fn ollama_version<B>(
+        &self,
+        req: Request<B>,
+        generation: &Generation,
+        request_id: &HeaderValue,
+    ) -> Result<Response<ResponseBody>, Error> {
+        let client_keys = generation.api_keys.is_enabled();
+        let (parts, _) = req.into_parts();
+        let mut connect_error: Option<BoxError> = None;
+        let ollamas = generation
+            .upstreams
+            .iter()
+            .filter(|u| u.kind == Kind::Ollama && u.is_available());
+        for upstream in ollamas {
+            let sent = self.forwarder.send(
+                &upstream.base,
+                authorization(upstream, client_keys),
+                &parts,
+                Bytes::new(),
+                request_id,
+            );
+            match sent.await {
+                Ok(response) => {
+                    return Ok(response.map(|body| Either::Right(SlotBody::new(body, None))));
+                }
+                Err(ForwardError::Connect(error)) => connect_error = Some(error),
+                Err(error) => {
+                    return Err(Error::UpstreamFailed {
+                        upstream: upstream.name.clone(),
+                        model: String::new(),
+                        source: Box::new(error),
+                    });
+                }
+            }
+        }
+        Err(Error::UpstreamUnavailable {
+            model: "(any Ollama model)".to_owned(),
+            retry_after: generation.config.server.health_check_interval,
+            source: Some(connect_error.unwrap_or_else(|| "no Ollama upstream is available".into())),
+        })
     }
 
     /// `GET /v1/models`: every model (and alias) that some healthy, undrained upstream
     /// serves, in the OpenAI list shape. A model whose every upstream is down or draining is
     /// left out: asking for it now would only get a 503.
     fn models(&self, generation: &Generation) -> Response<ResponseBody> {
-        let created = self
-            .started
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| since.as_secs());
         let data: Vec<serde_json::Value> = generation
             .routes
             .names()
@@ -265,17 +380,40 @@ impl App {
                     .resolve(name)
                     .is_some_and(|route| route.is_available())
             })
-            .map(|name| {
-                serde_json::json!({
-                    "id": name,
-                    "object": "model",
-                    "created": created,
-                    "owned_by": "slotgate",
-                })
-            })
+            .map(|name| self.model_entry(name))
             .collect();
         let body = serde_json::json!({ "object": "list", "data": data }).to_string();
         json_response(StatusCode::OK, body)
+    }
+}
+
+/// The targets of `route` to try for `endpoint`, best first: those of a kind that serves it
+/// (and, for a disk-changing route, whose upstream allows it). A problem when no configured
+/// upstream of the model could ever take it; an empty list when the ones that could are down.
+fn eligible<'r>(route: &'r Route, endpoint: &Endpoint) -> Result<Vec<&'r Target>, Error> {
+    let serves = |t: &Target| endpoint.is_served_by(t.upstream.kind);
+    let allowed = |t: &Target| serves(t) && (!endpoint.manages_models || t.model_management);
+    if !route.targets.iter().any(|t| serves(t)) {
+        return Err(Error::RouteNotServed {
+            model: route.model.clone(),
+            route: endpoint.path,
+        });
+    }
+    if !route.targets.iter().any(|t| allowed(t)) {
+        return Err(Error::RouteDisabled {
+            model: route.model.clone(),
+            route: endpoint.path,
+        });
+    }
+    Ok(route.ranked().into_iter().filter(|t| allowed(t)).collect())
+}
+
+/// What the upstream request carries as `Authorization` (see [`Authorization`]).
+fn authorization(upstream: &UpstreamState, client_keys: bool) -> Authorization<'_> {
+    match &upstream.authorization {
+        Some(key) => Authorization::Upstream(key),
+        None if client_keys => Authorization::Withheld,
+        None => Authorization::Client,
     }
 }
 
@@ -295,9 +433,33 @@ fn removed_by_reload(target: &Target, model: &str, retry_after: Duration) -> Err
 
 /// The error for a forward that failed after connecting (the request may have run): the slot
 /// is given back, counted as an upstream error unless the gateway itself failed.
-fn failed_after_connect(failure: ForwardError, target: &Target, model: &str, slot: Slot) -> Error {
+fn failed_after_connect(
+    failure: ForwardError,
+    target: &Target,
+    model: &str,
+    slot: Option<Slot>,
+) -> Error {
     let upstream = target.upstream.name.clone();
     let model = model.to_owned();
+    // A metadata route holds no slot: nothing to give back.
+    let Some(slot) = slot else {
+        return match failure {
+            ForwardError::Timeout(after) => Error::UpstreamTimeout {
+                upstream,
+                model,
+                after,
+            },
+            ForwardError::Failed(source) => Error::UpstreamFailed {
+                upstream,
+                model,
+                source,
+            },
+            ForwardError::Internal(detail) => Error::Internal(detail),
+            ForwardError::Connect(error) => {
+                Error::Internal(format!("unhandled connect error: {error}"))
+            }
+        };
+    };
     match failure {
         ForwardError::Timeout(after) => {
             slot.timed_out(target.cancel_grace);

@@ -3,15 +3,48 @@
 //! [`slot_discovery`](crate::upstreams::slot_discovery) does the reading and the rules of when
 //! are documented there.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 use parking_lot::Mutex;
-use slotgate_limiter::Limiter;
+use slotgate_limiter::{KeyHandle, Limiter};
 use tracing::{error, info, warn};
 
+use crate::error::chain;
 use crate::upstreams::health::Status;
-use crate::upstreams::state::UpstreamState;
+use crate::upstreams::probe::ProbeError;
+use crate::upstreams::state::{UpstreamError, UpstreamState};
+
+/// Why the slot count of a `parallel = "auto"` model could not be read.
+///
+/// ```no_run
+/// # async fn demo(config: &slotgate_config::Config) {
+/// for probed in slotgate_gateway::probe_config(config).await {
+///     if let Err(error) = &probed.slots {
+///         // The first line says what was asked; `source()` says why it failed.
+///         let why = std::error::Error::source(error).map(ToString::to_string);
+///         eprintln!("{}: {error} ({why:?})", probed.model);
+///     }
+/// }
+/// # }
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct SlotCountError(#[from] SlotCountFailure);
+
+/// What [`SlotCountError`] wraps.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SlotCountFailure {
+    /// The engine did not answer `/props` as expected.
+    #[error("GET /props")]
+    Props(#[source] ProbeError),
+    /// The engine answered with no slots.
+    #[error("GET /props: total_slots is 0")]
+    NoSlots,
+    /// The upstream cannot be used at all (`slotgate check` reports it per model).
+    #[error(transparent)]
+    Upstream(UpstreamError),
+}
 
 /// The discovered slot count of one (upstream, model) whose `parallel` is `"auto"`.
 #[derive(Debug)]
@@ -19,11 +52,13 @@ pub(crate) struct AutoSlots {
     upstream: String,
     authority: String,
     model: String,
-    queue: usize,
     limiter: Limiter,
-    /// The count in force; 0 while unknown (a real count is at least 1). Read lock-free by
-    /// every request's routing.
-    found: AtomicUsize,
+    /// The key whose `parallel` is the count in force: the count lives there and nowhere else
+    /// (0 while unknown).
+    key: KeyHandle,
+    /// Whether a count has been read: the "not known yet" state, read lock-free by every
+    /// request's routing. Set only under `state`, after the key has the count.
+    known: AtomicBool,
     state: Mutex<DiscoveryRecord>,
 }
 
@@ -61,19 +96,15 @@ impl AutoSlots {
         previous: Option<&AutoSlots>,
     ) -> Self {
         let found = previous.and_then(AutoSlots::found);
-        limiter.configure(
-            upstream.authority.as_str(),
-            model,
-            found.unwrap_or(0),
-            queue,
-        );
+        let authority = upstream.authority.as_str();
+        limiter.configure(authority, model, found.unwrap_or(0), queue);
         Self {
             upstream: upstream.name.clone(),
             authority: upstream.authority.clone(),
             model: model.to_owned(),
-            queue,
             limiter: limiter.clone(),
-            found: AtomicUsize::new(found.unwrap_or(0)),
+            key: limiter.handle(authority, model),
+            known: AtomicBool::new(found.is_some()),
             state: Mutex::new(DiscoveryRecord {
                 checked: previous.and_then(|p| p.state.lock().checked),
                 error: None,
@@ -83,19 +114,21 @@ impl AutoSlots {
         }
     }
 
-    /// The slot count in force, `None` while unknown (the model is then unavailable here).
+    /// Whether the count has been read (until then the model is unavailable here). Lock-free.
+    pub(crate) fn is_known(&self) -> bool {
+        self.known.load(Ordering::Acquire)
+    }
+
+    /// The slot count in force (the key's `parallel`), `None` while unknown.
     pub(crate) fn found(&self) -> Option<usize> {
-        match self.found.load(Ordering::Relaxed) {
-            0 => None,
-            slots => Some(slots),
-        }
+        self.is_known().then(|| self.key.limits().parallel)
     }
 
     /// Whether the count should be read now: never read, asked for, or the upstream has been
     /// through an ejection since it was read.
     pub(crate) fn needs_read(&self, upstream: &UpstreamState) -> bool {
         let state = self.state.lock();
-        if state.stale || self.found().is_none() {
+        if state.stale || !self.is_known() {
             return true;
         }
         let health = upstream.health.view();
@@ -114,7 +147,7 @@ impl AutoSlots {
 
     /// Why the model is unavailable here, while it is.
     pub(crate) fn unavailable_reason(&self) -> Option<String> {
-        if self.found().is_some() {
+        if self.is_known() {
             return None;
         }
         let error = self.state.lock().error.clone();
@@ -126,33 +159,40 @@ impl AutoSlots {
     }
 
     /// Records a read of the engine's slot count, putting a new count in force.
-    pub(crate) fn record(&self, result: Result<usize, String>, upstream: &UpstreamState) {
+    pub(crate) fn record(&self, result: Result<usize, &SlotCountError>, upstream: &UpstreamState) {
         let mut state = self.state.lock();
         state.checked = Some(SystemTime::now());
         match result {
             Ok(slots) => {
-                let before = self.found.swap(slots, Ordering::Relaxed);
-                state.stale = false;
-                state.error = None;
-                state.healthy_since = Some(upstream.health.view().since);
-                drop(state);
-                if before != slots {
+                let before = self.found();
+                if before != Some(slots) {
+                    // The key's own `queue` (configured from this generation's configuration)
+                    // stays; only the count changes. Under `state`, so reads do not interleave.
+                    let queue = self.key.limits().queue;
                     self.limiter.configure(
                         self.authority.as_str(),
                         self.model.as_str(),
                         slots,
-                        self.queue,
+                        queue,
                     );
+                }
+                self.known.store(true, Ordering::Release);
+                state.stale = false;
+                state.error = None;
+                state.healthy_since = Some(upstream.health.view().since);
+                drop(state);
+                if before != Some(slots) {
                     info!(
                         upstream = %self.upstream,
                         model = %self.model,
                         slots,
-                        previous = before,
+                        previous = before.unwrap_or(0),
                         "parallel = \"auto\": slot count read from the engine's /props"
                     );
                 }
             }
-            Err(reason) => {
+            Err(error) => {
+                let reason = chain(error);
                 let repeated = state.error.as_deref() == Some(reason.as_str());
                 state.error = Some(reason.clone());
                 drop(state);

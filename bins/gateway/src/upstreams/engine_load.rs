@@ -8,6 +8,20 @@ use std::time::{Duration, Instant, SystemTime};
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
+use crate::error::chain;
+use crate::upstreams::probe::ProbeError;
+
+/// Why there is no reading of an engine's load.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LoadError {
+    /// An unhealthy upstream is not asked: an old reading of a dead engine would be a lie.
+    #[error("the upstream is unhealthy; not asked")]
+    NotAsked,
+    /// The engine did not tell.
+    #[error(transparent)]
+    Probe(#[from] ProbeError),
+}
+
 /// How long an excess must last before it is logged.
 pub(crate) const EXCESS_GRACE: Duration = Duration::from_secs(2);
 
@@ -71,13 +85,14 @@ impl EngineLoad {
         &self,
         upstream: &str,
         model: &str,
-        result: Result<EngineReading, String>,
+        result: Result<EngineReading, &LoadError>,
     ) {
         let mut state = self.state.lock();
         state.shown.checked = Some(SystemTime::now());
         let reading = match result {
             Ok(reading) => reading,
             Err(error) => {
+                let error = chain(error);
                 if state.shown.error.as_deref() != Some(error.as_str()) {
                     debug!(upstream, model, %error, "reading the engine's busy count failed");
                 }
@@ -126,7 +141,7 @@ impl EngineLoad {
 
 #[cfg(test)]
 mod tests {
-    use super::{EngineLoad, EngineReading};
+    use super::{EngineLoad, EngineReading, LoadError};
 
     fn reading(busy: usize, waiting: Option<usize>, ours: usize) -> EngineReading {
         EngineReading {
@@ -154,9 +169,12 @@ mod tests {
         assert!(!view.warned, "not before two checks over the grace period");
         load.record("u", "m", Ok(reading(1, Some(0), 1)));
         assert!(!load.view().warned);
-        load.record("u", "m", Err("refused".into()));
+        load.record("u", "m", Err(&LoadError::NotAsked));
         let view = load.view();
         assert_eq!(view.reading, None);
-        assert_eq!(view.error.as_deref(), Some("refused"));
+        assert_eq!(
+            view.error.as_deref(),
+            Some("the upstream is unhealthy; not asked")
+        );
     }
 }

@@ -37,6 +37,7 @@ use std::time::{Duration, SystemTime};
 use parking_lot::Mutex;
 use slotgate_config::{Kind, Server};
 
+use crate::error::chain;
 use crate::upstreams::probe::{ProbeError, ProbeTarget, Prober};
 
 /// The health-check settings (from `[server]`; a reload may change them).
@@ -150,17 +151,18 @@ impl Health {
         self.state.lock().clone()
     }
 
-    /// Records an active check's result; returns the new status if it changed.
+    /// Records an active check's result (a failure's causes are kept as text for the admin
+    /// API); returns the new status if it changed.
     pub(crate) fn record_check(
         &self,
-        result: Result<(), String>,
+        result: Result<(), &ProbeError>,
         policy: &HealthPolicy,
     ) -> Option<Status> {
         let mut state = self.state.lock();
         state.last_check = Some(SystemTime::now());
         let changed = match result {
             Ok(()) => succeed(&mut state, policy),
-            Err(reason) => fail(&mut state, reason, policy),
+            Err(error) => fail(&mut state, chain(error), policy),
         };
         drop(state);
         self.publish(changed)
@@ -251,7 +253,7 @@ pub(crate) async fn check_engine(
 mod tests {
     use std::time::Duration;
 
-    use super::{Health, HealthPolicy, Status};
+    use super::{Health, HealthPolicy, ProbeError, Status};
 
     const POLICY: HealthPolicy = HealthPolicy {
         interval: Duration::from_secs(5),
@@ -261,7 +263,7 @@ mod tests {
     };
 
     fn fail(health: &Health) -> Option<Status> {
-        health.record_check(Err("down".into()), &POLICY)
+        health.record_check(Err(&ProbeError::Timeout(Duration::from_secs(1))), &POLICY)
     }
 
     fn pass(health: &Health) -> Option<Status> {
@@ -293,7 +295,10 @@ mod tests {
         assert_eq!(fail(&health), None);
         assert_eq!(fail(&health), Some(Status::Unhealthy));
         assert!(!health.is_routable());
-        assert_eq!(health.view().last_error.as_deref(), Some("down"));
+        assert_eq!(
+            health.view().last_error.as_deref(),
+            Some("no answer within 1s")
+        );
         assert_eq!(fail(&health), None);
         assert_eq!(pass(&health), None);
         assert!(!health.is_routable());

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use tracing::{debug, info};
 
+use crate::error::chain;
 use crate::shutdown::ShutdownSignal;
 use crate::upstreams::fan_out::fan_out;
 use crate::upstreams::health::{self, HealthPolicy};
@@ -49,15 +50,12 @@ pub(crate) async fn check_upstream(
     policy: &HealthPolicy,
 ) {
     let target = upstream.probe_target();
-    let result = health::check_engine(prober, upstream.kind, target)
-        .await
-        .map_err(|e| e.to_string());
-    let healthy = result.is_ok();
+    let result = health::check_engine(prober, upstream.kind, target).await;
     if let Err(error) = &result {
-        debug!(upstream = %upstream.name, %error, "health check failed");
+        debug!(upstream = %upstream.name, error = %chain(error), "health check failed");
     }
-    upstream.record_check(result, policy);
-    if !healthy {
+    upstream.record_check(result.as_ref().map(|&()| ()), policy);
+    if result.is_err() {
         return;
     }
     match residency::discover(prober, upstream.kind, target).await {
@@ -68,8 +66,8 @@ pub(crate) async fn check_upstream(
             }
         }
         Err(error) => {
-            debug!(upstream = %upstream.name, %error, "residency discovery failed");
-            upstream.residency.record(Err(error.to_string()));
+            debug!(upstream = %upstream.name, error = %chain(&error), "residency discovery failed");
+            upstream.residency.record(Err(&error));
         }
     }
 }

@@ -32,6 +32,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use crate::base::Base;
+use crate::error::BoxError;
 
 /// Largest probe answer read: a router listing hundreds of models fits easily; anything larger
 /// is not an answer to a probe.
@@ -56,19 +57,31 @@ pub(crate) struct Fetched {
 }
 
 /// Why a probe did not give the expected answer.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub(crate) enum ProbeError {
+    /// The probe request could not be built from the upstream URL and `path`.
+    #[error("cannot build the probe request for {path:?}")]
+    Request {
+        /// The probed path.
+        path: String,
+        /// Why.
+        #[source]
+        source: http::Error,
+    },
     /// No connection: refused, unreachable, or the connect timed out. vLLM and Ollama look like
     /// this while they start (the port is bound but not listening).
-    #[error("connect failed: {0}")]
-    Connect(String),
+    #[error("connect failed")]
+    Connect(#[source] hyper_util::client::legacy::Error),
     /// No complete answer within the probe timeout.
     #[error("no answer within {0:?}")]
     Timeout(Duration),
-    /// The exchange failed after connecting (reset, malformed response, body too large).
-    #[error("request failed: {0}")]
-    Failed(String),
+    /// The exchange failed after connecting (reset, malformed response).
+    #[error("request failed")]
+    Exchange(#[source] hyper_util::client::legacy::Error),
+    /// The answer's body could not be read whole (cut, or over the size limit).
+    #[error("reading the answer failed")]
+    Body(#[source] BoxError),
     /// An answer, but not a success.
     #[error("HTTP {status}{}", message.as_deref().map(|m| format!(": {m}")).unwrap_or_default())]
     Status {
@@ -77,9 +90,32 @@ pub(crate) enum ProbeError {
         /// The engine's own message, when its error body carries one.
         message: Option<String>,
     },
-    /// A success whose body is not what this kind of server sends.
-    #[error("unexpected answer: {0}")]
-    Parse(String),
+    /// A success whose body is not text.
+    #[error("unexpected answer: {path}: not UTF-8")]
+    NotText {
+        /// The probed path.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::str::Utf8Error,
+    },
+    /// A success whose JSON is not what this kind of server sends.
+    #[error("unexpected answer: {path}")]
+    Json {
+        /// The probed path.
+        path: String,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A metrics exposition without a series the reading needs.
+    #[error("unexpected answer: {path} has no {metric}")]
+    MissingMetric {
+        /// The probed path.
+        path: &'static str,
+        /// The series.
+        metric: &'static str,
+    },
 }
 
 /// The probing client. Cheap to clone (clones share the connection pool).
@@ -119,15 +155,20 @@ impl Prober {
         target: ProbeTarget<'_>,
         path: &str,
     ) -> Result<Fetched, ProbeError> {
+        let request_error = |source: http::Error| ProbeError::Request {
+            path: path.to_owned(),
+            source,
+        };
+        let path_and_query = path
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| request_error(e.into()))?;
         let uri = target
             .base
-            .uri_for(Some(&path.parse().map_err(|e| {
-                ProbeError::Failed(format!("invalid probe path {path:?}: {e}"))
-            })?))
-            .map_err(|e| ProbeError::Failed(format!("building the probe URI: {e}")))?;
+            .uri_for(Some(&path_and_query))
+            .map_err(request_error)?;
         let mut req = Request::get(uri)
             .body(Empty::new())
-            .map_err(|e| ProbeError::Failed(format!("building the probe request: {e}")))?;
+            .map_err(request_error)?;
         req.headers_mut().insert(
             header::USER_AGENT,
             HeaderValue::from_static(concat!("slotgate/", env!("CARGO_PKG_VERSION"), " probe")),
@@ -138,18 +179,17 @@ impl Prober {
         }
         let exchange = async {
             let response = self.client.request(req).await.map_err(|error| {
-                let text = crate::error::chain(&error);
                 if error.is_connect() {
-                    ProbeError::Connect(text)
+                    ProbeError::Connect(error)
                 } else {
-                    ProbeError::Failed(text)
+                    ProbeError::Exchange(error)
                 }
             })?;
             let status = response.status();
             let body = Limited::new(response.into_body(), MAX_PROBE_BODY)
                 .collect()
                 .await
-                .map_err(|e| ProbeError::Failed(format!("reading the answer: {e}")))?
+                .map_err(ProbeError::Body)?
                 .to_bytes();
             Ok(Fetched { status, body })
         };
@@ -182,8 +222,10 @@ impl Prober {
         path: &str,
     ) -> Result<Samples, ProbeError> {
         let body = self.get_ok(target, path).await?;
-        let text = std::str::from_utf8(&body)
-            .map_err(|e| ProbeError::Parse(format!("{path}: not UTF-8: {e}")))?;
+        let text = std::str::from_utf8(&body).map_err(|source| ProbeError::NotText {
+            path: path.to_owned(),
+            source,
+        })?;
         Ok(Samples::parse(text))
     }
 
@@ -194,7 +236,10 @@ impl Prober {
         path: &str,
     ) -> Result<T, ProbeError> {
         let body = self.get_ok(target, path).await?;
-        serde_json::from_slice(&body).map_err(|e| ProbeError::Parse(format!("{path}: {e}")))
+        serde_json::from_slice(&body).map_err(|source| ProbeError::Json {
+            path: path.to_owned(),
+            source,
+        })
     }
 
     // === llama-server ===

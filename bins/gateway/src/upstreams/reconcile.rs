@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use slotgate_config::Kind;
 
-use crate::upstreams::engine_load::EngineReading;
+use crate::upstreams::engine_load::{EngineReading, LoadError};
 use crate::upstreams::fan_out::fan_out;
 use crate::upstreams::health::HealthPolicy;
 use crate::upstreams::probe::{ProbeError, ProbeTarget, Prober};
@@ -77,11 +77,9 @@ async fn read_upstream(targets: &[Arc<Target>], prober: &Prober) {
     if !upstream.health.is_routable() {
         // Not asked; an old reading of a dead engine would be a lie in the metrics.
         for target in targets {
-            target.engine.record(
-                &upstream.name,
-                &target.model,
-                Err("the upstream is unhealthy; not asked".to_owned()),
-            );
+            target
+                .engine
+                .record(&upstream.name, &target.model, Err(&LoadError::NotAsked));
         }
         return;
     }
@@ -112,11 +110,11 @@ async fn read_upstream(targets: &[Arc<Target>], prober: &Prober) {
                 gateway_in_flight,
                 whole_engine: !router,
             })
-            .map_err(|e| e.to_string());
+            .map_err(LoadError::from);
         for target in scope {
             target
                 .engine
-                .record(&upstream.name, &target.model, result.clone());
+                .record(&upstream.name, &target.model, result.as_ref().copied());
         }
     }
 }
@@ -153,7 +151,10 @@ async fn read_vllm(prober: &Prober, target: ProbeTarget<'_>) -> Result<EngineCou
     let metrics = prober.vllm_metrics(target).await?;
     let busy = metrics
         .sum("vllm:num_requests_running", &[])
-        .ok_or_else(|| ProbeError::Parse("/metrics has no vllm:num_requests_running".into()))?;
+        .ok_or(ProbeError::MissingMetric {
+            path: "/metrics",
+            metric: "vllm:num_requests_running",
+        })?;
     Ok(EngineCount {
         busy: count(busy),
         waiting: metrics.sum("vllm:num_requests_waiting", &[]).map(count),

@@ -29,6 +29,7 @@ use std::time::SystemTime;
 use parking_lot::RwLock;
 use slotgate_config::Kind;
 
+use crate::error::chain;
 use crate::upstreams::probe::{ModelCard, ModelList, ProbeError, ProbeTarget, Prober};
 
 /// What a discovery found.
@@ -103,7 +104,7 @@ impl Residency {
     }
 
     /// Records a discovery's result; returns whether the resident set changed.
-    pub(crate) fn record(&self, result: Result<Resident, String>) -> bool {
+    pub(crate) fn record(&self, result: Result<Resident, &ProbeError>) -> bool {
         let mut state = self.state.write();
         state.checked = Some(SystemTime::now());
         match result {
@@ -114,7 +115,7 @@ impl Residency {
                 changed
             }
             Err(error) => {
-                state.error = Some(error);
+                state.error = Some(chain(error));
                 false
             }
         }
@@ -197,8 +198,10 @@ fn ollama_name(name: &str) -> String {
 mod tests {
     use slotgate_config::Kind;
 
+    use std::time::Duration;
+
     use super::{Residency, Resident, from_llama};
-    use crate::upstreams::probe::ModelList;
+    use crate::upstreams::probe::{ModelList, ProbeError};
 
     fn list(json: &str) -> ModelList {
         serde_json::from_str(json).unwrap()
@@ -269,9 +272,13 @@ mod tests {
     fn a_failed_discovery_keeps_the_last_answer() {
         let residency = Residency::new();
         residency.record(Ok(Resident::Names(["a".to_owned()].into())));
-        assert!(!residency.record(Err("timeout".into())));
+        let timeout = ProbeError::Timeout(Duration::from_secs(2));
+        assert!(!residency.record(Err(&timeout)));
         assert!(residency.is_loaded(Kind::Vllm, "a"));
-        assert_eq!(residency.view().error.as_deref(), Some("timeout"));
+        assert_eq!(
+            residency.view().error.as_deref(),
+            Some("no answer within 2s")
+        );
         assert!(!residency.record(Ok(Resident::Names(["a".to_owned()].into()))));
         assert_eq!(residency.view().error, None);
     }

@@ -32,9 +32,10 @@ use std::sync::Arc;
 
 use slotgate_config::{Config, Kind, ModelLimits};
 
+use crate::upstreams::auto_slots::{SlotCountError, SlotCountFailure};
 use crate::upstreams::fan_out::fan_out;
 use crate::upstreams::health::HealthPolicy;
-use crate::upstreams::probe::{ProbeError, ProbeTarget, Prober};
+use crate::upstreams::probe::{ProbeTarget, Prober};
 use crate::upstreams::state::UpstreamState;
 use crate::upstreams::target::Target;
 
@@ -43,10 +44,13 @@ pub(crate) async fn read(
     prober: &Prober,
     target: ProbeTarget<'_>,
     model: &str,
-) -> Result<usize, ProbeError> {
-    let props = prober.llama_props(target, model).await?;
+) -> Result<usize, SlotCountError> {
+    let props = prober
+        .llama_props(target, model)
+        .await
+        .map_err(SlotCountFailure::Props)?;
     if props.total_slots == 0 {
-        return Err(ProbeError::Parse("/props: total_slots is 0".to_owned()));
+        return Err(SlotCountFailure::NoSlots.into());
     }
     Ok(props.total_slots)
 }
@@ -63,19 +67,16 @@ pub(crate) async fn read_slot_counts(
     let prober = prober.with_timeout(policy.timeout);
     let due = targets.into_iter().filter(|target| {
         target
-            .auto
-            .as_ref()
+            .auto()
             .is_some_and(|auto| force || auto.needs_read(&target.upstream))
     });
     fan_out(due, |target| {
         let prober = prober.clone();
         async move {
             let upstream = &target.upstream;
-            let result = read(&prober, upstream.probe_target(), &target.model)
-                .await
-                .map_err(|e| format!("GET /props: {e}"));
-            if let Some(auto) = &target.auto {
-                auto.record(result, upstream);
+            let result = read(&prober, upstream.probe_target(), &target.model).await;
+            if let Some(auto) = target.auto() {
+                auto.record(result.as_ref().copied(), upstream);
             }
         }
     })
@@ -94,7 +95,7 @@ pub(crate) async fn read_slot_counts(
 /// }
 /// # }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 #[non_exhaustive]
 pub struct ProbedSlots {
     /// The upstream's name.
@@ -104,7 +105,7 @@ pub struct ProbedSlots {
     /// The model.
     pub model: String,
     /// The slot count, or why there is none.
-    pub slots: Result<usize, String>,
+    pub slots: Result<usize, SlotCountError>,
 }
 
 /// Reads the slot count of every `parallel = "auto"` model of `config` once (for
@@ -117,16 +118,13 @@ pub async fn probe_config(config: &Config) -> Vec<ProbedSlots> {
         if upstream.kind != Kind::LlamaServer {
             continue;
         }
-        let state = UpstreamState::from_config(upstream);
         for (model, limits) in &upstream.models {
             if !matches!(limits, ModelLimits::Auto { .. }) {
                 continue;
             }
-            let slots = match &state {
-                Ok(state) => read(&prober, state.probe_target(), model)
-                    .await
-                    .map_err(|e| format!("GET /props: {e}")),
-                Err(problem) => Err(problem.clone()),
+            let slots = match UpstreamState::from_config(upstream) {
+                Ok(state) => read(&prober, state.probe_target(), model).await,
+                Err(problem) => Err(SlotCountFailure::Upstream(problem).into()),
             };
             found.push(ProbedSlots {
                 upstream: upstream.name.clone(),

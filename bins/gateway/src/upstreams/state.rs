@@ -17,10 +17,34 @@ use slotgate_config::{Config, Kind, Secret, Upstream};
 use tracing::{info, warn};
 use url::Url;
 
-use crate::base::Base;
+use crate::base::{Base, BaseError};
+use crate::error::chain;
 use crate::upstreams::health::{Health, HealthPolicy, Status};
-use crate::upstreams::probe::ProbeTarget;
+use crate::upstreams::probe::{ProbeError, ProbeTarget};
 use crate::upstreams::residency::Residency;
+
+/// What the configuration crate accepts in an upstream but this gateway cannot use.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum UpstreamError {
+    /// `url`: see [`BaseError`].
+    #[error("upstreams.{upstream}.url")]
+    Url {
+        /// The upstream's name.
+        upstream: String,
+        /// Why.
+        #[source]
+        source: BaseError,
+    },
+    /// `api_key` cannot be sent in a header.
+    #[error("upstreams.{upstream}.api_key: not a valid header value")]
+    ApiKey {
+        /// The upstream's name.
+        upstream: String,
+        /// Why.
+        #[source]
+        source: http::header::InvalidHeaderValue,
+    },
+}
 
 /// One upstream's identity and live state.
 #[derive(Debug)]
@@ -53,18 +77,19 @@ impl UpstreamState {
     ///
     /// Fails, naming the key, on what the configuration crate accepts but this gateway cannot
     /// do (an `https` upstream, an API key that is not a header value).
-    pub(crate) fn from_config(upstream: &Upstream) -> Result<Self, String> {
-        let base = Base::parse(upstream.url.as_str())
-            .map_err(|e| format!("upstreams.{}.url: {e}", upstream.name))?;
+    pub(crate) fn from_config(upstream: &Upstream) -> Result<Self, UpstreamError> {
+        let base = Base::parse(upstream.url.as_str()).map_err(|source| UpstreamError::Url {
+            upstream: upstream.name.clone(),
+            source,
+        })?;
         let authorization = match &upstream.api_key {
             Some(key) => {
-                let mut value =
-                    HeaderValue::try_from(format!("Bearer {}", key.expose())).map_err(|_| {
-                        format!(
-                            "upstreams.{}.api_key: not a valid header value",
-                            upstream.name
-                        )
-                    })?;
+                let mut value = HeaderValue::try_from(format!("Bearer {}", key.expose())).map_err(
+                    |source| UpstreamError::ApiKey {
+                        upstream: upstream.name.clone(),
+                        source,
+                    },
+                )?;
                 value.set_sensitive(true);
                 Some(value)
             }
@@ -122,9 +147,9 @@ impl UpstreamState {
     }
 
     /// Records an active health check's result, logging a change of status.
-    pub(crate) fn record_check(&self, result: Result<(), String>, policy: &HealthPolicy) {
-        let reason = result.as_ref().err().cloned();
+    pub(crate) fn record_check(&self, result: Result<(), &ProbeError>, policy: &HealthPolicy) {
         if let Some(status) = self.health.record_check(result, policy) {
+            let reason = result.err().map(|error| chain(error));
             self.log_transition(status, reason.as_deref(), "health check");
         }
     }
@@ -170,7 +195,7 @@ impl Upstreams {
     pub(crate) fn build(
         config: &Config,
         previous: Option<&Upstreams>,
-    ) -> Result<Self, Vec<String>> {
+    ) -> Result<Self, Vec<UpstreamError>> {
         let mut by_name = BTreeMap::new();
         let mut problems = Vec::new();
         for upstream in config.upstreams.values() {

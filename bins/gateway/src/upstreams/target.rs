@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use slotgate_choose::Info;
-use slotgate_config::ModelLimits;
-use slotgate_limiter::KeyHandle;
+use slotgate_limiter::{KeyHandle, KeyReading};
 
 use crate::metrics::TargetMetrics;
 use crate::upstreams::auto_slots::AutoSlots;
@@ -26,20 +25,21 @@ pub(crate) struct Target {
     pub(crate) upstream: Arc<UpstreamState>,
     /// The configured model name (what the upstream calls it).
     pub(crate) model: String,
-    /// The model's limiter key on this upstream.
+    /// The model's limiter key on this upstream. Its `Limits` are the one home of `parallel`
+    /// (the count in force, configured or read from the engine) and `queue`.
     pub(crate) key: KeyHandle,
-    /// The configured limits.
-    pub(crate) limits: ModelLimits,
+    /// How `parallel` is decided.
+    pub(crate) sizing: Sizing,
     /// The model's other resident name on this upstream ([`tagged_name`](crate::upstreams::residency::tagged_name): Ollama's
     /// `name:latest`), worked out once.
     pub(crate) tagged_name: Option<String>,
-    /// The configured slot count; `None` when unlimited or discovered (see
-    /// [`Target::slots`]).
-    pub(crate) parallel: Option<usize>,
-    /// The longest wait for a slot; `None` when unlimited (never waits).
+    /// The longest wait for a slot (its one home); `None` when unlimited (never waits).
     pub(crate) queue_timeout: Option<Duration>,
     /// The operator's preference.
     pub(crate) weight: f64,
+    /// The upstream's `allow_model_management`: whether Ollama's disk-changing routes may go
+    /// there.
+    pub(crate) model_management: bool,
     /// The upstream's `cancel_grace`: how long a slot stays taken after its client left before
     /// the response head came (`proxy::admit::Sending`).
     pub(crate) cancel_grace: Duration,
@@ -47,26 +47,53 @@ pub(crate) struct Target {
     pub(crate) hold: Arc<HoldStats>,
     /// This target's metric handles.
     pub(crate) metrics: Arc<TargetMetrics>,
-    /// `parallel = "auto"`: the slot count read from the engine.
-    pub(crate) auto: Option<Arc<AutoSlots>>,
     /// The engine's own busy count, next to ours ([`reconcile`](crate::upstreams::reconcile)).
     pub(crate) engine: Arc<EngineLoad>,
 }
 
+/// How a target's slot count is decided. The count itself lives in the limiter key's `Limits`.
+#[derive(Debug)]
+pub(crate) enum Sizing {
+    /// `parallel = N`, with the engine's real count when the operator stated it.
+    Fixed {
+        /// `capacity` from the configuration.
+        capacity: Option<usize>,
+    },
+    /// `parallel = "unlimited"`: the key counts requests but never refuses or queues.
+    Unlimited,
+    /// `parallel = "auto"`: read from the engine, and not known until a read succeeds.
+    Auto(Arc<AutoSlots>),
+}
+
 impl Target {
-    /// The slot count in force: the configured `parallel`, or the one discovered for
-    /// `parallel = "auto"`; `None` when unlimited or not discovered yet.
-    pub(crate) fn slots(&self) -> Option<usize> {
-        match &self.auto {
-            Some(auto) => auto.found(),
-            None => self.parallel,
+    /// The key's limits and counts, read together under one lock: every figure shown or used
+    /// for one decision comes from one reading, so they agree.
+    pub(crate) fn reading(&self) -> KeyReading {
+        self.key.reading()
+    }
+
+    /// The slot count in force in `reading`: the configured `parallel`, or the one read for
+    /// `parallel = "auto"`; `None` when unlimited or not known yet.
+    pub(crate) fn slots(&self, reading: &KeyReading) -> Option<usize> {
+        match &self.sizing {
+            Sizing::Fixed { .. } => Some(reading.limits.parallel),
+            Sizing::Unlimited => None,
+            Sizing::Auto(auto) => auto.is_known().then_some(reading.limits.parallel),
+        }
+    }
+
+    /// The discovery state, for `parallel = "auto"`.
+    pub(crate) fn auto(&self) -> Option<&AutoSlots> {
+        match &self.sizing {
+            Sizing::Auto(auto) => Some(auto),
+            Sizing::Fixed { .. } | Sizing::Unlimited => None,
         }
     }
 
     /// Whether requests may be routed here as far as the slot count goes: always, except for
     /// an `auto` target whose count is not known (see [`slot_discovery`](crate::upstreams::slot_discovery)).
     pub(crate) fn slots_known(&self) -> bool {
-        self.auto.as_ref().is_none_or(|auto| auto.found().is_some())
+        self.auto().is_none_or(AutoSlots::is_known)
     }
 
     /// Whether the model is resident on the upstream, as last discovered.
@@ -78,7 +105,7 @@ impl Target {
 
     /// What `slotgate-choose` needs to know about this target now.
     pub(crate) fn info(&self) -> Info {
-        let limits = self.key.limits();
+        let reading = self.reading();
         Info {
             healthy: self.upstream.health.is_routable(),
             draining: self.upstream.is_draining(),
@@ -86,15 +113,16 @@ impl Target {
             // Configured here, so it can be served here (loading it first if need be); see
             // the `residency` module.
             can_serve: true,
-            free: limits.parallel.saturating_sub(self.key.in_flight()),
-            queued: self.key.queued(),
+            free: reading.limits.parallel.saturating_sub(reading.in_flight),
+            queued: reading.queued,
             weight: self.weight,
         }
     }
 
     /// The `Retry-After` for a request that would wait behind everyone queued here now.
     pub(crate) fn retry_after(&self) -> Duration {
+        let reading = self.reading();
         self.hold
-            .retry_after(self.key.queued(), self.slots().unwrap_or(usize::MAX))
+            .retry_after(reading.queued, self.slots(&reading).unwrap_or(usize::MAX))
     }
 }

@@ -10,11 +10,13 @@ use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 
-use crate::app::{App, Refusal, json_response, query_param, read_json, response, success};
+use crate::api::llama as llama_api;
 use crate::body::ResponseBody;
 use crate::models::{Model, Residency};
 use crate::observer::Outcome;
 use crate::openai::Endpoint;
+use crate::reply::{Refusal, json_response, query_param, read_json, response, success};
+use crate::state::App;
 
 /// The message every running request gets when the unified KV cache overflows.
 pub(crate) const CONTEXT_EXCEEDED: &str = "Context size has been exceeded.";
@@ -43,7 +45,7 @@ pub(crate) fn error_json(status: u16, message: &str, error_type_override: Option
 
 /// The 400 for a prompt that does not fit a slot's context.
 pub(crate) fn context_exceeded(endpoint: Endpoint, prompt: u32, n_ctx: u32) -> Value {
-    let message = if endpoint == Endpoint::Embeddings {
+    let message = if matches!(endpoint, Endpoint::Embeddings | Endpoint::Embedding) {
         format!(
             "input ({prompt} tokens) is larger than the max context size ({n_ctx} tokens). skipping"
         )
@@ -61,11 +63,19 @@ pub(crate) fn context_exceeded(endpoint: Endpoint, prompt: u32, n_ctx: u32) -> V
 
 type Reply = (Response<ResponseBody>, Outcome);
 
-fn refused(app: &App, refusal: &Refusal) -> Reply {
+fn refused(refusal: &Refusal) -> Reply {
     (
-        app.error(refusal.status, &refusal.message, refusal.param),
+        json_response(
+            refusal.status,
+            &error_json(refusal.status, &refusal.message, None),
+        ),
         Outcome::Rejected(refusal.status),
     )
+}
+
+/// The answer to an unknown route.
+pub(crate) fn not_found() -> Reply {
+    refused(&Refusal::new(404, "File Not Found"))
 }
 
 pub(crate) async fn route(app: &App, req: Request<Incoming>) -> Reply {
@@ -84,12 +94,28 @@ pub(crate) async fn route(app: &App, req: Request<Incoming>) -> Reply {
         (Method::GET, "/slots") => return slots(app, &req).await,
         (Method::GET, "/props") => match instance(app, &req).await {
             Ok(model) => json_response(200, &props(app, &model)),
-            Err(refusal) => return refused(app, &refusal),
+            Err(refusal) => return refused(&refusal),
         },
         (Method::GET, "/metrics") => return metrics(app, &req).await,
         (Method::POST, "/models/load") if router => return load(app, req).await,
         (Method::POST, "/models/unload") if router => return unload(app, req).await,
-        _ => return refused(app, &Refusal::new(404, "File Not Found")),
+        (Method::POST, "/tokenize") => {
+            let body = read_json(req).await;
+            let content = body["content"].as_str().unwrap_or_default();
+            let pieces = body["with_pieces"].as_bool().unwrap_or(false);
+            json_response(200, &llama_api::tokenize(content, pieces))
+        }
+        (Method::POST, "/detokenize") => {
+            let body = read_json(req).await;
+            let tokens = body["tokens"].as_array().cloned().unwrap_or_default();
+            json_response(200, &llama_api::detokenize(&tokens))
+        }
+        (Method::POST, "/apply-template") => {
+            let body = read_json(req).await;
+            let messages = body["messages"].as_array().cloned().unwrap_or_default();
+            json_response(200, &llama_api::apply_template(&messages))
+        }
+        _ => return not_found(),
     };
     (reply, Outcome::Completed)
 }
@@ -110,19 +136,19 @@ async fn instance(app: &App, req: &Request<Incoming>) -> Result<Arc<Model>, Refu
 
 async fn slots(app: &App, req: &Request<Incoming>) -> Reply {
     if !app.config.slots_endpoint {
-        return refused(
-            app,
-            &Refusal::new(501, "This server does not support slots endpoint."),
-        );
+        return refused(&Refusal::new(
+            501,
+            "This server does not support slots endpoint.",
+        ));
     }
     let model = match instance(app, req).await {
         Ok(model) => model,
-        Err(refusal) => return refused(app, &refusal),
+        Err(refusal) => return refused(&refusal),
     };
     let slots = model.pool.slots();
     let fail_on_no_slot = query_param(req, "fail_on_no_slot").is_some_and(|v| v == "1");
     if fail_on_no_slot && slots.iter().all(|s| s.busy) {
-        return refused(app, &Refusal::new(503, "no slot available"));
+        return refused(&Refusal::new(503, "no slot available"));
     }
     let n_ctx = app.config.n_ctx;
     let array: Vec<Value> = slots
@@ -262,7 +288,7 @@ async fn load(app: &App, req: Request<Incoming>) -> Reply {
         Err(reply) => return reply,
     };
     if !app.registry.start_load(&model) {
-        return refused(app, &Refusal::new(400, "model is already running"));
+        return refused(&Refusal::new(400, "model is already running"));
     }
     (json_response(200, &success()), Outcome::Completed)
 }
@@ -273,7 +299,7 @@ async fn unload(app: &App, req: Request<Incoming>) -> Reply {
         Err(reply) => return reply,
     };
     if !model.unload() {
-        return refused(app, &Refusal::new(400, "model is not running"));
+        return refused(&Refusal::new(400, "model is not running"));
     }
     (json_response(200, &success()), Outcome::Completed)
 }
@@ -286,30 +312,27 @@ async fn named_model(
 ) -> Result<Arc<Model>, Reply> {
     let body = read_json(req).await;
     let Some(name) = body.get("model").and_then(Value::as_str) else {
-        return Err(refused(
-            app,
-            &Refusal::new(400, "model name is missing from the request"),
-        ));
+        return Err(refused(&Refusal::new(
+            400,
+            "model name is missing from the request",
+        )));
     };
     app.registry
         .get(name)
         .cloned()
-        .ok_or_else(|| refused(app, &Refusal::new(unknown_status, "model is not found")))
+        .ok_or_else(|| refused(&Refusal::new(unknown_status, "model is not found")))
 }
 
 async fn metrics(app: &App, req: &Request<Incoming>) -> Reply {
     if !app.config.metrics {
-        return refused(
-            app,
-            &Refusal::new(
-                501,
-                "This server does not support metrics endpoint. Start it with `--metrics`",
-            ),
-        );
+        return refused(&Refusal::new(
+            501,
+            "This server does not support metrics endpoint. Start it with `--metrics`",
+        ));
     }
     let model = match instance(app, req).await {
         Ok(model) => model,
-        Err(refusal) => return refused(app, &refusal),
+        Err(refusal) => return refused(&refusal),
     };
     let mut reply = response(200, "text/plain; version=0.0.4", metrics_text(&model));
     reply.headers_mut().insert(

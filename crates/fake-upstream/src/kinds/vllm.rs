@@ -9,9 +9,11 @@ use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 
-use crate::app::{App, json_response, response};
+use crate::api::llama as llama_api;
 use crate::body::ResponseBody;
 use crate::observer::Outcome;
+use crate::reply::{json_response, read_json, response};
+use crate::state::App;
 
 /// vLLM's error `type` for a status: the name of the Python exception.
 fn error_type(status: u16) -> &'static str {
@@ -34,9 +36,36 @@ pub(crate) fn error_json(status: u16, message: &str, param: Option<&str>) -> Val
     }})
 }
 
-pub(crate) fn route(app: &App, req: &Request<Incoming>) -> (Response<ResponseBody>, Outcome) {
+/// `FastAPI`'s answer to an unknown route.
+pub(crate) fn not_found() -> (Response<ResponseBody>, Outcome) {
+    (
+        json_response(404, &json!({"detail": "Not Found"})),
+        Outcome::Rejected(404),
+    )
+}
+
+pub(crate) async fn route(app: &App, req: Request<Incoming>) -> (Response<ResponseBody>, Outcome) {
     let done = |r| (r, Outcome::Completed);
     match (req.method(), req.uri().path()) {
+        (&Method::POST, "/tokenize") => {
+            let body = read_json(req).await;
+            let text = body["prompt"]
+                .as_str()
+                .map_or_else(|| body["messages"].to_string(), str::to_owned);
+            let tokens = llama_api::tokenize(&text, false)["tokens"].clone();
+            let count = tokens.as_array().map_or(0, Vec::len);
+            done(json_response(
+                200,
+                &json!({"count": count, "max_model_len": app.config.n_ctx,
+                        "tokens": tokens, "token_strs": null}),
+            ))
+        }
+        (&Method::POST, "/detokenize") => {
+            let body = read_json(req).await;
+            let tokens = body["tokens"].as_array().cloned().unwrap_or_default();
+            let prompt = llama_api::detokenize(&tokens)["content"].clone();
+            done(json_response(200, &json!({"prompt": prompt})))
+        }
         // `EngineDeadError` is the only thing that makes vLLM's health check fail.
         (&Method::GET, "/health") if app.unhealthy.load(Ordering::Relaxed) => {
             (response(503, "application/json", ""), Outcome::Completed)
@@ -49,10 +78,7 @@ pub(crate) fn route(app: &App, req: &Request<Incoming>) -> (Response<ResponseBod
             metrics(app),
         )),
         (&Method::GET, "/version") => done(json_response(200, &json!({"version": "0.11.0"}))),
-        _ => (
-            json_response(404, &json!({"detail": "Not Found"})),
-            Outcome::Rejected(404),
-        ),
+        _ => not_found(),
     }
 }
 

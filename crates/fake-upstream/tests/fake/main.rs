@@ -3,10 +3,14 @@
 //! slows these tests down but does not make them fail.
 
 mod failures;
+mod faults;
+mod layering;
 mod llama;
 mod observer;
 mod ollama;
+mod routes;
 mod server;
 mod streaming;
 mod support;
 mod vllm;
+mod weights;

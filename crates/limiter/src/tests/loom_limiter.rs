@@ -212,3 +212,174 @@ fn remove_races_waiter() {
         assert_eq!(l.in_flight(H, M), 0);
     });
 }
+
+// ===== weighted permits =====
+
+/// A heavy head (weight 2) with a light waiter behind it; the two units come back on two
+/// threads while a third keeps trying to slip in. The heavy head is granted first whatever the
+/// order, the light waiter is never granted ahead of it, and no newcomer takes a set-aside unit.
+#[test]
+fn weighted_heavy_head_with_light_waiter_behind() {
+    run_model("weighted_heavy_head_with_light_waiter_behind", || {
+        let l: Limiter = Limiter::new();
+        l.configure(H, M, 2, 2);
+        let a = l.try_acquire(H, M).unwrap();
+        let b = l.try_acquire(H, M).unwrap();
+        let mut heavy = l.acquire_many(H, M, 2);
+        let mut light = l.acquire(H, M);
+        assert!(poll_once(&mut heavy).is_pending());
+        assert!(poll_once(&mut light).is_pending());
+
+        let t1 = thread::spawn(move || drop(a));
+        let t2 = thread::spawn(move || drop(b));
+        let sneaker = {
+            let l = l.clone();
+            thread::spawn(move || l.try_acquire(H, M).is_err())
+        };
+        t1.join().unwrap();
+        t2.join().unwrap();
+        assert!(sneaker.join().unwrap(), "a newcomer overtook the queue");
+
+        // Both units went to the heavy head; the light waiter still waits.
+        assert_eq!(l.in_flight(H, M), 2);
+        assert_eq!(l.queued(H, M), 1);
+        assert!(poll_once(&mut light).is_pending());
+        let big = block_on(heavy).expect("heavy head granted");
+        assert_eq!(big.weight(), 2);
+        drop(big);
+        let small = block_on(light).expect("then the light one");
+        drop(small);
+        assert_eq!(l.in_flight(H, M), 0);
+    });
+}
+
+/// A heavy head holding a partial grant (one of its two units set aside) is cancelled while
+/// another unit comes back: the light waiter behind ends up with a unit either way, and
+/// nothing leaks.
+#[test]
+fn weighted_cancel_heavy_head_holding_a_partial_grant() {
+    run_model("weighted_cancel_heavy_head_holding_a_partial_grant", || {
+        let l: Limiter = Limiter::new();
+        l.configure(H, M, 2, 2);
+        let a = l.try_acquire(H, M).unwrap();
+        let b = l.try_acquire(H, M).unwrap();
+        let mut heavy = l.acquire_many(H, M, 2);
+        let mut light = l.acquire(H, M);
+        assert!(poll_once(&mut heavy).is_pending());
+        assert!(poll_once(&mut light).is_pending());
+        drop(a); // the heavy head's partial grant: one unit set aside
+        assert_eq!(l.in_flight(H, M), 1);
+
+        let releaser = thread::spawn(move || drop(b));
+        let canceller = thread::spawn(move || drop(heavy));
+        releaser.join().unwrap();
+        canceller.join().unwrap();
+
+        // Heavy granted then cancelled (its 2 units pass on), or cancelled first: either way
+        // the light waiter holds one unit and the other is free.
+        assert_eq!(l.in_flight(H, M), 1);
+        assert_eq!(l.queued(H, M), 0);
+        let small = block_on(light).expect("the partial grant passed on");
+        drop(small);
+        assert_eq!(l.in_flight(H, M), 0);
+    });
+}
+
+/// A release completes a heavy waiter's partial grant while the waiter blocks on another
+/// thread: it is woken (no lost wake-up: `block_on` would hang the model) and holds its whole
+/// weight, never more units than `parallel` are out.
+#[test]
+fn weighted_release_completes_a_partial_grant() {
+    run_model("weighted_release_completes_a_partial_grant", || {
+        let l: Limiter = Limiter::new();
+        l.configure(H, M, 3, 1);
+        let one = l.try_acquire(H, M).unwrap();
+        let two = l.try_acquire_many(H, M, 2).unwrap();
+        let heavy = l.acquire_many(H, M, 3);
+        drop(one); // partial grant: one of three units set aside
+
+        let waiter = {
+            let l = l.clone();
+            thread::spawn(move || {
+                let permit = block_on(heavy).expect("granted");
+                assert_eq!(l.in_flight(H, M), 3);
+                permit.weight()
+            })
+        };
+        let releaser = thread::spawn(move || drop(two));
+        releaser.join().unwrap();
+        assert_eq!(waiter.join().unwrap(), 3);
+        assert_eq!(l.in_flight(H, M), 0);
+        assert_eq!(l.queued(H, M), 0);
+    });
+}
+
+// ===== host caps (two levels) =====
+
+/// Two models under a host cap of 1, one slot each. A permit of model `a` is released while
+/// acquirers of `a` and `b` block on two threads: the host never has two permits out, nobody
+/// waits for ever (no lost wake-up across the two levels: `block_on` would hang the model), no
+/// deadlock between the key and host locks, and everything drains to zero.
+#[test]
+fn two_levels_release_races_acquirers_of_two_models() {
+    run_model("two_levels_release_races_acquirers_of_two_models", || {
+        let l: Limiter = Limiter::new();
+        l.configure_host(H, 1);
+        l.configure(H, "a", 1, 1);
+        l.configure(H, "b", 1, 1);
+        let held = l.try_acquire(H, "a").unwrap();
+        let holders = Arc::new(AtomicUsize::new(1));
+
+        let acquirer = |model: &'static str, l: Limiter, holders: Arc<AtomicUsize>| {
+            move || {
+                let permit = block_on(l.acquire(H, model)).expect("room in the queue");
+                let now = holders.fetch_add(1, Ordering::SeqCst) + 1;
+                assert_eq!(now, 1, "two permits under a host cap of 1");
+                holders.fetch_sub(1, Ordering::SeqCst);
+                drop(permit);
+            }
+        };
+        let a = thread::spawn(acquirer("a", l.clone(), holders.clone()));
+        let b = thread::spawn(acquirer("b", l.clone(), holders.clone()));
+        holders.fetch_sub(1, Ordering::SeqCst);
+        drop(held);
+        a.join().unwrap();
+        b.join().unwrap();
+
+        let cap = l.host_reading(H).unwrap();
+        assert_eq!((cap.in_flight, cap.blocked_models), (0, 0));
+        assert_eq!(l.in_flight(H, "a") + l.in_flight(H, "b"), 0);
+    });
+}
+
+/// The model first in line for the host cap is cancelled while the unit it waits for comes
+/// back: the next model in line gets it either way, and the host queue empties.
+#[test]
+fn two_levels_cancel_of_the_front_model_races_a_release() {
+    run_model(
+        "two_levels_cancel_of_the_front_model_races_a_release",
+        || {
+            let l: Limiter = Limiter::new();
+            l.configure_host(H, 1);
+            l.configure(H, "a", 1, 0);
+            l.configure(H, "b", 1, 1);
+            l.configure(H, "c", 1, 1);
+            let held = l.try_acquire(H, "a").unwrap();
+            let mut b = l.acquire(H, "b");
+            let mut c = l.acquire(H, "c");
+            assert!(poll_once(&mut b).is_pending());
+            assert!(poll_once(&mut c).is_pending());
+
+            let releaser = thread::spawn(move || drop(held));
+            let canceller = thread::spawn(move || drop(b));
+            releaser.join().unwrap();
+            canceller.join().unwrap();
+
+            let cap = l.host_reading(H).unwrap();
+            assert_eq!((cap.in_flight, cap.blocked_models), (1, 0));
+            let permit = block_on(c).expect("c got the unit");
+            drop(permit);
+            assert_eq!(l.host_reading(H).unwrap().in_flight, 0);
+        },
+    );
+}

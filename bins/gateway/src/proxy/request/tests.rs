@@ -4,8 +4,18 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 
-use super::read;
+use crate::proxy::endpoint::Endpoint;
 use crate::proxy::problems::Error;
+use crate::proxy::request::ApiRequest;
+
+fn chat() -> &'static Endpoint {
+    Endpoint::find("/v1/chat/completions").unwrap()
+}
+
+/// Reads `req` as a chat completion.
+async fn read(req: Request<Full<Bytes>>, limit: usize) -> Result<ApiRequest, Error> {
+    super::read(req, limit, chat()).await
+}
 
 fn post(content_type: Option<&str>, body: &'static str) -> Request<Full<Bytes>> {
     let mut builder = Request::post("/v1/chat/completions");
@@ -30,7 +40,7 @@ async fn finds_model_and_stream_and_keeps_the_bytes() {
     let req = read(post(Some("application/json"), body), 1024)
         .await
         .unwrap();
-    assert_eq!(req.model, "qwen");
+    assert_eq!(req.model.as_deref(), Some("qwen"));
     assert!(req.stream);
     assert_eq!(req.body, Bytes::from_static(body.as_bytes()));
     // Same name upstream: the very same bytes (0.70 not renormalised to 0.7).
@@ -61,7 +71,7 @@ async fn unescapes_the_model_and_rewrites_only_its_value() {
     let req = read(post(Some("application/json"), body), 1024)
         .await
         .unwrap();
-    assert_eq!(req.model, "fast");
+    assert_eq!(req.model.as_deref(), Some("fast"));
     let rewritten = req.body_for("llama-3.1-8b \"q4\"");
     assert_eq!(
         std::str::from_utf8(&rewritten).unwrap(),
@@ -150,7 +160,7 @@ mod properties {
     use proptest::prelude::*;
 
     use super::super::parse;
-    use super::post_bytes;
+    use super::{chat, post_bytes, read};
 
     fn block_on<F: std::future::Future>(future: F) -> F::Output {
         tokio::runtime::Builder::new_current_thread()
@@ -163,8 +173,8 @@ mod properties {
         /// Any bytes at all: an answer or a refusal, never a panic.
         #[test]
         fn any_body_is_read_or_refused(body in proptest::collection::vec(any::<u8>(), 0..256)) {
-            let _ = parse(&body);
-            let _ = block_on(super::super::read(post_bytes(Bytes::from(body)), 128));
+            let _ = parse(&body, chat());
+            let _ = block_on(read(post_bytes(Bytes::from(body)), 128));
         }
 
         /// Renaming the model changes that value and nothing else.
@@ -181,12 +191,58 @@ mod properties {
             }
             object.insert("model".into(), model.clone().into());
             let text = format!("{spaces}{}{spaces}", serde_json::Value::Object(object.clone()));
-            let req = block_on(super::super::read(post_bytes(Bytes::from(text.clone())), 4096)).unwrap();
-            prop_assert_eq!(&req.model, &model);
+            let req = block_on(read(post_bytes(Bytes::from(text.clone())), 4096)).unwrap();
+            prop_assert_eq!(req.model.as_deref(), Some(model.as_str()));
             prop_assert_eq!(req.body_for(&model), Bytes::from(text));
             let renamed: serde_json::Value = serde_json::from_slice(&req.body_for(&upstream)).unwrap();
             object.insert("model".into(), upstream.clone().into());
             prop_assert_eq!(renamed, serde_json::Value::Object(object));
         }
     }
+}
+
+fn json_post(path: &'static str, body: &'static str) -> Request<Full<Bytes>> {
+    Request::post(path)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_native_llama_server_route_may_name_no_model() {
+    let infill = Endpoint::find("/infill").unwrap();
+    let body = r#"{"input_prefix":"fn main() {","input_suffix":"}"}"#;
+    let req = super::read(json_post("/infill", body), 1024, infill)
+        .await
+        .unwrap();
+    assert_eq!(req.model, None);
+    // Nothing to rename: the body goes as it came.
+    assert_eq!(req.body_for("qwen"), Bytes::from_static(body.as_bytes()));
+    // A chat completion still needs one.
+    let err = read(json_post("/v1/chat/completions", body), 1024)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn ollama_chat_and_generate_stream_unless_told_not_to() {
+    let chat = Endpoint::find("/api/chat").unwrap();
+    let req = super::read(json_post("/api/chat", r#"{"model":"m"}"#), 64, chat)
+        .await
+        .unwrap();
+    assert!(req.stream);
+    let req = super::read(
+        json_post("/api/chat", r#"{"model":"m","stream":false}"#),
+        64,
+        chat,
+    )
+    .await
+    .unwrap();
+    assert!(!req.stream);
+    let embed = Endpoint::find("/api/embed").unwrap();
+    let req = super::read(json_post("/api/embed", r#"{"model":"m"}"#), 64, embed)
+        .await
+        .unwrap();
+    assert!(!req.stream);
 }

@@ -1,0 +1,174 @@
+//! The admission step on tokio's paused clock: queue timeouts, a full queue answered at once (so
+//! the caller falls through to the next host), a client leaving while queued, and the
+//! cancel-grace guard.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_test::task;
+
+use super::{Refused, enter};
+use crate::fixtures::Built;
+use crate::shutdown::shutdown_pair;
+
+/// One slot and one place in the queue on `a`; the same on `b`, which is there to fall through
+/// to. `a` keeps its slot 2 s after a client leaves mid-send.
+const TWO_HOSTS: &str = r#"
+[server]
+listen = "127.0.0.1:0"
+
+[upstreams.a]
+url = "http://127.0.0.1:9"
+kind = "llama-server"
+cancel_grace = "2s"
+
+[upstreams.a.models.m]
+parallel = 1
+queue = 1
+queue_timeout = "5s"
+
+[upstreams.b]
+url = "http://127.0.0.1:10"
+kind = "vllm"
+
+[upstreams.b.models.m]
+parallel = 1
+queue = 0
+queue_timeout = "5s"
+"#;
+
+#[tokio::test(start_paused = true)]
+async fn a_queued_request_is_refused_after_queue_timeout_and_leaves_the_queue() {
+    let built = Built::new(TWO_HOSTS);
+    let a = built.target("m", "a");
+    let (_trigger, mut stop) = shutdown_pair();
+    let _held = enter(&a, &mut stop).await.expect("the free slot");
+
+    let start = Instant::now();
+    let refused = enter(&a, &mut stop).await.expect_err("no slot comes free");
+    assert_eq!(refused, Refused::Timeout(Duration::from_secs(5)));
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_secs(5),
+        "exactly queue_timeout"
+    );
+    assert_eq!(a.key.queued(), 0, "the place in the queue is given up");
+    assert_eq!(a.key.in_flight(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_is_refused_at_once_so_the_next_host_is_tried() {
+    let built = Built::new(TWO_HOSTS);
+    let (a, b) = (built.target("m", "a"), built.target("m", "b"));
+    let (_trigger, mut stop) = shutdown_pair();
+    let _held = enter(&a, &mut stop).await.expect("a's slot");
+    let mut stop_waiting = stop.clone();
+    let mut waiting = task::spawn(enter(&a, &mut stop_waiting));
+    assert!(waiting.poll().is_pending(), "a's one queue place is taken");
+
+    let start = Instant::now();
+    assert_eq!(
+        enter(&a, &mut stop).await.expect_err("a is full"),
+        Refused::Full
+    );
+    let slot = enter(&b, &mut stop).await.expect("b has a free slot");
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "no waiting on the full host"
+    );
+    assert_eq!((a.key.in_flight(), a.key.queued()), (1, 1));
+    assert_eq!(b.key.in_flight(), 1);
+    drop(slot);
+    assert_eq!(b.key.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_leaving_while_queued_gives_its_place_up_and_is_counted() {
+    let built = Built::new(TWO_HOSTS);
+    let a = built.target("m", "a");
+    let (_trigger, mut stop) = shutdown_pair();
+    let held = enter(&a, &mut stop).await.expect("the free slot");
+    let mut stop_waiting = stop.clone();
+    let mut waiting = task::spawn(enter(&a, &mut stop_waiting));
+    assert!(waiting.poll().is_pending());
+    assert_eq!(a.key.queued(), 1);
+
+    // hyper drops the request's future when the client goes away.
+    drop(waiting);
+    assert_eq!(a.key.queued(), 0);
+    assert_eq!(a.metrics.gone_queued.get(), 1);
+    // The slot goes to the next arrival, not to the request that left.
+    drop(held);
+    let _next = enter(&a, &mut stop).await.expect("the slot is free again");
+    assert_eq!(a.key.in_flight(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_ends_a_wait_in_the_queue() {
+    let built = Built::new(TWO_HOSTS);
+    let a = built.target("m", "a");
+    let (trigger, mut stop) = shutdown_pair();
+    let _held = enter(&a, &mut stop).await.expect("the free slot");
+    let mut stop_waiting = stop.clone();
+    let mut waiting = task::spawn(enter(&a, &mut stop_waiting));
+    assert!(waiting.poll().is_pending());
+    trigger.fire();
+    assert!(waiting.is_woken());
+    match waiting.poll() {
+        std::task::Poll::Ready(Err(refused)) => assert_eq!(refused, Refused::ShuttingDown),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(a.key.queued(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_leaving_before_the_answer_keeps_the_slot_for_cancel_grace() {
+    let built = Built::new(TWO_HOSTS);
+    let a = built.target("m", "a");
+    assert_eq!(a.cancel_grace, Duration::from_secs(2));
+    let (_trigger, mut stop) = shutdown_pair();
+    let slot = enter(&a, &mut stop).await.expect("the free slot");
+    let sending = slot.sending(a.cancel_grace);
+
+    // A request queued behind it, which must not get the slot while the engine winds down.
+    let queued = {
+        let a = std::sync::Arc::clone(&a);
+        let mut stop = stop.clone();
+        tokio::spawn(async move {
+            let slot = enter(&a, &mut stop).await;
+            (slot.map(drop), Instant::now())
+        })
+    };
+    tokio::task::yield_now().await;
+    assert_eq!(a.key.queued(), 1);
+
+    let left = Instant::now();
+    // The client goes away mid-send: hyper drops the future holding the guard.
+    drop(sending);
+    assert_eq!(a.metrics.gone_awaiting.get(), 1);
+    tokio::time::sleep(Duration::from_millis(1_999)).await;
+    assert_eq!(a.key.in_flight(), 1, "still held within the grace");
+    assert_eq!(a.key.queued(), 1);
+
+    let (granted, at) = queued.await.expect("the queued task ends");
+    granted.expect("the queued request gets the slot");
+    assert_eq!(
+        at - left,
+        Duration::from_secs(2),
+        "exactly after cancel_grace"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answered_send_gives_the_slot_back_with_the_body_not_after_a_grace() {
+    let built = Built::new(TWO_HOSTS);
+    let a = built.target("m", "a");
+    let (_trigger, mut stop) = shutdown_pair();
+    let slot = enter(&a, &mut stop).await.expect("the free slot");
+    let slot = slot.sending(a.cancel_grace).answered();
+    assert_eq!(a.key.in_flight(), 1);
+    slot.abandon();
+    assert_eq!(a.key.in_flight(), 0, "at once");
+    assert_eq!(a.metrics.gone_awaiting.get(), 0);
+}

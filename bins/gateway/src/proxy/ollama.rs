@@ -1,0 +1,77 @@
+//! The Ollama listings the gateway answers itself, from the routing table: `GET /api/tags` and
+//! `GET /api/ps`.
+//!
+//! A client in Ollama mode (Open `WebUI`, the `ollama` Python client) lists models before using
+//! them. With several Ollama upstreams behind the gateway, no single engine's list is the
+//! gateway's, so the answer is built here: the names a client may send to `/api/chat` now, that
+//! is every model or alias with a healthy, undrained `kind = "ollama"` upstream. Sizes, digests
+//! and dates are the engine's business and are not known here; they are left out, which the
+//! Ollama clients accept (every member of their list entry is optional).
+//!
+//! `GET /api/version` is the engine's version, so it is passed to an Ollama upstream instead
+//! (see `App::ollama_version`).
+
+use slotgate_config::Kind;
+
+use crate::proxy::route::{Route, Routes};
+
+/// The path of Ollama's version endpoint, passed through to an Ollama upstream.
+pub(crate) const VERSION: &str = "/api/version";
+
+/// Which listing a request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Listing {
+    /// `GET /api/tags`: the models a client may use.
+    Tags,
+    /// `GET /api/ps`: the models loaded in memory now.
+    Running,
+}
+
+impl Listing {
+    /// The listing at `path`, if it is one.
+    pub(crate) fn find(path: &str) -> Option<Self> {
+        match path {
+            "/api/tags" => Some(Self::Tags),
+            "/api/ps" => Some(Self::Running),
+            _ => None,
+        }
+    }
+}
+
+/// The JSON document for `listing`: `{"models": [{"name", "model"}, …]}`, in name order.
+pub(crate) fn list(routes: &Routes, listing: Listing) -> String {
+    let models: Vec<serde_json::Value> = routes
+        .names()
+        .iter()
+        .filter(|name| {
+            routes
+                .resolve(name)
+                .is_some_and(|route| is_listed(route, listing))
+        })
+        .map(|name| serde_json::json!({ "name": name, "model": name }))
+        .collect();
+    serde_json::json!({ "models": models }).to_string()
+}
+
+/// Whether some available Ollama upstream serves `route` (and, for [`Listing::Running`], has
+/// the model loaded as last discovered).
+fn is_listed(route: &Route, listing: Listing) -> bool {
+    route.targets.iter().any(|target| {
+        target.upstream.kind == Kind::Ollama
+            && target.upstream.is_available()
+            && (listing == Listing::Tags || target.is_loaded())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Listing;
+
+    #[test]
+    fn only_tags_and_ps_are_listings() {
+        assert_eq!(Listing::find("/api/tags"), Some(Listing::Tags));
+        assert_eq!(Listing::find("/api/ps"), Some(Listing::Running));
+        assert_eq!(Listing::find("/api/version"), None);
+        assert_eq!(Listing::find("/api/chat"), None);
+    }
+}

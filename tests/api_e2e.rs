@@ -1,0 +1,328 @@
+//! End-to-end tests of the engines' routes past chat (#14): the real gateway in-process, real
+//! loopback sockets, `fake-upstream` behind it as each kind of engine.
+//!
+//! What is checked here: every route that runs inference is capped like chat (with
+//! `parallel = 2` the engine never sees a third request), metadata routes answer while every
+//! slot is taken, a route goes only to upstreams of a kind that serves it, and the refusals
+//! (`route-not-served`, `route-disabled`, a model-less request with several models) are
+//! problems.
+
+mod support;
+
+use std::net::SocketAddr;
+
+use fake_upstream::{FakeConfig, FakeUpstream};
+use support::{SOON, eventually, gateway, get, open, post, send, server};
+
+/// An `[upstreams.NAME]` table of `kind` with one model, `parallel` slots and a queue of 16,
+/// plus `extra` lines in the upstream table.
+fn upstream_of(
+    kind: &str,
+    name: &str,
+    url: &str,
+    model: &str,
+    parallel: usize,
+    extra: &str,
+) -> String {
+    format!(
+        "[upstreams.{name}]\nurl = \"{url}\"\nkind = \"{kind}\"\n{extra}\n\n\
+         [upstreams.{name}.models.\"{model}\"]\nparallel = {parallel}\nqueue = 16\nqueue_timeout = \"30s\"\n"
+    )
+}
+
+async fn start(config: FakeConfig) -> FakeUpstream {
+    FakeUpstream::start(config)
+        .await
+        .expect("fake upstream starts")
+}
+
+/// A body every inference route of the fakes accepts: each route reads the members it needs.
+fn body(model: Option<&str>) -> String {
+    let mut body = serde_json::json!({
+        "messages": [{"role": "user", "content": "hello"}],
+        "prompt": "hello",
+        "input": "hello",
+        "input_prefix": "fn main() {",
+        "input_suffix": "}",
+        "content": "hello",
+        "query": "which?",
+        "documents": ["a", "b"],
+        "text_1": "a",
+        "text_2": "b",
+        "max_tokens": 4,
+        "stream": false,
+    });
+    if let Some(model) = model {
+        body["model"] = model.into();
+    }
+    body.to_string()
+}
+
+/// Sends 5 requests to `path` at once, each holding its slot for a while, and checks that all
+/// succeed and the engine never had more than 2 running.
+async fn assert_capped(gw: SocketAddr, fake: &FakeUpstream, path: &str) {
+    fake.observer().reset_peak();
+    let tasks: Vec<_> = (0..5)
+        .map(|i| {
+            let path = path.to_owned();
+            tokio::spawn(async move {
+                let id = format!("cap{}-{i}", path.replace('/', "_"));
+                send(post(
+                    gw,
+                    &path,
+                    body(Some("m")),
+                    &[("x-fake-hold-ms", "300"), ("x-request-id", &id)],
+                ))
+                .await
+            })
+        })
+        .collect();
+    for task in tasks {
+        let reply = task.await.unwrap();
+        assert_eq!(reply.status, 200, "{path}: {}", reply.text());
+    }
+    assert_eq!(
+        fake.observer().peak_in_flight(),
+        2,
+        "{path}: the engine saw exactly the cap"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_inference_route_is_capped_like_chat() {
+    let routes: [(&str, FakeConfig, &[&str]); 3] = [
+        (
+            "llama-server",
+            FakeConfig::llama_server(8),
+            &[
+                "/v1/responses",
+                "/v1/messages",
+                "/v1/rerank",
+                "/rerank",
+                "/v1/reranking",
+                "/reranking",
+                "/completion",
+                "/infill",
+                "/embedding",
+                "/embeddings",
+            ],
+        ),
+        (
+            "vllm",
+            FakeConfig::vllm(8),
+            &[
+                "/v1/responses",
+                "/v1/messages",
+                "/v2/rerank",
+                "/v1/score",
+                "/score",
+                "/v1/audio/speech",
+                "/v1/images/generations",
+            ],
+        ),
+        (
+            "ollama",
+            FakeConfig::ollama(8),
+            &[
+                "/v1/responses",
+                "/v1/messages",
+                "/api/chat",
+                "/api/generate",
+                "/api/embed",
+                "/api/embeddings",
+            ],
+        ),
+    ];
+    for (kind, config, paths) in routes {
+        let fake = start(config.model("m")).await;
+        let gw = gateway(&format!(
+            "{}{}",
+            server(""),
+            upstream_of(kind, "engine", &fake.url(), "m", 2, "")
+        ))
+        .await;
+        for path in paths {
+            assert_capped(gw.api_addr(), &fake, path).await;
+        }
+        fake.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_routes_answer_while_every_slot_is_busy() {
+    let llama = start(FakeConfig::llama_server(4).model("m")).await;
+    let ollama = start(FakeConfig::ollama(4).model("o")).await;
+    let gw = gateway(&format!(
+        "{}{}{}",
+        server(""),
+        upstream_of("llama-server", "llama", &llama.url(), "m", 1, ""),
+        upstream_of("ollama", "ollama", &ollama.url(), "o", 1, "")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    // Every slot taken, on both.
+    let hung_completion = open(
+        addr,
+        post(
+            addr,
+            "/completion",
+            body(Some("m")),
+            &[("x-fake-fail", "hang")],
+        ),
+    )
+    .await;
+    let hung_chat = open(
+        addr,
+        post(
+            addr,
+            "/api/chat",
+            body(Some("o")),
+            &[("x-fake-fail", "hang")],
+        ),
+    )
+    .await;
+    eventually("both slots taken", SOON, || {
+        llama.observer().in_flight() == 1 && ollama.observer().in_flight() == 1
+    })
+    .await;
+
+    for path in [
+        "/tokenize",
+        "/detokenize",
+        "/apply-template",
+        "/v1/messages/count_tokens",
+    ] {
+        let reply = send(post(addr, path, body(Some("m")), &[])).await;
+        assert_eq!(reply.status, 200, "{path}: {}", reply.text());
+    }
+    // A llama-server native route without `model`: the only model it has.
+    let reply = send(post(addr, "/tokenize", body(None), &[])).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let reply = send(post(addr, "/api/show", body(Some("o")), &[])).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+
+    let reply = get(addr, "/v1/models/m").await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["id"], "m");
+    get(addr, "/v1/models/nope")
+        .await
+        .assert_problem(404, "model-not-found");
+
+    // The Ollama listings come from the routing table: Ollama's models only.
+    let tags = get(addr, "/api/tags").await;
+    assert_eq!(tags.status, 200, "{}", tags.text());
+    assert_eq!(
+        tags.json()["models"],
+        serde_json::json!([{"name": "o", "model": "o"}])
+    );
+    let ps = get(addr, "/api/ps").await;
+    assert_eq!(ps.status, 200, "{}", ps.text());
+    let version = get(addr, "/api/version").await;
+    assert_eq!(version.status, 200, "{}", version.text());
+    assert!(version.json()["version"].is_string(), "{}", version.text());
+
+    // None of that reached an inference slot.
+    assert_eq!(llama.observer().peak_in_flight(), 1);
+    assert_eq!(ollama.observer().peak_in_flight(), 1);
+    hung_completion.disconnect();
+    hung_chat.disconnect();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_goes_only_to_upstreams_of_a_kind_that_serves_it() {
+    let llama = start(FakeConfig::llama_server(4).model("m")).await;
+    let ollama = start(FakeConfig::ollama(4).model("m")).await;
+    let gw = gateway(&format!(
+        "{}{}{}",
+        server(""),
+        upstream_of("llama-server", "llama", &llama.url(), "m", 4, ""),
+        upstream_of("ollama", "ollama", &ollama.url(), "m", 4, "")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    for _ in 0..3 {
+        let reply = send(post(addr, "/api/generate", body(Some("m")), &[])).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let reply = send(post(addr, "/infill", body(Some("m")), &[])).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    let paths = |fake: &FakeUpstream| -> Vec<String> {
+        fake.observer()
+            .inference_requests()
+            .into_iter()
+            .map(|r| r.path)
+            .collect()
+    };
+    assert_eq!(paths(&ollama), ["/api/generate"; 3]);
+    assert_eq!(paths(&llama), ["/infill"; 3]);
+
+    // No kind behind `m` serves vLLM's score.
+    let problem = send(post(addr, "/v1/score", body(Some("m")), &[]))
+        .await
+        .assert_problem(404, "route-not-served");
+    assert_eq!(problem["route"], "/v1/score");
+    // Disk-changing routes are off unless an upstream allows them.
+    send(post(addr, "/api/pull", body(Some("m")), &[]))
+        .await
+        .assert_problem(403, "route-disabled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_management_goes_only_where_allowed() {
+    let closed = start(FakeConfig::ollama(4).model("m")).await;
+    let open_one = start(FakeConfig::ollama(4).model("m")).await;
+    let gw = gateway(&format!(
+        "{}{}{}",
+        server(""),
+        upstream_of("ollama", "closed", &closed.url(), "m", 4, ""),
+        upstream_of(
+            "ollama",
+            "open",
+            &open_one.url(),
+            "m",
+            4,
+            "allow_model_management = true"
+        )
+    ))
+    .await;
+    let addr = gw.api_addr();
+    for _ in 0..3 {
+        // The fake has no `/api/delete`; what it answers does not matter, only who gets it.
+        let reply = send(post(addr, "/api/delete", body(Some("m")), &[])).await;
+        assert_ne!(reply.status, 403, "{}", reply.text());
+    }
+    let deletes = |fake: &FakeUpstream| {
+        fake.observer()
+            .requests()
+            .iter()
+            .filter(|r| r.path == "/api/delete")
+            .count()
+    };
+    assert_eq!(deletes(&open_one), 3);
+    assert_eq!(deletes(&closed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_less_native_request_needs_a_single_model() {
+    let one = start(FakeConfig::llama_server(4).model("a")).await;
+    let two = start(FakeConfig::llama_server(4).model("b")).await;
+    let gw = gateway(&format!(
+        "{}{}{}",
+        server(""),
+        upstream_of("llama-server", "one", &one.url(), "a", 4, ""),
+        upstream_of("llama-server", "two", &two.url(), "b", 4, "")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let problem = send(post(addr, "/completion", body(None), &[]))
+        .await
+        .assert_problem(400, "bad-request");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("model"),
+        "{problem}"
+    );
+    // Naming it works.
+    let reply = send(post(addr, "/completion", body(Some("b")), &[])).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(two.observer().inference_requests().len(), 1);
+}
