@@ -34,6 +34,8 @@ fn sample(kind: Kind) -> Problem {
         }
         Kind::UpstreamBadResponse => Problem::upstream_bad_response("http://gpu-a:8080", "llama"),
         Kind::ShuttingDown => Problem::shutting_down(RETRY),
+        Kind::ReloadUnavailable => Problem::reload_unavailable(),
+        Kind::ConfigRefused => Problem::config_refused(&["a.b: wrong".to_owned()]),
         Kind::Internal => Problem::internal(),
     }
 }
