@@ -213,6 +213,8 @@ impl App {
         // With client keys on, the client's `Authorization` is its key to this gateway.
         let client_keys = generation.api_keys.is_enabled();
         let mut full_on: Option<(&str, Duration)> = None;
+        // The first upstream with fewer slots than the request needs: (name, weight, parallel).
+        let mut too_heavy: Option<(&str, usize, usize)> = None;
         let mut connect_error: Option<BoxError> = None;
         let mut stopping = self.shutdown.clone();
         for target in ranked {
@@ -220,7 +222,8 @@ impl App {
             // A shutdown ends the wait: only requests already running get the grace period.
             // A metadata route takes none.
             let admitted = if endpoint.slot {
-                admit::enter(target, &mut stopping).await.map(Some)
+                let weight = weight(&api, target);
+                admit::enter(target, weight, &mut stopping).await.map(Some)
             } else {
                 Ok(None)
             };
@@ -246,6 +249,11 @@ impl App {
                         Some((first, earlier)) => (first, earlier.min(retry_after)),
                         None => (target.upstream.name.as_str(), retry_after),
                     });
+                    continue;
+                }
+                Err(Refused::TooHeavy { weight, parallel }) => {
+                    // Never servable here; another upstream may have more slots.
+                    too_heavy.get_or_insert((target.upstream.name.as_str(), weight, parallel));
                     continue;
                 }
                 Err(Refused::Timeout(waited)) => {
@@ -301,6 +309,16 @@ impl App {
                 upstream: upstream.to_owned(),
                 model: model.to_owned(),
                 retry_after,
+            });
+        }
+        // Too heavy for every upstream that was tried, and none failed otherwise: no retry can
+        // help, the client must ask for fewer sequences.
+        if let (Some((upstream, weight, parallel)), None) = (too_heavy, &connect_error) {
+            return Err(Error::TooHeavy {
+                upstream: upstream.to_owned(),
+                model: model.to_owned(),
+                weight,
+                parallel,
             });
         }
         Err(Error::UpstreamUnavailable {
@@ -462,6 +480,15 @@ impl App {
 /// The targets of `route` to try for `endpoint`, best first: those of a kind that serves it
 /// (and, for a disk-changing route, whose upstream allows it). A problem when no configured
 /// upstream of the model could ever take it; an empty list when the ones that could are down.
+/// The engine slots `api` takes on `target`: its sequences ([`Weighed`](crate::proxy::endpoint::Weighed)), except on
+/// Ollama, which ignores `n` and runs one sequence per request.
+fn weight(api: &request::ApiRequest, target: &Target) -> usize {
+    match target.upstream.kind {
+        Kind::Ollama => 1,
+        _ => api.sequences,
+    }
+}
+
 fn eligible<'r>(route: &'r Route, endpoint: &Endpoint) -> Result<Vec<&'r Target>, Error> {
     let serves = |t: &Target| endpoint.is_served_by(t.upstream.kind);
     let allowed = |t: &Target| serves(t) && (!endpoint.manages_models || t.model_management);
