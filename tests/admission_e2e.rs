@@ -7,7 +7,7 @@
 
 mod support;
 
-use support::{authority, fake, gateway, post, send, server, upstream};
+use support::{SOON, authority, chat, fake, gateway, post, send, server, upstream};
 
 /// A chat completion body asking for `n` choices.
 fn chat_n(model: &str, n: u64) -> String {
@@ -146,6 +146,65 @@ async fn a_request_for_more_sequences_than_parallel_is_a_400_that_says_why() {
         1,
         "no refused request reached the engine"
     );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+// === the routing headers ===
+
+/// The value of `name` in `headers` as text; panics when absent.
+fn header<'h>(headers: &'h http::HeaderMap, name: &str) -> &'h str {
+    headers
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} in {headers:?}"))
+        .to_str()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_routed_answer_names_its_upstream_and_its_queue_wait() {
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 1, 4, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+
+    // A free slot: no wait.
+    let reply = chat(addr, "qwen", false, &[]).await;
+    assert_eq!(reply.status.as_u16(), 200, "{}", reply.text());
+    assert_eq!(header(&reply.headers, "x-slotgate-upstream"), "gpu");
+    assert_eq!(header(&reply.headers, "x-slotgate-queue-wait-ms"), "0");
+
+    // A request queued behind a 500 ms answer waited for it.
+    let first = tokio::spawn(chat(addr, "qwen", false, &[("x-fake-hold-ms", "500")]));
+    fake.observer().wait_for_in_flight(1, SOON).await.unwrap();
+    let queued = chat(addr, "qwen", true, &[]).await;
+    assert_eq!(queued.status.as_u16(), 200, "{}", queued.text());
+    assert!(
+        header(&queued.headers, "content-type").starts_with("text/event-stream"),
+        "a stream"
+    );
+    assert_eq!(header(&queued.headers, "x-slotgate-upstream"), "gpu");
+    let waited: u64 = header(&queued.headers, "x-slotgate-queue-wait-ms")
+        .parse()
+        .unwrap();
+    assert!(waited > 0, "it queued behind the first request");
+    let first = first.await.unwrap();
+    assert_eq!(header(&first.headers, "x-slotgate-upstream"), "gpu");
+
+    // The engine's own refusal is a routed answer too.
+    let reply = chat(addr, "qwen", false, &[("x-fake-fail", "status-400")]).await;
+    assert_eq!(reply.status.as_u16(), 400, "{}", reply.text());
+    assert_eq!(header(&reply.headers, "x-slotgate-upstream"), "gpu");
+    assert_eq!(header(&reply.headers, "x-slotgate-queue-wait-ms"), "0");
+
+    // A refusal of the gateway's own is not.
+    let reply = send(post(addr, "/v1/chat/completions", chat_n("qwen", 2), &[])).await;
+    reply.assert_problem(400, "bad-request");
+    assert!(!reply.headers.contains_key("x-slotgate-upstream"));
     gw.shutdown().await;
     fake.shutdown().await;
 }

@@ -250,6 +250,11 @@ impl Slot {
         held
     }
 
+    /// How long the request waited in the queue for this slot (zero when it was free).
+    pub(crate) fn waited(&self) -> Duration {
+        self.permit.waited()
+    }
+
     /// This slot's target metrics.
     pub(crate) fn metrics(&self) -> &TargetMetrics {
         &self.metrics

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{Either, Full};
@@ -273,10 +273,12 @@ impl App {
                 .forward(target, slot, &api, model, request_id, client_keys)
                 .await;
             match outcome {
-                Ok(response) => {
+                Ok(mut response) => {
                     if let Some(slot) = &slot {
                         observe(&slot.metrics().first_byte, sent.elapsed());
                     }
+                    let waited = slot.as_ref().map_or(Duration::ZERO, Slot::waited);
+                    mark_routed(response.headers_mut(), target, waited);
                     target.upstream.health.record_answer();
                     // Step 8: the slot rides in the body until the answer is over, and the body
                     // bounds the upstream's silences.
@@ -480,6 +482,25 @@ impl App {
 /// The targets of `route` to try for `endpoint`, best first: those of a kind that serves it
 /// (and, for a disk-changing route, whose upstream allows it). A problem when no configured
 /// upstream of the model could ever take it; an empty list when the ones that could are down.
+/// The upstream that answered, by its configured name.
+const UPSTREAM_HEADER: HeaderName = HeaderName::from_static("x-slotgate-upstream");
+/// How long the request waited in the queue for its slot, in whole milliseconds.
+const QUEUE_WAIT_HEADER: HeaderName = HeaderName::from_static("x-slotgate-queue-wait-ms");
+
+/// Tells the client where its answer came from and how long it queued: set on every response
+/// an upstream gave (replacing any such header the upstream sent, so an engine cannot speak
+/// for the gateway). The wait is 0 on routes that take no slot.
+fn mark_routed(headers: &mut http::HeaderMap, target: &Target, waited: Duration) {
+    // A name with control characters (a quoted TOML key may hold any) cannot be a header
+    // value: then the header is left out rather than the answer refused.
+    match HeaderValue::from_str(&target.upstream.name) {
+        Ok(name) => headers.insert(UPSTREAM_HEADER, name),
+        Err(_) => headers.remove(UPSTREAM_HEADER),
+    };
+    let millis = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
+    headers.insert(QUEUE_WAIT_HEADER, HeaderValue::from(millis));
+}
+
 /// The engine slots `api` takes on `target`: its sequences ([`Weighed`](crate::proxy::endpoint::Weighed)), except on
 /// Ollama, which ignores `n` and runs one sequence per request.
 fn weight(api: &request::ApiRequest, target: &Target) -> usize {
