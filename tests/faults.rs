@@ -554,3 +554,71 @@ async fn an_answer_past_its_stream_timeout_ends_with_an_error_event() {
     gw.shutdown().await;
     fake.shutdown().await;
 }
+
+/// SIGTERM with a stream running and idle keep-alive connections open: the idle connections
+/// (HTTP/1 and HTTP/2) are closed at once, while the stream runs to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_idle_connections_at_once_and_drains_the_stream() {
+    let (fake, gw) = setup("drain_grace = \"60s\"").await;
+    let addr = gw.api_addr();
+
+    // An HTTP/1 keep-alive connection and an HTTP/2 one, each idle after one answer.
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut h1, h1_conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    let h1_conn = tokio::spawn(h1_conn);
+    let models = |version| {
+        Request::get(format!("http://{addr}/v1/models"))
+            .version(version)
+            .body(http_body_util::Empty::<Bytes>::new())
+            .unwrap()
+    };
+    let answer = h1.send_request(models(http::Version::HTTP_11)).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    answer.into_body().collect().await.unwrap();
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut h2, h2_conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    let h2_conn = tokio::spawn(h2_conn);
+    let answer = h2.send_request(models(http::Version::HTTP_2)).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    answer.into_body().collect().await.unwrap();
+
+    // A stream that takes 40 × 150 ms = 6 s.
+    let mut running = support::open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("m", true),
+            &[("x-fake-tokens", "40"), ("x-fake-chunk-interval-ms", "150")],
+        ),
+    )
+    .await
+    .head()
+    .await;
+    assert!(running.next_data().await.unwrap().is_some());
+
+    let stopping = tokio::spawn(gw.shutdown());
+    // Both idle connections end while the stream still runs.
+    let closed = tokio::time::timeout(SOON, async {
+        let _ = h1_conn.await;
+        let _ = h2_conn.await;
+    });
+    assert!(closed.await.is_ok(), "an idle connection was kept open");
+    assert_eq!(
+        fake.observer().in_flight(),
+        1,
+        "the stream was still running when the idle connections closed"
+    );
+    let rest = running.rest().await.expect("the stream ends cleanly");
+    assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+    tokio::time::timeout(SOON, stopping)
+        .await
+        .expect("shutdown completes")
+        .unwrap();
+    fake.shutdown().await;
+}

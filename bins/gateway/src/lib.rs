@@ -296,9 +296,10 @@ impl Gateway {
         self.reloader.reload().await
     }
 
-    /// Stops gracefully: stop accepting, answer new requests on open connections and
-    /// requests still waiting in a queue with `503 shutting-down`, let requests already running
-    /// (streams included) finish within `server.drain_grace`, then close what is left.
+    /// Stops gracefully: stop accepting, close idle keep-alive connections at once (HTTP/2 with
+    /// a `GOAWAY`), answer requests still waiting in a queue (and any read after this point)
+    /// with `503 shutting-down`, let requests already running (streams included) finish within
+    /// `server.drain_grace`, then close what is left.
     /// `/readyz` turns `503` as soon as this starts; the health checks and the admin listener
     /// stop last.
     pub async fn shutdown(self) {
