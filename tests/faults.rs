@@ -622,3 +622,64 @@ async fn shutdown_closes_idle_connections_at_once_and_drains_the_stream() {
         .unwrap();
     fake.shutdown().await;
 }
+
+/// Finding 6: a head that hyper refuses itself, before the gateway sees a request, still gets a
+/// problem document with hyper's status, and the connection is closed; a head that never ends
+/// is closed after `header_read_timeout` with no answer (hyper sends no 408).
+#[tokio::test]
+async fn malformed_heads_get_problem_documents_and_the_connection_closes() {
+    let (fake, gw) = setup("header_read_timeout = \"1s\"").await;
+    let addr = gw.api_addr();
+    let long_uri = format!("GET /{} HTTP/1.1\r\nHost: gw\r\n\r\n", "a".repeat(100 * 1024));
+    let many_headers = format!(
+        "GET /v1/models HTTP/1.1\r\nHost: gw\r\n{}\r\n",
+        (0..200).map(|i| format!("x-h{i}: v\r\n")).collect::<String>()
+    );
+    for (head, status, slug) in [
+        (
+            "GET /v1/models HTTP/1.1\r\nHost gw\r\n\r\n".to_owned(),
+            "400 Bad Request",
+            "malformed-request",
+        ),
+        (long_uri, "414 URI Too Long", "uri-too-long"),
+        (
+            many_headers,
+            "431 Request Header Fields Too Large",
+            "headers-too-large",
+        ),
+    ] {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let answer = String::from_utf8_lossy(&read_until_closed(&mut stream).await).into_owned();
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}\r\n")),
+            "{slug}: {answer}"
+        );
+        assert!(
+            answer.contains("content-type: application/problem+json\r\n"),
+            "{slug}: {answer}"
+        );
+        let (_, body) = answer.split_once("\r\n\r\n").unwrap();
+        let doc: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            doc["type"],
+            format!("https://slotgate.dev/problems/{slug}"),
+            "{answer}"
+        );
+        assert!(doc["error"]["message"].is_string(), "{answer}");
+    }
+    // A head that never ends: closed after `header_read_timeout`, with no answer at all.
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /v1/models HTTP/1.1\r\nHost: gw\r\n")
+        .await
+        .unwrap();
+    assert!(read_until_closed(&mut stream).await.is_empty());
+    assert_eq!(
+        fake.observer().inference_requests().len(),
+        0,
+        "nothing was forwarded"
+    );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}

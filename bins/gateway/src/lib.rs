@@ -38,7 +38,8 @@
 //! [`proxy::service`] calls the steps in order; each step has its own module:
 //!
 //! 1. [`proxy::server`]: accept (HTTP/1.1 and h2c), header-read timeout, connection limit,
-//!    graceful shutdown.
+//!    graceful shutdown; [`proxy::refusals`] turns hyper's own refusals of a malformed head
+//!    into problem documents.
 //! 2. [`proxy::auth`]: the client's API key, when keys are configured.
 //! 3. [`proxy::request`]: the body under a size limit; `model` and `stream` found without
 //!    re-serialising.

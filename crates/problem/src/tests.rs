@@ -37,6 +37,9 @@ fn sample(kind: Kind) -> Problem {
         Kind::Overloaded => Problem::overloaded(1 << 28, RETRY),
         Kind::UpstreamStalled => Problem::upstream_stalled("gpu-a", "llama", "no data for 30 s"),
         Kind::StreamTimeout => Problem::stream_timeout("gpu-a", "llama", Duration::from_secs(3600)),
+        Kind::MalformedRequest => Problem::malformed_request(),
+        Kind::UriTooLong => Problem::uri_too_long(),
+        Kind::HeadersTooLarge => Problem::headers_too_large(),
         Kind::ShuttingDown => Problem::shutting_down(RETRY),
         Kind::Internal => Problem::internal(),
     }

@@ -32,6 +32,8 @@
 //!   still open after the drain timeout is cut. A connection with nothing in flight that has not
 //!   closed `header_read_timeout` after the signal (an HTTP/2 peer that ignores the `GOAWAY`)
 //!   is cut then.
+//! - hyper's own answers to a malformed HTTP/1 head (400, 414, 431) go out as problem documents
+//!   ([`Refusals`]).
 //!
 //! The accept loop knows nothing about the gateway: it serves any handler, so the API and the
 //! admin listener share it.
@@ -64,6 +66,7 @@ use tracing::{debug, info, warn};
 
 use crate::error::BoxError;
 use crate::metrics::{Bound, Metrics};
+use crate::proxy::refusals::Refusals;
 use crate::shutdown::ShutdownSignal;
 
 /// Settings of one listener.
@@ -255,7 +258,7 @@ async fn serve_connection<S, B>(
     }
     let mut conn = pin!(
         builder
-            .serve_connection(TokioIo::new(stream), service)
+            .serve_connection(Refusals::new(TokioIo::new(stream)), service)
             .into_owned()
     );
     let mut closing = false;
