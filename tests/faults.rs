@@ -683,3 +683,143 @@ async fn malformed_heads_get_problem_documents_and_the_connection_closes() {
     gw.shutdown().await;
     fake.shutdown().await;
 }
+
+/// One row of the engine-fault matrix: a request that the fake fails with `x-fake-fail: fail`,
+/// through [`stall_setup`] with `first_byte_timeout = 1s`.
+struct Row {
+    fake: fake_upstream::FakeUpstream,
+    gw: slotgate_gateway::Gateway,
+    admin: SocketAddr,
+    reply: support::Reply,
+}
+
+impl Row {
+    async fn run(fail: &str, stream: bool, id: &str) -> Self {
+        let (fake, gw) = stall_setup("first_byte_timeout = \"1s\"", "").await;
+        let admin = gw.admin_addr().unwrap();
+        let reply = tokio::time::timeout(
+            SOON,
+            chat(
+                gw.api_addr(),
+                "m",
+                stream,
+                &[("x-fake-fail", fail), ("x-request-id", id)],
+            ),
+        )
+        .await
+        .expect("the client gets an answer");
+        Self {
+            fake,
+            gw,
+            admin,
+            reply,
+        }
+    }
+
+    /// The last SSE event of a streamed answer, after checking that the stream began well.
+    fn error_event(&self) -> serde_json::Value {
+        assert_eq!(self.reply.status, 200);
+        assert!(self.reply.text().starts_with("data: "), "{}", self.reply.text());
+        assert!(!self.reply.text().contains("[DONE]"));
+        let last = last_event(&self.reply.body);
+        assert_eq!(last["error"]["type"], "server_error", "{last}");
+        last
+    }
+
+    /// That the engine saw the gateway close its connection.
+    async fn engine_saw_the_close(&self, id: &str) {
+        let record = self
+            .fake
+            .observer()
+            .wait_for_outcome(id, SOON)
+            .await
+            .expect("the request ended at the engine");
+        assert_eq!(
+            record.outcome,
+            Some(fake_upstream::Outcome::ClientGoneMidResponse)
+        );
+    }
+
+    /// Slot and queue back to 0, the request counted as an upstream error; then stops both.
+    async fn done(self) {
+        let key = support::authority(self.fake.addr());
+        support::eventually("slot and queue back to 0", SOON, || {
+            self.gw.limiter().in_flight(&key, "m") == 0 && self.gw.limiter().queued(&key, "m") == 0
+        })
+        .await;
+        assert_eq!(
+            support::admin_sample(
+                self.admin,
+                "slotgate_requests_total{upstream=\"a\",model=\"m\",outcome=\"upstream_error\"}"
+            )
+            .await,
+            Some(1.0)
+        );
+        self.gw.shutdown().await;
+        self.fake.shutdown().await;
+    }
+}
+
+/// An engine that sends two events, then nothing with the connection open.
+#[tokio::test]
+async fn row_stall_after_chunks() {
+    let row = Row::run("stall-after-chunks=2", true, "r-stall").await;
+    let last = row.error_event();
+    assert_eq!(last["type"], "https://slotgate.dev/problems/upstream-stalled");
+    assert_eq!(bound(row.admin, "stream_idle").await, 1);
+    row.engine_saw_the_close("r-stall").await;
+    row.done().await;
+}
+
+/// An engine that sends two events, then resets the connection.
+#[tokio::test]
+async fn row_reset_after_chunks() {
+    let row = Row::run("reset-after-chunks=2", true, "r-reset").await;
+    let last = row.error_event();
+    assert_eq!(last["type"], "https://slotgate.dev/problems/upstream-stalled");
+    assert!(
+        last["detail"].as_str().unwrap().contains("connection failed"),
+        "{last}"
+    );
+    assert_eq!(bound(row.admin, "upstream_cut").await, 1);
+    row.done().await;
+}
+
+/// An engine that takes the request, then resets the connection before any byte of answer.
+#[tokio::test]
+async fn row_reset_before_head() {
+    let row = Row::run("reset-before-head", true, "r-rst").await;
+    row.reply.assert_problem(502, "upstream-bad-response");
+    row.done().await;
+}
+
+/// Something that is not HTTP answers on the engine's port.
+#[tokio::test]
+async fn row_garbage_instead_of_http() {
+    let row = Row::run("garbage", false, "r-garbage").await;
+    row.reply.assert_problem(502, "upstream-bad-response");
+    row.done().await;
+}
+
+/// An engine that takes the request and never answers: 504 after `first_byte_timeout`, and
+/// the engine's connection is closed.
+#[tokio::test]
+async fn row_hang_before_head() {
+    let row = Row::run("hang", false, "r-hang").await;
+    let problem = row.reply.assert_problem(504, "upstream-timeout");
+    assert_eq!(problem["timeout_ms"], 1000);
+    row.engine_saw_the_close("r-hang").await;
+    row.done().await;
+}
+
+/// An engine that sends the head at once and then spends longer than `stream_idle_timeout`
+/// before its first token (a prefill that never ends).
+#[tokio::test]
+async fn row_first_token_later_than_the_idle_timeout() {
+    let row = Row::run("first-token-delay-ms=60000", true, "r-prefill").await;
+    let last = row.error_event();
+    assert_eq!(last["type"], "https://slotgate.dev/problems/upstream-stalled");
+    assert_eq!(bound(row.admin, "stream_idle").await, 1);
+    row.engine_saw_the_close("r-prefill").await;
+    row.done().await;
+}
