@@ -24,6 +24,7 @@ use bytes::Bytes;
 use hyper::rt::{Read, ReadBufCursor, Write};
 use pin_project_lite::pin_project;
 use slotgate_problem::{CONTENT_TYPE, Problem};
+use tracing::debug;
 
 use crate::request_id::request_id;
 
@@ -147,7 +148,11 @@ fn problem_answer(bytes: &[u8]) -> Option<Bytes> {
     };
     let id = request_id(&http::HeaderMap::new());
     let id = id.to_str().unwrap_or("-");
-    let problem = problem.with_extension("request_id", id);
+    // A generated id is a UUID, so it makes a valid `instance`, as on every other problem.
+    let problem = problem
+        .with_extension("request_id", id)
+        .with_instance(format!("urn:uuid:{id}"));
+    debug!(request_id = id, status = %problem.status(), "answered a malformed request head");
     let body = problem.to_json_bytes();
     let status = problem.status();
     let mut answer = format!(

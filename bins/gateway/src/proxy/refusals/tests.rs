@@ -62,6 +62,7 @@ fn the_answer_is_a_problem_document_with_the_same_status() {
     assert_eq!(doc["error"]["code"], "headers_too_large");
     let id = doc["request_id"].as_str().unwrap();
     assert!(head.contains(&format!("\r\nx-request-id: {id}")), "{head}");
+    assert_eq!(doc["instance"], format!("urn:uuid:{id}"));
 }
 
 /// A writer that takes at most `chunk` bytes a call.
