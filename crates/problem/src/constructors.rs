@@ -493,9 +493,7 @@ impl Problem {
             Kind::UriTooLong,
             "The request URL is too long. Send large inputs in the request body.".to_owned(),
         )
-        .with_detail(
-            "The request target is longer than 65,534 bytes; the connection is closed.",
-        )
+        .with_detail("The request target is longer than 65,534 bytes; the connection is closed.")
     }
 
     /// [`Kind::HeadersTooLarge`] (431): the HTTP/1 request head has more than 100 header fields

@@ -26,9 +26,8 @@ fn hyper_s_own_refusals_are_recognised() {
 
 #[test]
 fn every_other_write_passes() {
-    let ours = format!(
-        "HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nx-request-id: abc\r\n{DATE}\r\n"
-    );
+    let ours =
+        format!("HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nx-request-id: abc\r\n{DATE}\r\n");
     let with_body = format!("HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n{DATE}\r\n{{}}");
     let sized = format!("HTTP/1.1 400 Bad Request\r\ncontent-length: 12\r\n{DATE}\r\n");
     let cut = "HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n".to_owned();
@@ -43,7 +42,12 @@ fn every_other_write_passes() {
         b"\x00\x00\x08\x06\x00\x00\x00\x00\x00",
         b"",
     ] {
-        assert_eq!(refusal_status(bytes), None, "{:?}", String::from_utf8_lossy(bytes));
+        assert_eq!(
+            refusal_status(bytes),
+            None,
+            "{:?}",
+            String::from_utf8_lossy(bytes)
+        );
     }
 }
 
@@ -52,12 +56,24 @@ fn the_answer_is_a_problem_document_with_the_same_status() {
     let answer = problem_answer(&hyper_head("431 Request Header Fields Too Large")).unwrap();
     let text = std::str::from_utf8(&answer).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"), "{head}");
-    assert!(head.contains("\r\ncontent-type: application/problem+json"), "{head}");
+    assert!(
+        head.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"),
+        "{head}"
+    );
+    assert!(
+        head.contains("\r\ncontent-type: application/problem+json"),
+        "{head}"
+    );
     assert!(head.contains("\r\nconnection: close"), "{head}");
-    assert!(head.contains(&format!("\r\ncontent-length: {}", body.len())), "{head}");
+    assert!(
+        head.contains(&format!("\r\ncontent-length: {}", body.len())),
+        "{head}"
+    );
     let doc: serde_json::Value = serde_json::from_str(body).unwrap();
-    assert_eq!(doc["type"], "https://slotgate.dev/problems/headers-too-large");
+    assert_eq!(
+        doc["type"],
+        "https://slotgate.dev/problems/headers-too-large"
+    );
     assert_eq!(doc["status"], 431);
     assert_eq!(doc["error"]["code"], "headers_too_large");
     let id = doc["request_id"].as_str().unwrap();
