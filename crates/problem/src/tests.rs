@@ -41,6 +41,8 @@ fn sample(kind: Kind) -> Problem {
         Kind::UriTooLong => Problem::uri_too_long(),
         Kind::HeadersTooLarge => Problem::headers_too_large(),
         Kind::ShuttingDown => Problem::shutting_down(RETRY),
+        Kind::ReloadUnavailable => Problem::reload_unavailable(),
+        Kind::ConfigRefused => Problem::config_refused(&["a.b: wrong".to_owned()]),
         Kind::Internal => Problem::internal(),
     }
 }
