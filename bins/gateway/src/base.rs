@@ -14,16 +14,15 @@ pub(crate) struct Base {
 }
 
 impl Base {
-    /// Parses an upstream URL such as `http://127.0.0.1:8081` or `http://host:80/openai/`.
-    ///
-    /// Only `http` is accepted: the gateway speaks plain HTTP to engines on a private network.
+    /// Parses an upstream URL such as `http://127.0.0.1:8081`, `https://llm.example` or
+    /// `http://host:80/openai/`.
     pub(crate) fn parse(url: &str) -> Result<Self, String> {
         let uri: Uri = url
             .parse()
             .map_err(|e| format!("invalid URL {url:?}: {e}"))?;
         let scheme = uri.scheme().cloned().ok_or("the URL has no scheme")?;
-        if scheme != Scheme::HTTP {
-            return Err(format!("unsupported scheme {scheme} (only http)"));
+        if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
+            return Err(format!("unsupported scheme {scheme} (http or https)"));
         }
         let authority = uri.authority().cloned().ok_or("the URL has no host")?;
         let prefix = uri.path().trim_end_matches('/').to_owned();

@@ -22,7 +22,7 @@ use crate::error::{BoxError, chain};
 use crate::metrics::observe;
 use crate::proxy::admit::{self, Refused, Slot};
 use crate::proxy::body::SlotBody;
-use crate::proxy::forward::{Authorization, ForwardError, Forwarder};
+use crate::proxy::forward::{Authorization, Destination, ForwardError, Forwarder};
 use crate::proxy::live::{Generation, Live};
 use crate::proxy::problems::{self, Error, GET_ONLY, POST_ONLY, allow};
 use crate::proxy::request;
@@ -237,7 +237,10 @@ impl App {
         let outcome = self
             .forwarder
             .send(
-                &target.upstream.base,
+                Destination {
+                    client: &target.upstream.client,
+                    base: &target.upstream.base,
+                },
                 authorization,
                 &api.parts,
                 api.body_for(model),
@@ -310,6 +313,15 @@ fn failed_after_connect(failure: ForwardError, target: &Target, model: &str, slo
         ForwardError::Failed(source) => {
             slot.fail();
             Error::UpstreamFailed {
+                upstream,
+                model,
+                source,
+            }
+        }
+        ForwardError::Tls(source) => {
+            // Nothing reached the engine: the slot is free at once.
+            slot.abandon();
+            Error::UpstreamTls {
                 upstream,
                 model,
                 source,

@@ -116,7 +116,7 @@ pub async fn probe_config(config: &Config) -> Vec<ProbedSlots> {
         if upstream.kind != Kind::LlamaServer {
             continue;
         }
-        let state = UpstreamState::from_config(upstream);
+        let state = UpstreamState::from_config(upstream, &config.server);
         for (model, limits) in &upstream.models {
             if !matches!(limits, ModelLimits::Auto { .. }) {
                 continue;
