@@ -101,6 +101,7 @@ mod ops;
 mod proxy;
 mod request_id;
 mod shutdown;
+mod tls;
 mod upstreams;
 
 pub use crate::ops::reload::{ReloadError, Reloaded};
@@ -226,11 +227,7 @@ impl Gateway {
         let shutdown_retry_after = server.drain_grace.max(Duration::from_secs(1));
         let app = Arc::new(service::App {
             live: Arc::clone(&live),
-            forwarder: forward::Forwarder::new(forward::Timeouts {
-                connect: server.connect_timeout,
-                first_byte: server.first_byte_timeout,
-                pool_idle: server.idle_timeout,
-            }),
+            forwarder: forward::Forwarder::new(server.first_byte_timeout),
             shutdown_retry_after,
             shutdown: api_signal.clone(),
             started: SystemTime::now(),
