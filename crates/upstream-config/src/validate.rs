@@ -411,10 +411,6 @@ struct ReadUpstream<'v> {
     built: Option<Upstream>,
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "one read per key of the table, in the table's order, then one assembly"
-)]
 fn upstream<'v>(
     r: &mut Reader<'_>,
     path: &KeyPath,
