@@ -55,9 +55,9 @@ pub(crate) enum UpstreamError {
     Tls {
         /// The upstream's name.
         upstream: String,
-        /// Why.
+        /// Why (boxed: the file's path and rustls's reason make it large).
         #[source]
-        source: TlsError,
+        source: Box<TlsError>,
     },
 }
 
@@ -123,7 +123,7 @@ impl UpstreamState {
         };
         let tls = UpstreamTls::load(upstream).map_err(|source| UpstreamError::Tls {
             upstream: upstream.name.clone(),
-            source,
+            source: Box::new(source),
         })?;
         let connector = tls::connector(tls.as_ref(), server.connect_timeout);
         let client = Client::builder(TokioExecutor::new())
