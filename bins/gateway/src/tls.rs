@@ -156,10 +156,17 @@ impl UpstreamTls {
 }
 
 /// A connector for an upstream: `tls` for `https` (see [`UpstreamTls::load`]), plain otherwise.
-pub(crate) fn connector(tls: Option<&UpstreamTls>, connect_timeout: Duration) -> Connector {
+/// `tcp_keepalive` is the keepalive idle time of its sockets: a dead engine host that sent no
+/// FIN is noticed by the kernel.
+pub(crate) fn connector(
+    tls: Option<&UpstreamTls>,
+    connect_timeout: Duration,
+    tcp_keepalive: Duration,
+) -> Connector {
     let mut http = HttpConnector::new();
     http.set_connect_timeout(Some(connect_timeout));
     http.set_nodelay(true);
+    http.set_keepalive(Some(tcp_keepalive));
     // The TLS layer above hands `https` URIs down to this connector.
     http.enforce_http(false);
     match tls {

@@ -3,6 +3,7 @@
 //! - Each upstream's [`hyper_util::client::legacy::Client`] (built with its TLS settings by
 //!   [`upstreams::state`](crate::upstreams::state)) keeps connections alive and reuses them, so
 //!   a request pays no connect or TLS handshake on the hot path.
+//! - TCP keepalive on upstream sockets (`tcp_keepalive`, set on each upstream's connector).
 //! - A connect timeout (on the connector) and a first-byte timeout (around the wait for the
 //!   response head). The answer itself may stream for as long as the engine generates: there is
 //!   deliberately no total timeout here.

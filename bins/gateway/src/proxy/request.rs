@@ -5,6 +5,16 @@
 //! above the limit is refused before a byte is read, and a chunked body is cut off by
 //! [`http_body_util::Limited`] the moment it passes the limit.
 //!
+//! Two more bounds keep slow or many bodies from holding the gateway (a body cannot be
+//! forwarded before it is whole, so it has to be buffered):
+//!
+//! - a deadline, `body_read_timeout`, from the end of the head to the body's last byte: a client
+//!   that trickles its body (slowloris) gets 408 `body-timeout` and loses its connection;
+//! - a budget, `max_buffered_body_bytes`, shared by every request: each body takes its bytes from
+//!   it as they arrive and gives them back when the request is over (answered, refused, or gone).
+//!   A body that would overdraw it gets 503 `overloaded` at once. The per-request limit alone
+//!   cannot bound memory: 200 streams on one HTTP/2 connection each stay under it.
+//!
 //! `model` and `stream` are read with `serde_json` into a small borrowed struct; every other
 //! member is skipped, not copied. The original bytes are what goes upstream: nothing is
 //! re-serialised, so numbers, key order and unknown fields reach the engine exactly as the
@@ -12,19 +22,83 @@
 //! the bytes of the `model` value (and only those) are replaced, see [`ApiRequest::body_for`].
 
 use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
 use http::{HeaderMap, Request};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
+use prometheus_client::metrics::counter::Counter;
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::BoxError;
+use crate::metrics::{Bound, Metrics};
 use crate::proxy::endpoint::{Endpoint, ModelIn};
 use crate::proxy::problems::Error;
+
+/// The request-body bytes the whole gateway may buffer at once (`max_buffered_body_bytes`).
+#[derive(Debug)]
+pub(crate) struct BodyBudget {
+    bytes: Arc<Semaphore>,
+    total: usize,
+    spent: Counter,
+    timed_out: Counter,
+}
+
+impl BodyBudget {
+    /// A budget of `total` bytes, counting refusals and body timeouts in `metrics`.
+    pub(crate) fn new(total: usize, metrics: &Metrics) -> Self {
+        let total = total.min(Semaphore::MAX_PERMITS);
+        Self {
+            bytes: Arc::new(Semaphore::new(total)),
+            total,
+            spent: metrics.bound(Bound::BodyBudget),
+            timed_out: metrics.bound(Bound::BodyTimeout),
+        }
+    }
+
+    /// Bytes buffered now.
+    #[cfg(test)]
+    pub(crate) fn in_use(&self) -> usize {
+        self.total - self.bytes.available_permits()
+    }
+
+    /// Takes `len` more bytes into `held`, or says the budget is spent.
+    fn take(&self, len: usize, held: &mut Option<OwnedSemaphorePermit>) -> Result<(), Error> {
+        let Ok(count) = u32::try_from(len) else {
+            return Err(self.refuse());
+        };
+        let Ok(permit) = Arc::clone(&self.bytes).try_acquire_many_owned(count) else {
+            return Err(self.refuse());
+        };
+        match held {
+            Some(held) => held.merge(permit),
+            None => *held = Some(permit),
+        }
+        Ok(())
+    }
+
+    fn refuse(&self) -> Error {
+        self.spent.inc();
+        Error::Overloaded { budget: self.total }
+    }
+}
+
+/// What bounds the reading of one body.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BodyLimits<'a> {
+    /// Largest body, in bytes (`max_body_bytes`).
+    pub(crate) max_bytes: usize,
+    /// Time for the whole body (`body_read_timeout`).
+    pub(crate) timeout: Duration,
+    /// The gateway-wide budget.
+    pub(crate) budget: &'a BodyBudget,
+}
 
 /// A request to one of the model-routed endpoints, read and understood.
 #[derive(Debug)]
@@ -39,6 +113,8 @@ pub(crate) struct ApiRequest {
     pub(crate) stream: bool,
     /// Where the `model` value (with its quotes) sits in `body`.
     model_span: Range<usize>,
+    /// The body's bytes taken from the [`BodyBudget`], given back when the request is dropped.
+    _budget: Option<OwnedSemaphorePermit>,
 }
 
 /// The two members the gateway needs; everything else is skipped by `serde_json` without being
@@ -54,12 +130,13 @@ struct Head<'a> {
 /// Reads and checks a request to a model-routed endpoint.
 ///
 /// Refuses, in this order: a content type other than JSON (415), a declared length above
-/// `limit` (413, before reading), a body that grows past `limit` (413), a body that is not a
-/// JSON object, has no string `model` (unless the endpoint allows that), or has a non-boolean
-/// `stream` (400).
+/// `limits.max_bytes` (413, before reading), a declared length the budget cannot hold (503), a
+/// body that grows past the limit (413) or past the budget (503), a body not complete within
+/// `limits.timeout` (408), a body that is not a JSON object, has no string `model` (unless the
+/// endpoint allows that), or has a non-boolean `stream` (400).
 pub(crate) async fn read<B>(
     req: Request<B>,
-    limit: usize,
+    limits: BodyLimits<'_>,
     endpoint: &Endpoint,
 ) -> Result<ApiRequest, Error>
 where
@@ -68,15 +145,27 @@ where
 {
     let (parts, body) = req.into_parts();
     check_content_type(&parts.headers)?;
-    if let Some(declared) = declared_length(&parts.headers)?
-        && declared > limit as u64
-    {
-        return Err(Error::BodyTooLarge { limit });
+    let limit = limits.max_bytes;
+    let mut held = None;
+    if let Some(declared) = declared_length(&parts.headers)? {
+        if declared > limit as u64 {
+            return Err(Error::BodyTooLarge { limit });
+        }
+        // The whole declared length up front: a refusal then costs the client no upload.
+        limits
+            .budget
+            .take(usize::try_from(declared).unwrap_or(usize::MAX), &mut held)?;
     }
-    let body = match Limited::new(body, limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<LengthLimitError>() => return Err(Error::BodyTooLarge { limit }),
-        Err(error) => return Err(Error::BodyRead(error)),
+    let declared = held.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
+    let collect = collect(body, limit, limits.budget, declared, &mut held);
+    let body = match tokio::time::timeout(limits.timeout, collect).await {
+        Ok(body) => body?,
+        Err(_elapsed) => {
+            limits.budget.timed_out.inc();
+            return Err(Error::BodyTimeout {
+                after: limits.timeout,
+            });
+        }
     };
     let (model, stream, model_span) = parse(&body, endpoint)?;
     Ok(ApiRequest {
@@ -85,7 +174,40 @@ where
         model,
         stream,
         model_span,
+        _budget: held,
     })
+}
+
+/// Reads `body` whole, under `limit`, taking from `budget` what goes past the `prepaid` bytes.
+async fn collect<B>(
+    body: B,
+    limit: usize,
+    budget: &BodyBudget,
+    prepaid: usize,
+    held: &mut Option<OwnedSemaphorePermit>,
+) -> Result<Bytes, Error>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut body = std::pin::pin!(body);
+    let mut out = BytesMut::with_capacity(prepaid);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| Error::BodyRead(error.into()))?;
+        let Ok(mut data) = frame.into_data() else {
+            continue; // trailers: nothing the gateway forwards
+        };
+        let len = data.remaining();
+        if out.len() + len > limit {
+            return Err(Error::BodyTooLarge { limit });
+        }
+        let beyond_prepaid = (out.len() + len).saturating_sub(prepaid.max(out.len()));
+        if beyond_prepaid > 0 {
+            budget.take(beyond_prepaid, held)?;
+        }
+        out.extend_from_slice(&data.copy_to_bytes(len));
+    }
+    Ok(out.freeze())
 }
 
 impl ApiRequest {

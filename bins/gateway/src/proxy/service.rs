@@ -16,12 +16,13 @@ use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
+use prometheus_client::metrics::counter::Counter;
 use tracing::{debug, warn};
 
 use crate::error::{BoxError, chain};
-use crate::metrics::observe;
+use crate::metrics::{Bound, Metrics, observe};
 use crate::proxy::admit::{self, Refused, Slot};
-use crate::proxy::body::SlotBody;
+use crate::proxy::body::{SlotBody, Watch};
 use crate::proxy::endpoint::Endpoint;
 use crate::proxy::forward::{Authorization, Destination, ForwardError, Forwarder};
 use crate::proxy::live::{Generation, Live};
@@ -54,9 +55,37 @@ pub(crate) struct App {
     pub(crate) shutdown: ShutdownSignal,
     /// For the `created` field of `/v1/models`.
     pub(crate) started: SystemTime,
+    /// `slotgate_bounds_total{bound="stream_idle"}`.
+    pub(crate) stalled: Counter,
+    /// `slotgate_bounds_total{bound="upstream_cut"}`.
+    pub(crate) cut: Counter,
+    /// The request-body bytes all requests together may buffer (`max_buffered_body_bytes`, read
+    /// at start).
+    pub(crate) body_budget: request::BodyBudget,
 }
 
 impl App {
+    /// The request path for `server`'s settings; `shutdown` fires when the gateway stops.
+    /// Needs a Tokio runtime (the upstream client's pool).
+    pub(crate) fn new(
+        live: Arc<Live>,
+        server: &slotgate_config::Server,
+        shutdown: ShutdownSignal,
+        metrics: &Metrics,
+    ) -> Self {
+        Self {
+            live,
+            forwarder: Forwarder::new(server.first_byte_timeout),
+            // Clients told "shutting down" should come back once a restart is likely done.
+            shutdown_retry_after: server.drain_grace.max(Duration::from_secs(1)),
+            shutdown,
+            started: SystemTime::now(),
+            body_budget: request::BodyBudget::new(server.max_buffered_body_bytes, metrics),
+            stalled: metrics.bound(Bound::StreamIdle),
+            cut: metrics.bound(Bound::UpstreamCut),
+        }
+    }
+
     /// Answers one request.
     pub(crate) async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<ResponseBody>
     where
@@ -136,9 +165,15 @@ impl App {
                 retry_after: self.shutdown_retry_after,
             });
         }
-        // Step 3: the body, under the limit; `model` and `stream` without re-serialising.
+        // Step 3: the body, under the limit, the deadline and the gateway's budget; `model` and
+        // `stream` without re-serialising.
         let server = &generation.config.server;
-        let api = request::read(req, server.max_body_bytes, endpoint).await?;
+        let limits = request::BodyLimits {
+            max_bytes: server.max_body_bytes,
+            timeout: server.body_read_timeout,
+            budget: &self.body_budget,
+        };
+        let api = request::read(req, limits, endpoint).await?;
         // Step 4: the model's route (an alias shares its target's route), then the targets of
         // a kind that serves this endpoint.
         let route = match &api.model {
@@ -227,8 +262,11 @@ impl App {
                         observe(&slot.metrics().first_byte, sent.elapsed());
                     }
                     target.upstream.health.record_answer();
-                    // Step 8: the slot rides in the body until the answer is over.
-                    return Ok(response.map(|body| Either::Right(SlotBody::new(body, slot))));
+                    // Step 8: the slot rides in the body until the answer is over, and the body
+                    // bounds the upstream's silences.
+                    let watch = self.watch(target, model, request_id, response.headers());
+                    return Ok(response
+                        .map(|body| Either::Right(SlotBody::new(body, slot).watched(watch))));
                 }
                 Err(ForwardError::Connect(error)) => {
                     // Nothing was sent: safe to try the next host. Enough of these in a row
@@ -379,6 +417,26 @@ impl App {
         })
     }
 
+    /// The [`Watch`] over the answer of `target`, whose response head has `headers`.
+    fn watch(
+        &self,
+        target: &Target,
+        model: &str,
+        request_id: &HeaderValue,
+        headers: &http::HeaderMap,
+    ) -> Watch {
+        Watch {
+            idle_timeout: target.stream_idle_timeout,
+            cancel_grace: target.cancel_grace,
+            sse: is_open_ended_sse(headers),
+            upstream: target.upstream.name.clone(),
+            model: model.to_owned(),
+            request_id: request_id.to_str().unwrap_or_default().to_owned(),
+            stalled: self.stalled.clone(),
+            cut: self.cut.clone(),
+        }
+    }
+
     /// `GET /v1/models`: every model (and alias) that some healthy, undrained upstream
     /// serves, in the OpenAI list shape. A model whose every upstream is down or draining is
     /// left out: asking for it now would only get a 503.
@@ -514,6 +572,16 @@ fn failed_after_connect(
             Error::Internal(format!("unhandled connect error: {error}"))
         }
     }
+}
+
+/// Whether an answer is an SSE stream of no declared length, which can take one more event.
+fn is_open_ended_sse(headers: &http::HeaderMap) -> bool {
+    let sse = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"));
+    sse && !headers.contains_key(header::CONTENT_LENGTH)
 }
 
 fn json_response(status: StatusCode, body: String) -> Response<ResponseBody> {

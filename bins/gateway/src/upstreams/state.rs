@@ -125,7 +125,7 @@ impl UpstreamState {
             upstream: upstream.name.clone(),
             source: Box::new(source),
         })?;
-        let connector = tls::connector(tls.as_ref(), server.connect_timeout);
+        let connector = tls::connector(tls.as_ref(), server.connect_timeout, server.tcp_keepalive);
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(server.idle_timeout)
