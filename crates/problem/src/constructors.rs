@@ -426,6 +426,38 @@ impl Problem {
         .ext("model", model)
     }
 
+    /// [`Kind::StreamTimeout`] (504): the answer of `upstream` for `model` was still going at
+    /// the upstream's `stream_timeout`, so the gateway ended it. A streamed answer carries this
+    /// as its last `error` event.
+    ///
+    /// Sets the extension members `upstream`, `model` and `timeout_ms`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use slotgate_problem::Problem;
+    ///
+    /// let p = Problem::stream_timeout("gpu-a", "llama", Duration::from_secs(3600));
+    /// assert_eq!(p.status(), 504);
+    /// ```
+    #[must_use]
+    pub fn stream_timeout(upstream: &str, model: &str, timeout: Duration) -> Self {
+        let after = human(timeout);
+        Self::new(
+            Kind::StreamTimeout,
+            format!(
+                "The answer of model `{model}` took longer than {after}, the longest this \
+                 server lets one answer run; it is incomplete. Ask for a shorter answer \
+                 (`max_tokens`)."
+            ),
+        )
+        .with_detail(format!(
+            "Upstream `{upstream}` was still answering for model `{model}` after {after}."
+        ))
+        .ext("upstream", upstream)
+        .ext("model", model)
+        .ext("timeout_ms", millis(timeout))
+    }
+
     /// [`Kind::ShuttingDown`] (503): the gateway is shutting down and takes no new requests.
     ///
     /// Sets `Retry-After` from `retry_after`.

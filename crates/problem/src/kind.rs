@@ -250,6 +250,16 @@ kinds! {
         code: "upstream_stalled",
         openai_type: "server_error",
     }
+    /// The upstream's answer was still going at the upstream's `stream_timeout`, so the gateway
+    /// ended it. Like [`Kind::UpstreamStalled`], only seen as the `error` event that ends a
+    /// streamed answer.
+    StreamTimeout {
+        slug: STREAM_TIMEOUT = "stream-timeout",
+        status: GATEWAY_TIMEOUT,
+        title: "Answer took too long",
+        code: "stream_timeout",
+        openai_type: "server_error",
+    }
     /// The gateway is shutting down (SIGTERM or drain) and takes no new requests; in-flight
     /// ones finish (503, with `Retry-After`).
     ShuttingDown {

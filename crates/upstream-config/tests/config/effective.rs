@@ -23,6 +23,8 @@ fn defaults_are_written_out() {
         "api_keys = []",
         "weight = 1.0",
         "cancel_grace = \"0s\"",
+        "stream_timeout = \"1h\"",
+        "client_write_timeout = \"1m\"",
         "kind = \"vllm\"",
         "url = \"http://10.0.0.1:8000/\"",
         "queue_timeout = \"10s\"",
@@ -54,6 +56,7 @@ fn it_loads_back_to_the_same_config() {
         url = "https://llm.example/openai/"
         kind = "openai"
         weight = 0.5
+        stream_timeout = "none"
         [upstreams.a.models."llama3.1:8b"]
         parallel = 3
         queue = 0
@@ -66,6 +69,7 @@ fn it_loads_back_to_the_same_config() {
     let again = Config::from_toml_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert_eq!(again, config, "{text}");
     assert!(text.contains("parallel = \"unlimited\""), "{text}");
+    assert!(text.contains("stream_timeout = \"none\""), "{text}");
     assert!(
         text.contains("[upstreams.a.models.\"llama3.1:8b\"]"),
         "{text}"
