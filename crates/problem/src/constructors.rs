@@ -475,6 +475,50 @@ impl Problem {
         .with_retry_after(retry_after)
     }
 
+    /// [`Kind::ReloadUnavailable`] (409): the gateway was not started from a configuration
+    /// file, so a reload has nothing to read.
+    ///
+    /// ```
+    /// use slotgate_problem::Problem;
+    ///
+    /// assert_eq!(Problem::reload_unavailable().status(), 409);
+    /// ```
+    #[must_use]
+    pub fn reload_unavailable() -> Self {
+        Self::new(
+            Kind::ReloadUnavailable,
+            "This gateway was started from a configuration in memory, not from a file, so there \
+             is nothing to reload. Restart it with the new configuration instead."
+                .to_owned(),
+        )
+        .with_detail("The gateway was not started from a configuration file.")
+    }
+
+    /// [`Kind::ConfigRefused`] (422): the new configuration cannot be put in force; the one in
+    /// force stays. Sets the extension member `issues`, one entry per problem.
+    ///
+    /// ```
+    /// use slotgate_problem::Problem;
+    ///
+    /// let p = Problem::config_refused(&["upstreams.a.url: unsupported scheme".to_owned()]);
+    /// assert_eq!(p.status(), 422);
+    /// assert_eq!(p.extension("issues").unwrap()[0], "upstreams.a.url: unsupported scheme");
+    /// ```
+    #[must_use]
+    pub fn config_refused(issues: &[String]) -> Self {
+        Self::new(
+            Kind::ConfigRefused,
+            "The new configuration was refused and the one in force stays. Fix every problem \
+             listed in `issues`, then reload again."
+                .to_owned(),
+        )
+        .with_detail(format!(
+            "The new configuration has {} problem(s); the configuration in force stays.",
+            issues.len()
+        ))
+        .with_extension("issues", issues.to_vec())
+    }
+
     /// [`Kind::Internal`] (500): a case the gateway believed unreachable. It is a bug; the
     /// gateway logs it and still answers with a problem document.
     #[must_use]

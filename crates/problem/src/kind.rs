@@ -269,6 +269,24 @@ kinds! {
         code: "shutting_down",
         openai_type: "server_error",
     }
+    /// The admin API was asked to reload the configuration, but the gateway was started from a
+    /// configuration in memory, not a file: there is nothing to read again (409).
+    ReloadUnavailable {
+        slug: RELOAD_UNAVAILABLE = "reload-unavailable",
+        status: CONFLICT,
+        title: "Reload not possible",
+        code: "reload_unavailable",
+        openai_type: "invalid_request_error",
+    }
+    /// The admin API was asked to reload the configuration, and the file cannot be put in force:
+    /// unreadable, unparsable or breaking rules. The configuration in force stays (422).
+    ConfigRefused {
+        slug: CONFIG_REFUSED = "config-refused",
+        status: UNPROCESSABLE_ENTITY,
+        title: "Configuration refused",
+        code: "config_refused",
+        openai_type: "invalid_request_error",
+    }
     /// A bug: a case the gateway believed unreachable. It is still answered with a problem
     /// document, never a bare 500 (500).
     Internal {

@@ -38,6 +38,8 @@ fn sample(kind: Kind) -> Problem {
         Kind::UpstreamStalled => Problem::upstream_stalled("gpu-a", "llama", "no data for 30 s"),
         Kind::StreamTimeout => Problem::stream_timeout("gpu-a", "llama", Duration::from_secs(3600)),
         Kind::ShuttingDown => Problem::shutting_down(RETRY),
+        Kind::ReloadUnavailable => Problem::reload_unavailable(),
+        Kind::ConfigRefused => Problem::config_refused(&["a.b: wrong".to_owned()]),
         Kind::Internal => Problem::internal(),
     }
 }
