@@ -102,6 +102,7 @@ mod ops;
 mod proxy;
 mod request_id;
 mod shutdown;
+mod tls;
 mod upstreams;
 
 pub use crate::ops::reload::{ReloadError, Reloaded};
