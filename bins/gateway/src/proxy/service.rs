@@ -24,7 +24,7 @@ use crate::metrics::{Bound, Metrics, observe};
 use crate::proxy::admit::{self, Refused, Slot};
 use crate::proxy::body::{SlotBody, Watch};
 use crate::proxy::endpoint::Endpoint;
-use crate::proxy::forward::{Authorization, ForwardError, Forwarder, Timeouts};
+use crate::proxy::forward::{Authorization, Destination, ForwardError, Forwarder};
 use crate::proxy::live::{Generation, Live};
 use crate::proxy::ollama;
 use crate::proxy::problems::{self, Error, GET_ONLY, POST_ONLY, allow};
@@ -77,12 +77,7 @@ impl App {
     ) -> Self {
         Self {
             live,
-            forwarder: Forwarder::new(Timeouts {
-                connect: server.connect_timeout,
-                first_byte: server.first_byte_timeout,
-                pool_idle: server.idle_timeout,
-                tcp_keepalive: server.tcp_keepalive,
-            }),
+            forwarder: Forwarder::new(server.first_byte_timeout),
             // Clients told "shutting down" should come back once a restart is likely done.
             shutdown_retry_after: server.drain_grace.max(Duration::from_secs(1)),
             shutdown,
@@ -328,7 +323,10 @@ impl App {
         let outcome = self
             .forwarder
             .send(
-                &target.upstream.base,
+                Destination {
+                    client: &target.upstream.client,
+                    base: &target.upstream.base,
+                },
                 authorization(&target.upstream, client_keys),
                 &api.parts,
                 api.body_for(model),
@@ -385,7 +383,10 @@ impl App {
             .filter(|u| u.kind == Kind::Ollama && u.is_available());
         for upstream in ollamas {
             let sent = self.forwarder.send(
-                &upstream.base,
+                Destination {
+                    client: &upstream.client,
+                    base: &upstream.base,
+                },
                 authorization(upstream, client_keys),
                 &parts,
                 Bytes::new(),
@@ -396,6 +397,13 @@ impl App {
                     return Ok(response.map(|body| Either::Right(SlotBody::new(body, None))));
                 }
                 Err(ForwardError::Connect(error)) => connect_error = Some(error),
+                Err(ForwardError::Tls(source)) => {
+                    return Err(Error::UpstreamTls {
+                        upstream: upstream.name.clone(),
+                        model: String::new(),
+                        source,
+                    });
+                }
                 Err(error) => {
                     return Err(Error::UpstreamFailed {
                         upstream: upstream.name.clone(),
@@ -526,6 +534,11 @@ fn failed_after_connect(
                 model,
                 source,
             },
+            ForwardError::Tls(source) => Error::UpstreamTls {
+                upstream,
+                model,
+                source,
+            },
             ForwardError::Internal(detail) => Error::Internal(detail),
             ForwardError::Connect(error) => {
                 Error::Internal(format!("unhandled connect error: {error}"))
@@ -544,6 +557,15 @@ fn failed_after_connect(
         ForwardError::Failed(source) => {
             slot.fail();
             Error::UpstreamFailed {
+                upstream,
+                model,
+                source,
+            }
+        }
+        ForwardError::Tls(source) => {
+            // Nothing reached the engine: the slot is free at once.
+            slot.abandon();
+            Error::UpstreamTls {
                 upstream,
                 model,
                 source,
