@@ -7,7 +7,8 @@
 
 mod support;
 
-use support::{SOON, authority, chat, fake, gateway, post, send, server, upstream};
+use fake_upstream::{FakeConfig, FakeUpstream};
+use support::{SOON, authority, chat, fake, gateway, get, post, sample, send, server, upstream};
 
 /// A chat completion body asking for `n` choices.
 fn chat_n(model: &str, n: u64) -> String {
@@ -205,6 +206,89 @@ async fn every_routed_answer_names_its_upstream_and_its_queue_wait() {
     let reply = send(post(addr, "/v1/chat/completions", chat_n("qwen", 2), &[])).await;
     reply.assert_problem(400, "bad-request");
     assert!(!reply.headers.contains_key("x-slotgate-upstream"));
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+// === engine-wide caps ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_models_under_a_shared_upstream_cap_never_exceed_it_together() {
+    // One vLLM with two LoRA adapters: 3 slots each, 4 for the engine as a whole.
+    let fake = FakeUpstream::start(FakeConfig::vllm(16).model("sql").model("chat"))
+        .await
+        .expect("fake upstream starts");
+    let gw = gateway(&format!(
+        "{}[upstreams.vllm]\nurl = \"{}\"\nkind = \"vllm\"\nparallel = 4\n\n\
+         [upstreams.vllm.models.sql]\nparallel = 3\nqueue = 16\nqueue_timeout = \"60s\"\n\n\
+         [upstreams.vllm.models.chat]\nparallel = 3\nqueue = 16\nqueue_timeout = \"60s\"\n",
+        server(""),
+        fake.url()
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let admin = gw.admin_addr().expect("admin listener");
+
+    let tasks: Vec<_> = (0..16u64)
+        .map(|i| {
+            tokio::spawn(async move {
+                let model = if i % 2 == 0 { "sql" } else { "chat" };
+                send(post(
+                    addr,
+                    "/v1/chat/completions",
+                    chat_n(model, 1 + i % 2),
+                    &[("x-fake-hold-ms", "300")],
+                ))
+                .await
+            })
+        })
+        .collect();
+    // While they run, the cap shows in the admin status and the metrics.
+    fake.observer().wait_for_in_flight(2, SOON).await.unwrap();
+    let status = get(admin, "/admin/upstreams").await.json();
+    let slots = &status["upstreams"][0]["slots"];
+    assert_eq!(slots["parallel"], 4, "{status}");
+    assert!(
+        slots["in_flight"].as_u64().is_some_and(|n| n <= 4),
+        "{slots}"
+    );
+    let metrics = get(admin, "/metrics").await.text();
+    assert_eq!(
+        sample(
+            &metrics,
+            r#"slotgate_upstream_slots_capacity{upstream="vllm"}"#
+        ),
+        Some(4.0),
+        "{metrics}"
+    );
+    assert!(
+        sample(
+            &metrics,
+            r#"slotgate_upstream_slots_in_use{upstream="vllm"}"#
+        )
+        .is_some()
+    );
+
+    for task in tasks {
+        let reply = task.await.unwrap();
+        assert_eq!(reply.status.as_u16(), 200, "{}", reply.text());
+    }
+    let observer = fake.observer();
+    assert_eq!(observer.snapshot().received, 16);
+    let peak = observer.peak_sequences_in_flight();
+    assert!(
+        peak <= 4,
+        "the engine ran {peak} sequences at once, above its cap of 4"
+    );
+    // Each model alone stays under its own 3, and both ran.
+    for model in ["sql", "chat"] {
+        let counts = observer.snapshot().model(model);
+        assert!(counts.peak_sequences_in_flight <= 3, "{model}: {counts:?}");
+        assert!(counts.peak_sequences_in_flight >= 1, "{model} ran");
+    }
+    let key = authority(fake.addr());
+    let cap = gw.limiter().host_reading(&key).expect("a host cap");
+    assert_eq!((cap.parallel, cap.in_flight), (4, 0), "every slot back");
     gw.shutdown().await;
     fake.shutdown().await;
 }

@@ -5,6 +5,8 @@
 //! |---|---|---|---|
 //! | `slotgate_slots_in_use` | gauge | upstream, model | permits held now |
 //! | `slotgate_slots_capacity` | gauge | upstream, model | `parallel`, or the count read for `parallel = "auto"` (absent for unlimited models, and while an auto count is unknown) |
+//! | `slotgate_upstream_slots_in_use` | gauge | upstream | slots held now over all the upstream's models; only for an upstream with an engine-wide `parallel` |
+//! | `slotgate_upstream_slots_capacity` | gauge | upstream | the upstream's engine-wide `parallel`; only when set |
 //! | `slotgate_queue_depth` | gauge | upstream, model | requests waiting for a slot now |
 //! | `slotgate_queue_capacity` | gauge | upstream, model | `queue` |
 //! | `slotgate_queue_wait_seconds` | histogram | upstream, model | time from arrival in the queue to the grant (0 when a slot was free) |

@@ -126,6 +126,8 @@ struct UpstreamView<'a> {
     client_cert: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     client_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel: Option<usize>,
     // Tables last: TOML cannot put a plain key after a sub-table.
     models: BTreeMap<&'a str, ModelView>,
 }
@@ -220,6 +222,7 @@ impl<'a> From<&'a Upstream> for UpstreamView<'a> {
                 .as_ref()
                 .map(|id| display(&id.cert)),
             client_key: upstream.client_identity.as_ref().map(|id| display(&id.key)),
+            parallel: upstream.parallel,
             models: upstream
                 .models
                 .iter()

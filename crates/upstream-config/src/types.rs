@@ -301,6 +301,11 @@ pub struct Upstream {
     /// `client_cert` / `client_key`: the certificate the gateway presents to this (`https`)
     /// upstream (mutual TLS).
     pub client_identity: Option<CertAndKey>,
+    /// Slots of the engine as a whole, shared by all the models served here (`None`, the
+    /// default: no engine-wide cap, each model is capped on its own). For an engine whose
+    /// models draw on one pool of sequences: vLLM's `LoRA` adapters, a llama-server router. A
+    /// request then needs its slots free both under its model's `parallel` and under this.
+    pub parallel: Option<usize>,
     /// The models served here and their limits, by model name. At least one.
     pub models: BTreeMap<String, ModelLimits>,
 }

@@ -62,6 +62,7 @@ const UPSTREAM_KEYS: &[&str] = &[
     "ca_file",
     "client_cert",
     "client_key",
+    "parallel",
     "models",
 ];
 const MODEL_KEYS: &[&str] = &["parallel", "queue", "queue_timeout", "capacity"];
@@ -626,6 +627,9 @@ fn upstream<'v>(
     let allow_model_management =
         optional(r, t, path, "allow_model_management", false, Reader::boolean);
     let tls = upstream_tls(r, t, path, url.as_ref());
+    let parallel = optional(r, t, path, "parallel", None, |r, p, v| {
+        r.count(p, v, 1).map(Some)
+    });
     let models = required(
         r,
         t,
@@ -650,6 +654,7 @@ fn upstream<'v>(
         Some(stream_timeout),
         Some(allow_model_management),
         Some(tls),
+        Some(parallel),
         Some(models),
     ) = (
         name_ok,
@@ -662,6 +667,7 @@ fn upstream<'v>(
         stream_timeout,
         allow_model_management,
         tls,
+        parallel,
         models,
     ) {
         out.built = Some(Upstream {
@@ -676,6 +682,7 @@ fn upstream<'v>(
             allow_model_management,
             ca_file: tls.ca_file,
             client_identity: tls.client_identity,
+            parallel,
             models,
         });
     }

@@ -7,7 +7,7 @@
 //! | `GET /healthz` | liveness: `200 {"status":"ok"}` while the process serves at all |
 //! | `GET /readyz` | readiness: `200` while the configuration is loaded, at least one upstream is healthy and not draining, and the gateway is not shutting down; `503` otherwise. The JSON body says which |
 //! | `GET /metrics` | Prometheus metrics, `OpenMetrics` text format (see [`metrics`](crate::metrics) and `docs/metrics.md`) |
-//! | `GET /admin/upstreams` | every upstream: health, draining, resident models, and per model the limits, the slot count in force (`slots`; `discovery` for `parallel = "auto"`), in-flight and queued requests, and the engine's own counts (`engine`, see [`reconcile`](crate::upstreams::reconcile)) |
+//! | `GET /admin/upstreams` | every upstream: health, draining, the engine-wide cap (`slots`: `parallel`, `in_flight`, `blocked_models`; `null` without one), resident models, and per model the limits, the slot count in force (`slots`; `discovery` for `parallel = "auto"`), in-flight and queued requests, and the engine's own counts (`engine`, see [`reconcile`](crate::upstreams::reconcile)) |
 //! | `POST /admin/upstreams/{name}/drain` | stop sending new requests to the upstream; in-flight ones finish. Answers the upstream's status |
 //! | `POST /admin/upstreams/{name}/undrain` | take new requests again |
 //! | `POST /admin/reload` | reload the configuration file (see [`reload`](crate::ops::reload)): `200` with what changed, or a problem document: `422 config-refused` listing every problem in `issues` (the running configuration stays), `409 reload-unavailable` when the gateway was not started from a file |
@@ -231,6 +231,11 @@ fn upstream_status<'g>(generation: &'g Generation, upstream: &'g UpstreamState) 
             last_error: health.last_error,
         },
         draining: upstream.is_draining(),
+        slots: generation.routes.upstream_cap(upstream).map(|cap| CapDoc {
+            parallel: cap.parallel,
+            in_flight: cap.in_flight,
+            blocked_models: cap.blocked_models,
+        }),
         loaded,
         residency: ResidencyDoc {
             resident: residency.resident.map(|r| r.names()),
@@ -333,10 +338,21 @@ struct UpstreamDoc<'g> {
     kind: &'static str,
     health: HealthDoc,
     draining: bool,
+    /// The engine-wide cap (`parallel` of the upstream); `null` without one.
+    slots: Option<CapDoc>,
     /// The models whose `loaded` is true.
     loaded: Vec<&'g str>,
     residency: ResidencyDoc,
     models: Vec<ModelDoc<'g>>,
+}
+
+/// An upstream's engine-wide cap, shared by its models.
+#[derive(Debug, Serialize)]
+struct CapDoc {
+    parallel: usize,
+    in_flight: usize,
+    /// Models whose next request waits only for the engine-wide cap.
+    blocked_models: usize,
 }
 
 #[derive(Debug, Serialize)]

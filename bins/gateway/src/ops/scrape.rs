@@ -9,6 +9,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
+use slotgate_limiter::HostReading;
 
 use crate::metrics::{Metrics, TargetLabels};
 use crate::proxy::live::{Generation, Live};
@@ -40,6 +41,9 @@ type Pick = fn(&KeyGauges) -> Option<usize>;
 
 /// Picks one per-upstream gauge's value.
 type UpstreamPick = fn(&UpstreamState) -> bool;
+
+/// Picks one engine-wide cap gauge's value.
+type CapPick = fn(&HostReading) -> usize;
 
 /// One key's state, read once per scrape so the four gauges of a key agree.
 struct KeyGauges {
@@ -147,6 +151,8 @@ impl Collector for LiveGauges {
         )?;
         ConstGauge::new(i64::try_from(generation.number).unwrap_or(i64::MAX)).encode(metric)?;
 
+        encode_caps(&generation, &mut encoder)?;
+
         for (name, help, pick) in per_upstream {
             let mut metric = encoder.encode_descriptor(
                 name,
@@ -164,4 +170,40 @@ impl Collector for LiveGauges {
         }
         Ok(())
     }
+}
+
+/// The engine-wide cap gauges, for the upstreams that have one.
+fn encode_caps(
+    generation: &Generation,
+    encoder: &mut DescriptorEncoder<'_>,
+) -> Result<(), std::fmt::Error> {
+    let caps: Vec<_> = generation
+        .upstreams
+        .iter()
+        .filter_map(|u| Some((u.name.clone(), generation.routes.upstream_cap(u)?)))
+        .collect();
+    let cap_gauges: [(&str, &str, CapPick); 2] = [
+        (
+            "upstream_slots_in_use",
+            "Slots held now over all the upstream's models (engine-wide cap)",
+            |cap| cap.in_flight,
+        ),
+        (
+            "upstream_slots_capacity",
+            "The upstream's engine-wide slot cap (parallel of the upstream)",
+            |cap| cap.parallel,
+        ),
+    ];
+    for (name, help, pick) in cap_gauges {
+        let mut metric =
+            encoder.encode_descriptor(name, help, None, ConstGauge::new(0_i64).metric_type())?;
+        for (upstream, cap) in &caps {
+            let labels = UpstreamLabels {
+                upstream: upstream.clone(),
+            };
+            let value = i64::try_from(pick(cap)).unwrap_or(i64::MAX);
+            ConstGauge::new(value).encode(metric.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
 }

@@ -105,7 +105,8 @@ pub(crate) enum Error {
         got: Option<String>,
     },
 
-    /// The request needs more engine slots (`n` sequences) than any upstream of the model has.
+    /// The request needs more engine slots (`n` sequences) than any upstream of the model has
+    /// (under the model's `parallel`, or the upstream's engine-wide one).
     #[error(
         "{weight} sequences for model {model:?} are more than the {parallel} slots of {upstream}"
     )]
@@ -253,8 +254,8 @@ impl Error {
                 parallel,
             } => Problem::bad_request(format!(
                 "the request runs {weight} sequences (`n`, or `best_of` when larger), but \
-                 model `{model}` on upstream `{upstream}` has only {parallel} slots; ask for \
-                 at most {parallel}"
+                 upstream `{upstream}` has only {parallel} slots for model `{model}` (its \
+                 `parallel`, or the engine-wide one); ask for at most {parallel}"
             ))
             .with_param("n")
             .with_extension("sequences", *weight)

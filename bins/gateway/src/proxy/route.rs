@@ -25,13 +25,13 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use slotgate_config::{Config, ModelLimits};
-use slotgate_limiter::Limiter;
+use slotgate_limiter::{HostReading, Limiter};
 
 use crate::metrics::{Metrics, RejectionMetrics};
 use crate::proxy::endpoint::Endpoint;
 use crate::upstreams::auto_slots::AutoSlots;
 use crate::upstreams::residency;
-use crate::upstreams::state::Upstreams;
+use crate::upstreams::state::{UpstreamState, Upstreams};
 use crate::upstreams::target::{Sizing, Target};
 
 /// The routing table.
@@ -85,6 +85,17 @@ impl Routes {
                 continue;
             };
             let authority = state.authority.as_str();
+            // The engine-wide cap, before the models' keys: a key joins its host's cap with the
+            // units it holds. A reload that takes the cap away lifts it (the limiter keeps a cap
+            // once made); an upstream that never had one gets none, so its models stay capped
+            // one by one with nothing shared to lock.
+            match upstream.parallel {
+                Some(parallel) => limiter.configure_host(authority, parallel),
+                None if limiter.host_reading(authority).is_some() => {
+                    limiter.configure_host(authority, usize::MAX);
+                }
+                None => {}
+            }
             for (model, limits) in &upstream.models {
                 let previous = carried.get(&(authority, model.as_str()));
                 let (sizing, queue_timeout) = match *limits {
@@ -193,6 +204,19 @@ impl Routes {
             .iter()
             .filter_map(|name| self.by_name.get(name))
             .filter(move |route| seen.insert(route.model.as_str()))
+    }
+
+    /// The engine-wide cap of `upstream` (`[upstreams.NAME] parallel`), read from the limiter:
+    /// its limit and the slots held over all its models; `None` when it has none.
+    pub(crate) fn upstream_cap(&self, upstream: &UpstreamState) -> Option<HostReading> {
+        let target = self
+            .targets()
+            .find(|t| t.upstream.authority == upstream.authority)?;
+        // A cap lifted by a reload stays in the limiter as unlimited: not a cap any more.
+        target
+            .key
+            .host_reading()
+            .filter(|cap| cap.parallel != usize::MAX)
     }
 
     /// Every target of the table once (aliases not repeated).

@@ -112,6 +112,12 @@ impl Target {
     /// What `slotgate-choose` needs to know about this target now.
     pub(crate) fn info(&self) -> Info {
         let reading = self.reading();
+        let mut free = reading.limits.parallel.saturating_sub(reading.in_flight);
+        // Under an engine-wide cap, a model's own free slots are only free if the engine has
+        // them too.
+        if let Some(cap) = self.key.host_reading() {
+            free = free.min(cap.parallel.saturating_sub(cap.in_flight));
+        }
         Info {
             healthy: self.upstream.health.is_routable(),
             draining: self.upstream.is_draining(),
@@ -119,7 +125,7 @@ impl Target {
             // Configured here, so it can be served here (loading it first if need be); see
             // the `residency` module.
             can_serve: true,
-            free: reading.limits.parallel.saturating_sub(reading.in_flight),
+            free,
             queued: reading.queued,
             weight: self.weight,
         }

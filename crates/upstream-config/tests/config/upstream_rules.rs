@@ -369,7 +369,7 @@ fn unknown_upstream_keys_are_reported() {
     assert_only_issue(
         &with_upstream("url = \"http://10.0.0.1:8000\"\nkind = \"vllm\"\nwieght = 2"),
         "upstreams.a.wieght",
-        "unknown key (expected one of: url, kind, weight, api_key, cancel_grace, stream_idle_timeout, stream_timeout, allow_model_management, ca_file, client_cert, client_key, models)",
+        "unknown key (expected one of: url, kind, weight, api_key, cancel_grace, stream_idle_timeout, stream_timeout, allow_model_management, ca_file, client_cert, client_key, parallel, models)",
     );
 }
 
@@ -474,4 +474,26 @@ fn upstream_tls_files_need_an_https_url_and_come_in_pairs() {
         "upstreams.a.client_key",
         "needs the certificate's private key",
     );
+}
+
+#[test]
+fn parallel_of_an_upstream_is_optional_and_at_least_one() {
+    assert_eq!(ok(VALID).upstreams["a"].parallel, None);
+    let config = ok(&with_upstream(
+        "url = \"http://10.0.0.1:8000\"\nkind = \"vllm\"\nparallel = 6",
+    ));
+    assert_eq!(config.upstreams["a"].parallel, Some(6));
+    for (bad, why) in [
+        ("0", "at least 1"),
+        ("-1", "at least 1"),
+        ("\"auto\"", "expected an integer"),
+    ] {
+        assert_only_issue(
+            &with_upstream(&format!(
+                "url = \"http://10.0.0.1:8000\"\nkind = \"vllm\"\nparallel = {bad}"
+            )),
+            "upstreams.a.parallel",
+            why,
+        );
+    }
 }
