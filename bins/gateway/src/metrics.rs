@@ -3,7 +3,7 @@
 //!
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
-//! | `slotgate_slots_in_use` | gauge | upstream, model | permits held now |
+//! | `slotgate_slots_in_use` | gauge | upstream, model | slots held now: one per sequence, so a request with `n = 3` holds 3 |
 //! | `slotgate_slots_capacity` | gauge | upstream, model | `parallel`, or the count read for `parallel = "auto"` (absent for unlimited models, and while an auto count is unknown) |
 //! | `slotgate_upstream_slots_in_use` | gauge | upstream | slots held now over all the upstream's models; only for an upstream with an engine-wide `parallel` |
 //! | `slotgate_upstream_slots_capacity` | gauge | upstream | the upstream's engine-wide `parallel`; only when set |
