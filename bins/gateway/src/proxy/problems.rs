@@ -215,8 +215,14 @@ pub(crate) enum Error {
     },
 
     /// A bug: something that should not fail did.
-    #[error("internal error: {0}")]
-    Internal(String),
+    #[error("internal error: {what}")]
+    Internal {
+        /// What failed, for the log.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
 }
 
 impl Error {
@@ -302,7 +308,7 @@ impl Error {
             } => Problem::config_refused(issues)
                 .with_extension("reloaded", false)
                 .with_extension("generation", *generation),
-            Error::Internal(_) => Problem::internal(),
+            Error::Internal { .. } => Problem::internal(),
         }
     }
 
@@ -315,7 +321,7 @@ impl Error {
                 | Error::UpstreamFailed { .. }
                 | Error::UpstreamTls { .. }
                 | Error::UpstreamTimeout { .. }
-                | Error::Internal(_)
+                | Error::Internal { .. }
         )
     }
 }
@@ -523,7 +529,15 @@ mod tests {
                 "config-refused",
                 false,
             ),
-            (Error::Internal("oops".into()), 500, "internal", false),
+            (
+                Error::Internal {
+                    what: "a test",
+                    source: io(),
+                },
+                500,
+                "internal",
+                false,
+            ),
         ]
     }
 
