@@ -231,8 +231,14 @@ pub(crate) enum Error {
     },
 
     /// A bug: something that should not fail did.
-    #[error("internal error: {0}")]
-    Internal(String),
+    #[error("internal error: {what}")]
+    Internal {
+        /// What failed, for the log.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
 }
 
 impl Error {
@@ -331,7 +337,7 @@ impl Error {
             } => Problem::config_refused(issues)
                 .with_extension("reloaded", false)
                 .with_extension("generation", *generation),
-            Error::Internal(_) => Problem::internal(),
+            Error::Internal { .. } => Problem::internal(),
         }
     }
 
@@ -344,7 +350,7 @@ impl Error {
                 | Error::UpstreamFailed { .. }
                 | Error::UpstreamTls { .. }
                 | Error::UpstreamTimeout { .. }
-                | Error::Internal(_)
+                | Error::Internal { .. }
         )
     }
 }
@@ -552,7 +558,15 @@ mod tests {
                 "config-refused",
                 false,
             ),
-            (Error::Internal("oops".into()), 500, "internal", false),
+            (
+                Error::Internal {
+                    what: "a test",
+                    source: io(),
+                },
+                500,
+                "internal",
+                false,
+            ),
         ]
     }
 

@@ -587,10 +587,14 @@ fn failed_after_connect(
                 model,
                 source,
             },
-            ForwardError::Internal(detail) => Error::Internal(detail),
-            ForwardError::Connect(error) => {
-                Error::Internal(format!("unhandled connect error: {error}"))
-            }
+            ForwardError::Build(error) => Error::Internal {
+                what: "the upstream request could not be built",
+                source: Box::new(error),
+            },
+            ForwardError::Connect(source) => Error::Internal {
+                what: "a connect error was not handled",
+                source,
+            },
         };
     };
     match failure {
@@ -619,14 +623,20 @@ fn failed_after_connect(
                 source,
             }
         }
-        ForwardError::Internal(detail) => {
+        ForwardError::Build(error) => {
             slot.abandon();
-            Error::Internal(detail)
+            Error::Internal {
+                what: "the upstream request could not be built",
+                source: Box::new(error),
+            }
         }
         // `Connect` is handled by the caller (it may fail over); counted like a bug if not.
-        ForwardError::Connect(error) => {
+        ForwardError::Connect(source) => {
             slot.abandon();
-            Error::Internal(format!("unhandled connect error: {error}"))
+            Error::Internal {
+                what: "a connect error was not handled",
+                source,
+            }
         }
     }
 }
