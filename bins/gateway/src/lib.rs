@@ -39,7 +39,8 @@
 //! [`proxy::service`] calls the steps in order; each step has its own module:
 //!
 //! 1. [`proxy::server`]: accept (HTTP/1.1 and h2c, or TLS with ALPN), header-read timeout,
-//!    connection limit, graceful shutdown.
+//!    connection limit, graceful shutdown; [`proxy::refusals`] turns hyper's own refusals of a
+//!    malformed head into problem documents.
 //! 2. [`proxy::auth`]: the client's API key, when keys are configured.
 //! 3. [`proxy::request`]: the body under a size limit; `model` and `stream` found without
 //!    re-serialising.
@@ -306,9 +307,10 @@ impl Gateway {
         self.reloader.reload().await
     }
 
-    /// Stops gracefully: stop accepting, answer new requests on open connections and
-    /// requests still waiting in a queue with `503 shutting-down`, let requests already running
-    /// (streams included) finish within `server.drain_grace`, then close what is left.
+    /// Stops gracefully: stop accepting, close idle keep-alive connections at once (HTTP/2 with
+    /// a `GOAWAY`), answer requests still waiting in a queue (and any read after this point)
+    /// with `503 shutting-down`, let requests already running (streams included) finish within
+    /// `server.drain_grace`, then close what is left.
     /// `/readyz` turns `503` as soon as this starts; the health checks and the admin listener
     /// stop last.
     pub async fn shutdown(self) {
