@@ -88,26 +88,34 @@ pub struct Reloaded {
 /// }
 /// # }
 /// ```
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReloadError {
     /// The gateway was started from a configuration in memory, not a file.
     #[error("the gateway was not started from a configuration file; there is nothing to reload")]
     NoSource,
     /// The file could not be read or parsed.
-    #[error("cannot load the configuration: {0}")]
-    Load(String),
+    #[error("cannot load the configuration file")]
+    Load(#[source] ConfigError),
+    /// The task that reads the file off the async workers did not finish (it panicked, or the
+    /// runtime is shutting down).
+    #[error("the task reading the configuration file failed")]
+    Task(#[source] tokio::task::JoinError),
     /// The file parsed but breaks rules; every problem, each `path: message`.
     #[error("the new configuration has {} problem(s)", .0.len())]
     Invalid(Vec<String>),
 }
 
 impl ReloadError {
-    /// Every problem, one per entry (one entry for the errors that are not a list).
+    /// Every problem, one per entry (one entry, with its cause, for the errors that are not a
+    /// list).
     pub fn issues(&self) -> Vec<String> {
         match self {
             ReloadError::Invalid(issues) => issues.clone(),
-            other => vec![other.to_string()],
+            // `ConfigError` already writes its own cause into its message.
+            ReloadError::Load(cause) => vec![format!("{self}: {cause}")],
+            ReloadError::Task(cause) => vec![format!("{self}: {cause}")],
+            ReloadError::NoSource => vec![self.to_string()],
         }
     }
 }
@@ -171,12 +179,12 @@ impl Reloader {
         // File I/O: off the async workers.
         let loaded = tokio::task::spawn_blocking(move || Config::load(&path))
             .await
-            .map_err(|e| ReloadError::Load(format!("the loading task failed: {e}")))?;
+            .map_err(ReloadError::Task)?;
         let config = loaded.map_err(|error| match error {
             ConfigError::Invalid(issues) => {
                 ReloadError::Invalid(issues.iter().map(ToString::to_string).collect())
             }
-            other => ReloadError::Load(other.to_string()),
+            other => ReloadError::Load(other),
         })?;
 
         let old = self.live.current();

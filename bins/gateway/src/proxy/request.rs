@@ -38,7 +38,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::BoxError;
 use crate::metrics::{Bound, Metrics};
-use crate::proxy::endpoint::{Endpoint, ModelIn};
+use crate::proxy::endpoint::{Endpoint, ModelIn, Weighed};
 use crate::proxy::problems::Error;
 
 /// The request-body bytes the whole gateway may buffer at once (`max_buffered_body_bytes`).
@@ -111,20 +111,36 @@ pub(crate) struct ApiRequest {
     pub(crate) model: Option<String>,
     /// The `stream` member (the route's default when absent or `null`).
     pub(crate) stream: bool,
+    /// The engine slots (sequences) the request takes, from `n` and `best_of` where the route
+    /// weighs them ([`Weighed`]); at least 1.
+    pub(crate) sequences: usize,
     /// Where the `model` value (with its quotes) sits in `body`.
     model_span: Range<usize>,
     /// The body's bytes taken from the [`BodyBudget`], given back when the request is dropped.
     _budget: Option<OwnedSemaphorePermit>,
 }
 
-/// The two members the gateway needs; everything else is skipped by `serde_json` without being
-/// copied. `model` stays raw so its position in the body is known.
+/// The members the gateway needs; everything else is skipped by `serde_json` without being
+/// copied. `model` stays raw so its position in the body is known; `n` and `best_of` stay raw
+/// so that a route that does not weigh them never refuses what its engine may accept.
 #[derive(Deserialize)]
 struct Head<'a> {
     #[serde(borrow, default)]
     model: Option<&'a RawValue>,
     #[serde(default)]
     stream: Option<bool>,
+    #[serde(borrow, default)]
+    n: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    best_of: Option<&'a RawValue>,
+}
+
+/// What [`parse`] finds in a body.
+struct Parsed {
+    model: Option<String>,
+    stream: bool,
+    sequences: usize,
+    model_span: Range<usize>,
 }
 
 /// Reads and checks a request to a model-routed endpoint.
@@ -133,7 +149,8 @@ struct Head<'a> {
 /// `limits.max_bytes` (413, before reading), a declared length the budget cannot hold (503), a
 /// body that grows past the limit (413) or past the budget (503), a body not complete within
 /// `limits.timeout` (408), a body that is not a JSON object, has no string `model` (unless the
-/// endpoint allows that), or has a non-boolean `stream` (400).
+/// endpoint allows that), has a non-boolean `stream`, or, on a route weighed by its choices,
+/// an `n` or `best_of` that is not a positive integer (400).
 pub(crate) async fn read<B>(
     req: Request<B>,
     limits: BodyLimits<'_>,
@@ -167,12 +184,18 @@ where
             });
         }
     };
-    let (model, stream, model_span) = parse(&body, endpoint)?;
+    let Parsed {
+        model,
+        stream,
+        sequences,
+        model_span,
+    } = parse(&body, endpoint)?;
     Ok(ApiRequest {
         parts,
         body,
         model,
         stream,
+        sequences,
         model_span,
         _budget: held,
     })
@@ -263,7 +286,7 @@ fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, Error> {
         .ok_or_else(|| Error::BadRequest("invalid Content-Length header".into()))
 }
 
-fn parse(body: &[u8], endpoint: &Endpoint) -> Result<(Option<String>, bool, Range<usize>), Error> {
+fn parse(body: &[u8], endpoint: &Endpoint) -> Result<Parsed, Error> {
     // serde's derived struct visitor would also accept a JSON array (`["m", true]`); the
     // OpenAI endpoints take objects only.
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
@@ -274,9 +297,19 @@ fn parse(body: &[u8], endpoint: &Endpoint) -> Result<(Option<String>, bool, Rang
     let head: Head<'_> = serde_json::from_slice(body)
         .map_err(|e| Error::BadRequest(format!("the request body is not valid JSON: {e}")))?;
     let stream = head.stream.unwrap_or(endpoint.stream_default);
+    let sequences = match endpoint.weighed {
+        Weighed::One => 1,
+        Weighed::Choices => count(head.n, "n")?,
+        Weighed::ChoicesOrBestOf => count(head.n, "n")?.max(count(head.best_of, "best_of")?),
+    };
     let Some(raw) = head.model else {
         if endpoint.model == ModelIn::JsonOptional {
-            return Ok((None, stream, 0..0));
+            return Ok(Parsed {
+                model: None,
+                stream,
+                sequences,
+                model_span: 0..0,
+            });
         }
         return Err(Error::BadRequest(
             "the request body has no `model` member".into(),
@@ -290,7 +323,27 @@ fn parse(body: &[u8], endpoint: &Endpoint) -> Result<(Option<String>, bool, Rang
     // `raw` borrows from `body`, so its address tells where the value sits in the body.
     let start = raw.get().as_ptr().addr() - body.as_ptr().addr();
     let span = start..start + raw.get().len();
-    Ok((Some(model), stream, span))
+    Ok(Parsed {
+        model: Some(model),
+        stream,
+        sequences,
+        model_span: span,
+    })
+}
+
+/// The value of a count member (`n`, `best_of`): 1 when absent or `null`, else a positive
+/// integer (a refusal names the member otherwise: the engines refuse it too, but only after
+/// the request has waited for its slots).
+fn count(raw: Option<&RawValue>, name: &str) -> Result<usize, Error> {
+    let Some(raw) = raw else { return Ok(1) };
+    match serde_json::from_str::<Option<u64>>(raw.get()) {
+        Ok(None) => Ok(1),
+        // Above what a `usize` holds is above every `parallel`: refused as too heavy later.
+        Ok(Some(value)) if value >= 1 => Ok(usize::try_from(value).unwrap_or(usize::MAX)),
+        _ => Err(Error::BadRequest(format!(
+            "`{name}` must be a positive integer"
+        ))),
+    }
 }
 
 #[cfg(test)]
