@@ -11,7 +11,10 @@ mod support;
 
 use std::net::SocketAddr;
 
+use bytes::Bytes;
 use fake_upstream::{FakeConfig, FakeUpstream};
+use http::Request;
+use http_body_util::Full;
 use support::{SOON, eventually, gateway, get, open, post, send, server};
 
 /// An `[upstreams.NAME]` table of `kind` with one model, `parallel` slots and a queue of 16,
@@ -325,4 +328,204 @@ async fn a_model_less_native_request_needs_a_single_model() {
     let reply = send(post(addr, "/completion", body(Some("b")), &[])).await;
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert_eq!(two.observer().inference_requests().len(), 1);
+}
+
+/// A transcription upload as the OpenAI SDK sends it: the file first, then `model`.
+fn transcription(
+    addr: SocketAddr,
+    path: &str,
+    model: &str,
+    headers: &[(&str, &str)],
+) -> Request<Full<Bytes>> {
+    let mut body = Vec::new();
+    body.extend_from_slice(
+        b"--b0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\
+          Content-Type: audio/wav\r\n\r\nRIFF\x00\x01\x02 name=\"model\"\r\n",
+    );
+    body.extend_from_slice(
+        format!(
+            "--b0undary\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n{model}\r\n\
+             --b0undary--\r\n"
+        )
+        .as_bytes(),
+    );
+    let mut builder = Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "multipart/form-data; boundary=b0undary");
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    builder.body(Full::new(Bytes::from(body))).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_is_routed_by_its_model_field_capped_and_renamed_for_an_alias() {
+    let fake = start(FakeConfig::vllm(8).model("m")).await;
+    let gw = gateway(&format!(
+        "{}{}\n[aliases]\nwhisper = \"m\"\n",
+        server("max_upload_bytes = 4096"),
+        upstream_of("vllm", "engine", &fake.url(), "m", 2, "")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    for path in ["/v1/audio/transcriptions", "/v1/audio/translations"] {
+        fake.observer().reset_peak();
+        let tasks: Vec<_> = (0..5)
+            .map(|i| {
+                let id = format!("upload{}-{i}", path.replace('/', "_"));
+                tokio::spawn(async move {
+                    // Through the alias: the engine must get its own name.
+                    send(transcription(
+                        addr,
+                        path,
+                        "whisper",
+                        &[("x-fake-hold-ms", "300"), ("x-request-id", &id)],
+                    ))
+                    .await
+                })
+            })
+            .collect();
+        for task in tasks {
+            let reply = task.await.unwrap();
+            assert_eq!(reply.status, 200, "{path}: {}", reply.text());
+            assert!(reply.json()["text"].is_string(), "{}", reply.text());
+        }
+        assert_eq!(fake.observer().peak_in_flight(), 2, "{path}");
+    }
+    let renamed = fake
+        .observer()
+        .request("upload_v1_audio_transcriptions-0")
+        .expect("recorded");
+    assert_eq!(renamed.model.as_deref(), Some("m"));
+
+    // Its own limit, and a form is what it takes.
+    let mut big = transcription(addr, "/v1/audio/transcriptions", "m", &[]);
+    *big.body_mut() = Full::new(Bytes::from(vec![b'x'; 5000]));
+    send(big).await.assert_problem(413, "body-too-large");
+    send(post(addr, "/v1/audio/transcriptions", body(Some("m")), &[]))
+        .await
+        .assert_problem(400, "bad-request");
+    // Ollama serves transcriptions but not translations.
+    let ollama = start(FakeConfig::ollama(2).model("o")).await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream_of("ollama", "ollama", &ollama.url(), "o", 2, "")
+    ))
+    .await;
+    let reply = send(transcription(
+        gw.api_addr(),
+        "/v1/audio/transcriptions",
+        "o",
+        &[],
+    ))
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    send(transcription(
+        gw.api_addr(),
+        "/v1/audio/translations",
+        "o",
+        &[],
+    ))
+    .await
+    .assert_problem(404, "route-not-served");
+}
+
+/// The `id` of a Responses answer, JSON or SSE (the first `"id"` member is the response's).
+fn response_id(text: &str) -> String {
+    let at = text.find("\"id\":\"").expect("an id in the answer") + 6;
+    text[at..].split('"').next().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_follow_ups_go_to_the_upstream_that_holds_the_response() {
+    // Each fake remembers only its own responses: a follow-up anywhere else is a 404.
+    let a = start(FakeConfig::vllm(4).model("m")).await;
+    let b = start(FakeConfig::vllm(4).model("m")).await;
+    let gw = gateway(&format!(
+        "{}{}{}",
+        server(""),
+        upstream_of("vllm", "a", &a.url(), "m", 4, ""),
+        upstream_of("vllm", "b", &b.url(), "m", 4, "")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let create = move |stream: bool, previous: Option<&str>| {
+        let mut body = serde_json::json!({"model": "m", "input": "hello", "stream": stream});
+        if let Some(previous) = previous {
+            body["previous_response_id"] = previous.into();
+        }
+        post(
+            addr,
+            "/v1/responses",
+            body.to_string(),
+            &[("x-fake-hold-ms", "300")],
+        )
+    };
+    // At once, so that both upstreams make some (the one with more free slots is chosen).
+    let tasks: Vec<_> = [false, true, false, true, false, true, false, true]
+        .into_iter()
+        .map(|stream| tokio::spawn(send(create(stream, None))))
+        .collect();
+    let mut ids = Vec::new();
+    for task in tasks {
+        let reply = task.await.unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        ids.push(response_id(&reply.text()));
+    }
+    let made = |fake: &FakeUpstream| fake.observer().inference_requests().len();
+    assert!(
+        made(&a) > 0 && made(&b) > 0,
+        "both upstreams made responses"
+    );
+    for id in &ids {
+        for stream in [false, true] {
+            let reply = send(create(stream, Some(id))).await;
+            assert_eq!(reply.status, 200, "follow-up of {id}: {}", reply.text());
+        }
+        let reply = get(addr, &format!("/v1/responses/{id}")).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(reply.json()["id"], id.as_str());
+        let reply = get(addr, &format!("/v1/responses/{id}/input_items")).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+
+    // Unknown and deleted ids are the gateway's 404, not another host's guess.
+    send(create(false, Some("resp_unknown")))
+        .await
+        .assert_problem(404, "response-not-found");
+    let gone = &ids[0];
+    let delete = http::Request::delete(format!("http://{addr}/v1/responses/{gone}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(send(delete).await.status, 200);
+    get(addr, &format!("/v1/responses/{gone}"))
+        .await
+        .assert_problem(404, "response-not-found");
+
+    // Drained, the holder keeps its conversations: a clear 503, never the other host.
+    let admin = gw.admin_addr().unwrap();
+    let drain = http::Request::post(format!("http://{admin}/admin/upstreams/a/drain"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(send(drain).await.status, 200);
+    let before_b = made(&b);
+    let mut refused = 0;
+    for id in ids.iter().skip(1) {
+        let reply = send(create(false, Some(id))).await;
+        match reply.status.as_u16() {
+            200 => {}
+            503 => {
+                let problem = reply.assert_problem(503, "response-upstream-unavailable");
+                assert_eq!(problem["upstream"], "a");
+                refused += 1;
+            }
+            other => panic!("{other}: {}", reply.text()),
+        }
+    }
+    assert!(refused > 0, "some ids were a's");
+    assert_eq!(
+        made(&b) - before_b,
+        ids.len() - 1 - refused,
+        "b got only its own"
+    );
 }

@@ -339,9 +339,14 @@ pub const OPENAI_SDK: &str = "openai==3.57.0";
 /// binaries may run at the same time, and `venv --clear` under a running interpreter would break
 /// the other one. Needs `python3` with `venv` and the Python Package Index.
 pub fn openai_python(name: &str) -> PathBuf {
+    python_with(name, &[OPENAI_SDK])
+}
+
+/// [`openai_python`] with any pinned `packages`.
+pub fn python_with(name: &str, packages: &[&str]) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
     let python = dir.join("bin/python");
-    let marker = dir.join(format!("{OPENAI_SDK}.installed"));
+    let marker = dir.join(format!("{}.installed", packages.join("+")));
     if marker.exists() {
         return python;
     }
@@ -352,17 +357,13 @@ pub fn openai_python(name: &str) -> PathBuf {
         .expect("python3 runs (install python3 and python3-venv)");
     assert!(status.success(), "python3 -m venv failed");
     let status = Command::new(dir.join("bin/pip"))
-        .args([
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            OPENAI_SDK,
-        ])
+        .args(["install", "--quiet", "--disable-pip-version-check"])
+        .args(packages)
         .status()
         .expect("pip runs");
     assert!(
         status.success(),
-        "pip install {OPENAI_SDK} failed (needs the Python Package Index)"
+        "pip install {packages:?} failed (needs the Python Package Index)"
     );
     std::fs::write(&marker, "").expect("write the venv marker");
     python

@@ -110,6 +110,7 @@ pub use crate::upstreams::slot_discovery::{ProbedSlots, probe_config};
 
 use crate::ops::admin;
 use crate::ops::reload::Reloader;
+use crate::proxy::affinity::LocalAffinity;
 use crate::proxy::live::{Generation, Live};
 use crate::proxy::server::{self, ServerSettings};
 use crate::proxy::{forward, service};
@@ -167,6 +168,10 @@ impl Gateway {
         Self::start(config.clone(), Some(path.into())).await
     }
 
+    #[expect(
+        clippy::too_many_lines,
+        reason = "every piece of the gateway made and wired in one place, in start order"
+    )]
     async fn start(config: Config, source: Option<PathBuf>) -> Result<Self, StartError> {
         let limiter = Limiter::new();
         let metrics = metrics::Metrics::new();
@@ -234,6 +239,10 @@ impl Gateway {
             shutdown_retry_after,
             shutdown: api_signal.clone(),
             started: SystemTime::now(),
+            affinity: Arc::new(LocalAffinity::new(
+                server.response_affinity_entries,
+                server.response_affinity_ttl,
+            )),
         });
         let settings = ServerSettings {
             header_read_timeout: server.header_read_timeout,

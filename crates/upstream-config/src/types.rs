@@ -118,6 +118,14 @@ pub struct Server {
     pub admin_listen: Option<SocketAddr>,
     /// Largest request body accepted, in bytes (default [`Server::DEFAULT_MAX_BODY_BYTES`]).
     pub max_body_bytes: usize,
+    /// Largest upload (`multipart/form-data`: audio transcription and translation) accepted, in
+    /// bytes (default [`Server::DEFAULT_MAX_UPLOAD_BYTES`]).
+    pub max_upload_bytes: usize,
+    /// Most Responses ids whose upstream is remembered for follow-ups (default
+    /// [`Server::DEFAULT_RESPONSE_AFFINITY_ENTRIES`]); the oldest is forgotten first.
+    pub response_affinity_entries: usize,
+    /// How long a Responses id's upstream is remembered (default 24h).
+    pub response_affinity_ttl: Duration,
     /// Time allowed for a client to send the request head (default 10s).
     pub header_read_timeout: Duration,
     /// Time allowed to open a TCP connection to an upstream (default 5s).
@@ -156,6 +164,12 @@ pub struct Server {
 impl Server {
     /// Default [`Server::max_body_bytes`]: 4 MiB, room for long chat histories.
     pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+    /// Default [`Server::max_upload_bytes`]: 25 MiB, OpenAI's own limit for audio files.
+    pub const DEFAULT_MAX_UPLOAD_BYTES: usize = 25 * 1024 * 1024;
+    /// Default [`Server::response_affinity_entries`]: 100 000 (some 10 MB).
+    pub const DEFAULT_RESPONSE_AFFINITY_ENTRIES: usize = 100_000;
+    /// Default [`Server::response_affinity_ttl`].
+    pub const DEFAULT_RESPONSE_AFFINITY_TTL: Duration = Duration::from_secs(24 * 3600);
     /// Default [`Server::header_read_timeout`].
     pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
     /// Default [`Server::connect_timeout`].

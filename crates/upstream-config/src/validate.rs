@@ -24,6 +24,9 @@ const SERVER_KEYS: &[&str] = &[
     "listen",
     "admin_listen",
     "max_body_bytes",
+    "max_upload_bytes",
+    "response_affinity_entries",
+    "response_affinity_ttl",
     "header_read_timeout",
     "connect_timeout",
     "first_byte_timeout",
@@ -105,6 +108,10 @@ fn optional<'f, 'v, T>(
 
 // ===== [server] =====
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one read per key of the table, in the table's order, then one assembly"
+)]
 fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<Server> {
     let Some(value) = value else {
         r.missing(
@@ -163,6 +170,28 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         Server::DEFAULT_MAX_BODY_BYTES,
         |r, p, v| r.count(p, v, 1),
     );
+    let max_upload_bytes = optional(
+        r,
+        t,
+        path,
+        "max_upload_bytes",
+        Server::DEFAULT_MAX_UPLOAD_BYTES,
+        |r, p, v| r.count(p, v, 1),
+    );
+    let response_affinity_entries = optional(
+        r,
+        t,
+        path,
+        "response_affinity_entries",
+        Server::DEFAULT_RESPONSE_AFFINITY_ENTRIES,
+        |r, p, v| r.count(p, v, 1),
+    );
+    let response_affinity_ttl = duration(
+        "response_affinity_ttl",
+        Server::DEFAULT_RESPONSE_AFFINITY_TTL,
+        false,
+        r,
+    );
     let max_connections = optional(
         r,
         t,
@@ -189,6 +218,9 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         listen: listen?,
         admin_listen: admin_listen?,
         max_body_bytes: max_body_bytes?,
+        max_upload_bytes: max_upload_bytes?,
+        response_affinity_entries: response_affinity_entries?,
+        response_affinity_ttl: response_affinity_ttl?,
         header_read_timeout: header_read_timeout?,
         connect_timeout: connect_timeout?,
         first_byte_timeout: first_byte_timeout?,

@@ -1,5 +1,8 @@
 //! Step 3: read the request body under a size limit and find out which model it asks for.
 //!
+//! An upload (`multipart/form-data`, the audio routes) is read the same way under its own limit,
+//! and its model found by [`form`], which stops at the `model` field.
+//!
 //! The body is read whole (inference requests are small next to their answers, and the model
 //! must be known before a host can be chosen), under the configured limit: a `Content-Length`
 //! above the limit is refused before a byte is read, and a chunked body is cut off by
@@ -37,8 +40,12 @@ pub(crate) struct ApiRequest {
     pub(crate) model: Option<String>,
     /// The `stream` member (the route's default when absent or `null`).
     pub(crate) stream: bool,
-    /// Where the `model` value (with its quotes) sits in `body`.
+    /// The `previous_response_id` member (Responses), when a string.
+    pub(crate) previous_response_id: Option<String>,
+    /// Where the `model` value (with its quotes, in JSON) sits in `body`.
     model_span: Range<usize>,
+    /// Whether the body is a `multipart/form-data` upload (the model value is bare text).
+    form: bool,
 }
 
 /// The two members the gateway needs; everything else is skipped by `serde_json` without being
@@ -49,6 +56,9 @@ struct Head<'a> {
     model: Option<&'a RawValue>,
     #[serde(default)]
     stream: Option<bool>,
+    /// Anything but a string is the engine's to refuse.
+    #[serde(default)]
+    previous_response_id: Option<serde_json::Value>,
 }
 
 /// Reads and checks a request to a model-routed endpoint.
@@ -67,25 +77,54 @@ where
     B::Error: Into<BoxError>,
 {
     let (parts, body) = req.into_parts();
-    check_content_type(&parts.headers)?;
-    if let Some(declared) = declared_length(&parts.headers)?
+    let form = endpoint.model == ModelIn::Form;
+    let boundary = if form {
+        Some(form::boundary(&parts.headers)?)
+    } else {
+        check_content_type(&parts.headers)?;
+        None
+    };
+    let body = read_body(&parts.headers, body, limit).await?;
+    let parsed = match boundary {
+        Some(boundary) => {
+            let (model, span) = form::model(boundary, &body).await?;
+            Parsed {
+                model: Some(model),
+                stream: false,
+                span,
+                previous_response_id: None,
+            }
+        }
+        None => parse(&body, endpoint)?,
+    };
+    Ok(ApiRequest {
+        parts,
+        body,
+        model: parsed.model,
+        stream: parsed.stream,
+        previous_response_id: parsed.previous_response_id,
+        model_span: parsed.span,
+        form,
+    })
+}
+
+/// Reads `body` whole under `limit`: a declared `Content-Length` above it is refused before a
+/// byte is read (413), a body that grows past it as soon as it does.
+pub(crate) async fn read_body<B>(headers: &HeaderMap, body: B, limit: usize) -> Result<Bytes, Error>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    if let Some(declared) = declared_length(headers)?
         && declared > limit as u64
     {
         return Err(Error::BodyTooLarge { limit });
     }
-    let body = match Limited::new(body, limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<LengthLimitError>() => return Err(Error::BodyTooLarge { limit }),
-        Err(error) => return Err(Error::BodyRead(error)),
-    };
-    let (model, stream, model_span) = parse(&body, endpoint)?;
-    Ok(ApiRequest {
-        parts,
-        body,
-        model,
-        stream,
-        model_span,
-    })
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<LengthLimitError>() => Err(Error::BodyTooLarge { limit }),
+        Err(error) => Err(Error::BodyRead(error)),
+    }
 }
 
 impl ApiRequest {
@@ -102,8 +141,12 @@ impl ApiRequest {
         {
             return self.body.clone();
         }
-        // `to_string` of a `&str` cannot fail: it only escapes.
-        let literal = serde_json::to_string(upstream_model).unwrap_or_default();
+        // `to_string` of a `&str` cannot fail: it only escapes. A form field is bare text.
+        let literal = if self.form {
+            upstream_model.to_owned()
+        } else {
+            serde_json::to_string(upstream_model).unwrap_or_default()
+        };
         let mut out =
             BytesMut::with_capacity(self.body.len() - self.model_span.len() + literal.len());
         out.extend_from_slice(&self.body[..self.model_span.start]);
@@ -141,7 +184,15 @@ fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, Error> {
         .ok_or_else(|| Error::BadRequest("invalid Content-Length header".into()))
 }
 
-fn parse(body: &[u8], endpoint: &Endpoint) -> Result<(Option<String>, bool, Range<usize>), Error> {
+/// What [`parse`] found in a JSON body.
+struct Parsed {
+    model: Option<String>,
+    stream: bool,
+    span: Range<usize>,
+    previous_response_id: Option<String>,
+}
+
+fn parse(body: &[u8], endpoint: &Endpoint) -> Result<Parsed, Error> {
     // serde's derived struct visitor would also accept a JSON array (`["m", true]`); the
     // OpenAI endpoints take objects only.
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
@@ -152,9 +203,18 @@ fn parse(body: &[u8], endpoint: &Endpoint) -> Result<(Option<String>, bool, Rang
     let head: Head<'_> = serde_json::from_slice(body)
         .map_err(|e| Error::BadRequest(format!("the request body is not valid JSON: {e}")))?;
     let stream = head.stream.unwrap_or(endpoint.stream_default);
+    let previous_response_id = match head.previous_response_id {
+        Some(serde_json::Value::String(id)) => Some(id),
+        _ => None,
+    };
     let Some(raw) = head.model else {
         if endpoint.model == ModelIn::JsonOptional {
-            return Ok((None, stream, 0..0));
+            return Ok(Parsed {
+                model: None,
+                stream,
+                span: 0..0,
+                previous_response_id,
+            });
         }
         return Err(Error::BadRequest(
             "the request body has no `model` member".into(),
@@ -168,8 +228,15 @@ fn parse(body: &[u8], endpoint: &Endpoint) -> Result<(Option<String>, bool, Rang
     // `raw` borrows from `body`, so its address tells where the value sits in the body.
     let start = raw.get().as_ptr().addr() - body.as_ptr().addr();
     let span = start..start + raw.get().len();
-    Ok((Some(model), stream, span))
+    Ok(Parsed {
+        model: Some(model),
+        stream,
+        span,
+        previous_response_id,
+    })
 }
+
+mod form;
 
 #[cfg(test)]
 mod tests;

@@ -21,8 +21,9 @@ use tracing::{debug, warn};
 use crate::error::{BoxError, chain};
 use crate::metrics::observe;
 use crate::proxy::admit::{self, Refused, Slot};
+use crate::proxy::affinity::{Recorder, ResponseAffinity, Sniff};
 use crate::proxy::body::SlotBody;
-use crate::proxy::endpoint::Endpoint;
+use crate::proxy::endpoint::{Endpoint, ModelIn};
 use crate::proxy::forward::{Authorization, ForwardError, Forwarder};
 use crate::proxy::live::{Generation, Live};
 use crate::proxy::ollama;
@@ -37,8 +38,12 @@ use slotgate_config::Kind;
 
 /// The body of every API response: a buffered document (a problem, the model list), or an
 /// upstream's answer streamed through with its slot.
-/// A route that takes no slot streams through the same body, holding `None`.
-pub(crate) type ResponseBody = Either<Full<Bytes>, SlotBody<Incoming, Option<admit::Slot>>>;
+/// A route that takes no slot streams through the same body, holding `None`; a Responses answer
+/// is searched for its id on the way ([`Sniff`]).
+pub(crate) type ResponseBody = Either<Full<Bytes>, SlotBody<Sniff<Incoming>, Option<admit::Slot>>>;
+
+/// The Responses API, whose follow-ups have affinity.
+const RESPONSES: &str = "/v1/responses";
 
 /// What the request path needs, shared by every connection.
 #[derive(Debug)]
@@ -54,6 +59,8 @@ pub(crate) struct App {
     pub(crate) shutdown: ShutdownSignal,
     /// For the `created` field of `/v1/models`.
     pub(crate) started: SystemTime,
+    /// Which upstream holds each Responses id.
+    pub(crate) affinity: Arc<dyn ResponseAffinity>,
 }
 
 impl App {
@@ -93,6 +100,18 @@ impl App {
             allow(&req, GET_ONLY)?;
             generation.api_keys.verify(req.headers())?;
             return Ok(self.models(generation));
+        }
+        if let Some(rest) = path.strip_prefix("/v1/responses/") {
+            let (id, methods) = match rest.split_once('/') {
+                None => (rest, GET_OR_DELETE),
+                Some((id, "cancel")) => (id, POST_ONLY),
+                Some((id, "input_items")) => (id, GET_ONLY),
+                Some(_) => return Err(problems::not_found(path)),
+            };
+            allow(&req, methods)?;
+            generation.api_keys.verify(req.headers())?;
+            let id = id.to_owned();
+            return self.by_response_id(req, generation, request_id, id).await;
         }
         if let Some(id) = path.strip_prefix("/v1/models/") {
             allow(&req, GET_ONLY)?;
@@ -138,7 +157,12 @@ impl App {
         }
         // Step 3: the body, under the limit; `model` and `stream` without re-serialising.
         let server = &generation.config.server;
-        let api = request::read(req, server.max_body_bytes, endpoint).await?;
+        let limit = if endpoint.model == ModelIn::Form {
+            server.max_upload_bytes
+        } else {
+            server.max_body_bytes
+        };
+        let api = request::read(req, limit, endpoint).await?;
         // Step 4: the model's route (an alias shares its target's route), then the targets of
         // a kind that serves this endpoint.
         let route = match &api.model {
@@ -157,7 +181,21 @@ impl App {
             })?,
         };
         let model = route.model.as_str();
-        let ranked = eligible(route, endpoint)?;
+        let mut ranked = eligible(route, endpoint)?;
+        // A Responses follow-up goes to the host that has the conversation, or nowhere.
+        if endpoint.path == RESPONSES
+            && let Some(id) = &api.previous_response_id
+        {
+            let holder = self.holder(id, generation)?.name.clone();
+            ranked.retain(|target| target.upstream.name == holder);
+            if ranked.is_empty() {
+                return Err(Error::ResponseUpstreamUnavailable {
+                    id: id.clone(),
+                    upstream: holder,
+                    retry_after: server.health_check_interval,
+                });
+            }
+        }
         debug!(
             request_id = request_id.to_str().unwrap_or_default(),
             model = %model,
@@ -227,8 +265,15 @@ impl App {
                         observe(&slot.metrics().first_byte, sent.elapsed());
                     }
                     target.upstream.health.record_answer();
+                    // A Responses answer: its id is recorded on the way to the client.
+                    let recorder = (endpoint.path == RESPONSES && response.status().is_success())
+                        .then(|| {
+                            Recorder::new(Arc::clone(&self.affinity), target.upstream.name.clone())
+                        });
                     // Step 8: the slot rides in the body until the answer is over.
-                    return Ok(response.map(|body| Either::Right(SlotBody::new(body, slot))));
+                    return Ok(response.map(|body| {
+                        Either::Right(SlotBody::new(Sniff::new(body, recorder), slot))
+                    }));
                 }
                 Err(ForwardError::Connect(error)) => {
                     // Nothing was sent: safe to try the next host. Enough of these in a row
@@ -308,6 +353,79 @@ impl App {
         Ok(json_response(StatusCode::OK, body))
     }
 
+    /// The upstream recorded for response `id`, if it exists in this configuration.
+    fn holder<'g>(
+        &self,
+        id: &str,
+        generation: &'g Generation,
+    ) -> Result<&'g Arc<UpstreamState>, Error> {
+        let not_found = || Error::ResponseNotFound {
+            id: id.chars().take(200).collect(),
+        };
+        let name = self.affinity.lookup(id).ok_or_else(not_found)?;
+        // Removed by a reload: as gone as a deleted response.
+        generation.upstreams.get(&name).ok_or_else(not_found)
+    }
+
+    /// `GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, `GET
+    /// /v1/responses/{id}/input_items`: to the upstream that made the response, without a slot.
+    async fn by_response_id<B>(
+        &self,
+        req: Request<B>,
+        generation: &Generation,
+        request_id: &HeaderValue,
+        id: String,
+    ) -> Result<Response<ResponseBody>, Error>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let server = &generation.config.server;
+        let upstream = self.holder(&id, generation)?;
+        let unavailable = || Error::ResponseUpstreamUnavailable {
+            id: id.clone(),
+            upstream: upstream.name.clone(),
+            retry_after: server.health_check_interval,
+        };
+        if !upstream.is_available() {
+            return Err(unavailable());
+        }
+        let deleting = req.method() == http::Method::DELETE;
+        let (parts, body) = req.into_parts();
+        let body = request::read_body(&parts.headers, body, server.max_body_bytes).await?;
+        let client_keys = generation.api_keys.is_enabled();
+        let sent = self.forwarder.send(
+            &upstream.base,
+            authorization(upstream, client_keys),
+            &parts,
+            body,
+            request_id,
+        );
+        let response = match sent.await {
+            Ok(response) => response,
+            Err(ForwardError::Connect(_)) => return Err(unavailable()),
+            Err(ForwardError::Timeout(after)) => {
+                return Err(Error::UpstreamTimeout {
+                    upstream: upstream.name.clone(),
+                    model: String::new(),
+                    after,
+                });
+            }
+            Err(ForwardError::Failed(source)) => {
+                return Err(Error::UpstreamFailed {
+                    upstream: upstream.name.clone(),
+                    model: String::new(),
+                    source,
+                });
+            }
+            Err(ForwardError::Internal(detail)) => return Err(Error::Internal(detail)),
+        };
+        if deleting && response.status().is_success() {
+            self.affinity.forget(&id);
+        }
+        Ok(passed_through(response))
+    }
+
     /// One entry of `/v1/models`.
     fn model_entry(&self, name: &str) -> serde_json::Value {
         let created = self
@@ -346,9 +464,7 @@ impl App {
                 request_id,
             );
             match sent.await {
-                Ok(response) => {
-                    return Ok(response.map(|body| Either::Right(SlotBody::new(body, None))));
-                }
+                Ok(response) => return Ok(passed_through(response)),
                 Err(ForwardError::Connect(error)) => connect_error = Some(error),
                 Err(error) => {
                     return Err(Error::UpstreamFailed {
@@ -407,6 +523,15 @@ fn eligible<'r>(route: &'r Route, endpoint: &Endpoint) -> Result<Vec<&'r Target>
     }
     Ok(route.ranked().into_iter().filter(|t| allowed(t)).collect())
 }
+
+/// An upstream's answer to a route that holds no slot, passed through as it comes.
+fn passed_through(response: Response<Incoming>) -> Response<ResponseBody> {
+    response.map(|body| Either::Right(SlotBody::new(Sniff::new(body, None), None)))
+}
+
+/// `GET` and `DELETE`, for a stored response.
+const GET_OR_DELETE: &[http::Method] =
+    &[http::Method::GET, http::Method::HEAD, http::Method::DELETE];
 
 /// What the upstream request carries as `Authorization` (see [`Authorization`]).
 fn authorization(upstream: &UpstreamState, client_keys: bool) -> Authorization<'_> {

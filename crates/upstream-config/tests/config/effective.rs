@@ -10,6 +10,10 @@ fn defaults_are_written_out() {
     for line in [
         "listen = \"127.0.0.1:8080\"",
         "max_body_bytes = 4194304",
+        "max_upload_bytes = 26214400",
+        "response_affinity_entries = 100000",
+        "response_affinity_ttl = \"1day\"",
+        "allow_model_management = false",
         "header_read_timeout = \"10s\"",
         "connect_timeout = \"5s\"",
         "first_byte_timeout = \"5m\"",

@@ -192,6 +192,7 @@ fn limits_must_be_positive_integers() {
     let base = r#"listen = "127.0.0.1:8080""#;
     for key in [
         "max_body_bytes",
+        "max_upload_bytes",
         "max_connections",
         "eject_after_failures",
         "restore_after_successes",
