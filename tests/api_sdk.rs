@@ -3,9 +3,9 @@
 //! multipart transcription), the `anthropic` SDK (`messages.create` plain and streamed) and the
 //! `ollama` client (`chat` and `generate`, streamed).
 //!
-//! The test makes a virtualenv under Cargo's target tmp dir with the pinned clients (once; later
-//! runs reuse it) and runs `tests/api_sdk/check.py` against a gateway and fakes started
-//! in-process. It needs `python3` with `venv` and the Python Package Index. Set
+//! The test makes a virtualenv in the cache outside the repository (`support::venv_cache`) with
+//! the pinned clients (once; later runs reuse it; pip and the script are each bounded in time)
+//! and runs `tests/api_sdk/check.py` against a gateway and fakes started in-process. It needs `python3` with `venv` and the Python Package Index. Set
 //! `SKIP_OPENAI_SDK_TEST=1` to skip it where neither is available, as for the chat SDK test.
 
 mod support;
@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::Command;
 
 use fake_upstream::{FakeConfig, FakeUpstream};
-use support::{OPENAI_SDK, gateway, python_with, server};
+use support::{OPENAI_SDK, SCRIPT_LIMIT, gateway, python_with, run_bounded, server};
 
 /// The pinned clients.
 const CLIENTS: [&str; 3] = [OPENAI_SDK, "anthropic==2.10.0", "ollama==0.6.3"];
@@ -56,7 +56,7 @@ async fn the_official_clients_of_every_api_work_through_the_gateway() {
     let base = format!("http://{}", gw.api_addr());
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/api_sdk/check.py");
     let output =
-        tokio::task::spawn_blocking(move || Command::new(python).arg(script).arg(base).output())
+        tokio::task::spawn_blocking(move || run_bounded(&mut Command::new(python).arg(script).arg(base), SCRIPT_LIMIT))
             .await
             .unwrap()
             .expect("the client script runs");

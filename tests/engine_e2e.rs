@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use engine_support::{Engine, EngineOptions, capture_logs, long_chat, spawn_long_chats};
 use serde_json::Value;
 use support::{
-    SOON, admin_sample, authority, eventually, gateway, get, open, openai_python, post, send,
+    SOON, admin_sample, authority, eventually, gateway, get, open, openai_python, post, run_bounded, send, SCRIPT_LIMIT,
     server, upstream,
 };
 
@@ -314,10 +314,10 @@ async fn the_openai_python_sdk_streams_from_the_real_engine_through_the_gateway(
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/engine/sdk_stream.py");
     let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python)
-            .arg(script)
-            .arg(base_url)
-            .output()
+        run_bounded(
+            std::process::Command::new(python).arg(script).arg(base_url),
+            SCRIPT_LIMIT,
+        )
     })
     .await
     .unwrap()

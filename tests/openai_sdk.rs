@@ -1,8 +1,9 @@
 //! The official OpenAI Python SDK against the gateway: plain and streamed chats, the model list,
 //! and a 404 and a 503 surfacing as the SDK's own error types.
 //!
-//! The test makes a virtualenv under Cargo's target tmp dir and `pip install`s a pinned `openai`
-//! into it (once; later runs reuse it), then runs `tests/openai_sdk/check.py` against a gateway
+//! The test makes a virtualenv in the cache outside the repository (`support::venv_cache`) and
+//! `pip install`s a pinned `openai` into it (once; later runs reuse it; pip and the script are
+//! each bounded in time), then runs `tests/openai_sdk/check.py` against a gateway
 //! and a fake llama-server started in-process. It needs `python3` with `venv` and access to
 //! the Python Package Index. Set `SKIP_OPENAI_SDK_TEST=1` to skip it where neither is available.
 
@@ -11,7 +12,7 @@ mod support;
 use std::path::Path;
 use std::process::Command;
 
-use support::{fake, gateway, openai_python, server, upstream};
+use support::{SCRIPT_LIMIT, fake, gateway, openai_python, run_bounded, server, upstream};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_python_sdk_works_through_the_gateway() {
@@ -33,7 +34,7 @@ async fn the_official_openai_python_sdk_works_through_the_gateway() {
     let base_url = format!("http://{}/v1", gw.api_addr());
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_sdk/check.py");
     let output = tokio::task::spawn_blocking(move || {
-        Command::new(python).arg(script).arg(base_url).output()
+        run_bounded(&mut Command::new(python).arg(script).arg(base_url), SCRIPT_LIMIT)
     })
     .await
     .unwrap()
