@@ -370,7 +370,13 @@ pub fn python_with(name: &str, packages: &[&str]) -> PathBuf {
     let pins: String = packages
         .join("+")
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '+' { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '+' {
+                c
+            } else {
+                '-'
+            }
+        })
         .collect();
     let cache = venv_cache();
     let dir = cache.join(format!("{name}-{pins}"));
@@ -386,12 +392,21 @@ pub fn python_with(name: &str, packages: &[&str]) -> PathBuf {
         VENV_INSTALL_LIMIT,
     )
     .expect("python3 runs (install python3 and python3-venv)");
-    assert!(status.status.success(), "python3 -m venv failed: {status:?}");
+    assert!(
+        status.status.success(),
+        "python3 -m venv failed: {status:?}"
+    );
     // `python -m pip`, not `bin/pip`: the scripts' shebangs name the private directory, which
     // is renamed below; the interpreter itself finds its packages from wherever it is.
     let status = run_bounded(
         Command::new(building.join("bin/python"))
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
             .args(["--timeout", "30", "--retries", "2"])
             .args(packages),
         VENV_INSTALL_LIMIT,
@@ -405,7 +420,11 @@ pub fn python_with(name: &str, packages: &[&str]) -> PathBuf {
     if std::fs::rename(&building, &dir).is_err() {
         // Another process finished the same venv first; use that one.
         let _ = std::fs::remove_dir_all(&building);
-        assert!(python.exists(), "the venv {} could not be put in place", dir.display());
+        assert!(
+            python.exists(),
+            "the venv {} could not be put in place",
+            dir.display()
+        );
     }
     python
 }
@@ -433,8 +452,18 @@ pub fn run_bounded(
             bytes
         })
     };
-    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
     let deadline = std::time::Instant::now() + limit;
     let status = loop {
         if let Some(status) = child.try_wait()? {
