@@ -529,3 +529,100 @@ async fn responses_follow_ups_go_to_the_upstream_that_holds_the_response() {
         "b got only its own"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_name_reaches_each_engine_under_its_own_engine_model() {
+    // The same model, called differently by each engine (#14, `engine_model`).
+    let ollama = start(FakeConfig::ollama(4).model("qwen2.5:7b-instruct")).await;
+    let vllm = start(FakeConfig::vllm(4).model("Qwen/Qwen2.5-7B-Instruct")).await;
+    let with_engine_model = |kind: &str, name: &str, url: &str, engine: &str| {
+        format!(
+            "[upstreams.{name}]\nurl = \"{url}\"\nkind = \"{kind}\"\n\n\
+             [upstreams.{name}.models.qwen]\nengine_model = \"{engine}\"\n\
+             parallel = 2\nqueue = 16\nqueue_timeout = \"30s\"\n"
+        )
+    };
+    let gw = gateway(&format!(
+        "{}{}{}\n[aliases]\nchat = \"qwen\"\n",
+        server("health_check_interval = \"100ms\""),
+        with_engine_model("ollama", "o", &ollama.url(), "qwen2.5:7b-instruct"),
+        with_engine_model("vllm", "v", &vllm.url(), "Qwen/Qwen2.5-7B-Instruct"),
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let seen = |fake: &FakeUpstream, id: &str| fake.observer().request(id).and_then(|r| r.model);
+
+    // A route only one kind serves lands there, under that engine's name.
+    let reply = send(post(
+        addr,
+        "/api/chat",
+        body(Some("qwen")),
+        &[("x-request-id", "em-ollama")],
+    ))
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(
+        seen(&ollama, "em-ollama").as_deref(),
+        Some("qwen2.5:7b-instruct")
+    );
+    let reply = send(post(
+        addr,
+        "/v1/score",
+        body(Some("qwen")),
+        &[("x-request-id", "em-vllm")],
+    ))
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(
+        seen(&vllm, "em-vllm").as_deref(),
+        Some("Qwen/Qwen2.5-7B-Instruct")
+    );
+    // A shared route, through an alias: whichever engine got each, it got its own name.
+    for i in 0..6 {
+        let id = format!("em-chat-{i}");
+        let reply = send(post(
+            addr,
+            "/v1/chat/completions",
+            body(Some("chat")),
+            &[("x-request-id", &id)],
+        ))
+        .await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let names = (seen(&ollama, &id), seen(&vllm, &id));
+        assert!(
+            matches!(
+                (names.0.as_deref(), names.1.as_deref()),
+                (Some("qwen2.5:7b-instruct"), None) | (None, Some("Qwen/Qwen2.5-7B-Instruct"))
+            ),
+            "{id}: {names:?}"
+        );
+    }
+
+    // Clients see their own name; residency is asked by the engine's (Ollama lists
+    // `qwen2.5:7b-instruct` as running, and that makes `qwen` running here).
+    let models = get(addr, "/v1/models").await.json();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["chat", "qwen"], "{models}");
+    let deadline = tokio::time::Instant::now() + SOON;
+    loop {
+        let ps = get(addr, "/api/ps").await.json();
+        if ps["models"]
+            == serde_json::json!([{"name": "chat", "model": "chat"}, {"name": "qwen", "model": "qwen"}])
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "qwen never showed as running: {ps}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    gw.shutdown().await;
+    ollama.shutdown().await;
+    vllm.shutdown().await;
+}

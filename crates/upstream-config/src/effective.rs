@@ -106,7 +106,15 @@ struct UpstreamView<'a> {
     cancel_grace: String,
     allow_model_management: bool,
     // Tables last: TOML cannot put a plain key after a sub-table.
-    models: BTreeMap<&'a str, ModelView>,
+    models: BTreeMap<&'a str, ModelEntryView<'a>>,
+}
+
+#[derive(Serialize)]
+struct ModelEntryView<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    engine_model: Option<&'a str>,
+    #[serde(flatten)]
+    limits: ModelView,
 }
 
 #[derive(Serialize)]
@@ -186,7 +194,13 @@ impl<'a> From<&'a Upstream> for UpstreamView<'a> {
             models: upstream
                 .models
                 .iter()
-                .map(|(name, limits)| (name.as_str(), ModelView::from(*limits)))
+                .map(|(name, limits)| {
+                    let entry = ModelEntryView {
+                        engine_model: upstream.engine_models.get(name).map(String::as_str),
+                        limits: ModelView::from(*limits),
+                    };
+                    (name.as_str(), entry)
+                })
                 .collect(),
         }
     }

@@ -224,6 +224,9 @@ pub struct Upstream {
     pub allow_model_management: bool,
     /// The models served here and their limits, by model name. At least one.
     pub models: BTreeMap<String, ModelLimits>,
+    /// The models whose engine knows them by another name (`engine_model`), by model name;
+    /// a model not listed is known by its own name. See [`Upstream::engine_model`].
+    pub engine_models: BTreeMap<String, String>,
 }
 
 impl Upstream {
@@ -242,6 +245,39 @@ impl Upstream {
     /// `"/openai"` for `http://h:80/openai/`. The gateway prepends it to the client's path.
     pub fn path_prefix(&self) -> &str {
         self.url.path().trim_end_matches('/')
+    }
+
+    /// What this upstream's engine calls the configured `model`: its `engine_model`, or the
+    /// name itself. The gateway writes it into the `model` member of requests sent here, and
+    /// asks the engine about it (residency, slot counts) by it.
+    ///
+    /// ```
+    /// let config = slotgate_config::Config::from_toml_str(r#"
+    ///     [server]
+    ///     listen = "127.0.0.1:8080"
+    ///
+    ///     [upstreams.ollama]
+    ///     url = "http://127.0.0.1:11434"
+    ///     kind = "ollama"
+    ///
+    ///     [upstreams.ollama.models.qwen]
+    ///     engine_model = "qwen2.5:7b-instruct"
+    ///     parallel = 2
+    ///     queue = 8
+    ///     queue_timeout = "30s"
+    ///
+    ///     [upstreams.ollama.models.llama]
+    ///     parallel = 2
+    ///     queue = 8
+    ///     queue_timeout = "30s"
+    /// "#)?;
+    /// let upstream = &config.upstreams["ollama"];
+    /// assert_eq!(upstream.engine_model("qwen"), "qwen2.5:7b-instruct");
+    /// assert_eq!(upstream.engine_model("llama"), "llama");
+    /// # Ok::<(), slotgate_config::ConfigError>(())
+    /// ```
+    pub fn engine_model<'a>(&'a self, model: &'a str) -> &'a str {
+        self.engine_models.get(model).map_or(model, String::as_str)
     }
 
     /// The limits of `model` here, if this upstream configures it.

@@ -50,7 +50,13 @@ const UPSTREAM_KEYS: &[&str] = &[
     "allow_model_management",
     "models",
 ];
-const MODEL_KEYS: &[&str] = &["parallel", "queue", "queue_timeout", "capacity"];
+const MODEL_KEYS: &[&str] = &[
+    "parallel",
+    "queue",
+    "queue_timeout",
+    "capacity",
+    "engine_model",
+];
 
 const UNLIMITED: &str = "unlimited";
 const AUTO: &str = "auto";
@@ -470,6 +476,7 @@ fn upstream<'v>(
             models(r, p, v, dict, kind)
         },
     );
+    let (models, engine_models) = models.map_or((None, None), |(m, e)| (Some(m), Some(e)));
 
     if let (
         true,
@@ -480,6 +487,7 @@ fn upstream<'v>(
         Some(cancel_grace),
         Some(allow_model_management),
         Some(models),
+        Some(engine_models),
     ) = (
         name_ok,
         url,
@@ -489,6 +497,7 @@ fn upstream<'v>(
         cancel_grace,
         allow_model_management,
         models,
+        engine_models,
     ) {
         out.built = Some(Upstream {
             name: name.to_owned(),
@@ -499,6 +508,7 @@ fn upstream<'v>(
             cancel_grace,
             allow_model_management,
             models,
+            engine_models,
         });
     }
     out
@@ -561,6 +571,9 @@ fn upstream_url(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Url
     }
 }
 
+/// The models of one upstream and the names their engine knows them by.
+type Models = (BTreeMap<String, ModelLimits>, BTreeMap<String, String>);
+
 /// `kind` is the upstream's, when it could be read (`parallel = "auto"` depends on it).
 fn models(
     r: &mut Reader<'_>,
@@ -568,26 +581,71 @@ fn models(
     value: &Value,
     dict: &Dict,
     kind: Option<Kind>,
-) -> Option<BTreeMap<String, ModelLimits>> {
+) -> Option<Models> {
     if dict.is_empty() {
         r.invalid(path, value, "at least one model is required");
         return None;
     }
-    let mut built = Some(BTreeMap::new());
+    let mut built = Some((BTreeMap::new(), BTreeMap::new()));
+    // Engine name → the configured model that uses it: two models that send the same name to
+    // one engine would be one model there, counted against two limits.
+    let mut engine_names: BTreeMap<String, &str> = BTreeMap::new();
     for (name, value) in dict {
         let model_path = path.key(name);
         if name.is_empty() {
             r.issue(&model_path, "a model name must not be empty");
             built = None;
         }
-        match (built.as_mut(), model_limits(r, &model_path, value, kind)) {
-            (Some(map), Some(limits)) => {
-                map.insert(name.clone(), limits);
+        let engine_model = engine_model(r, &model_path, value);
+        let engine_name = match &engine_model {
+            Some(Some(engine)) => engine.as_str(),
+            _ => name.as_str(),
+        };
+        if let Some(first) = engine_names.insert(engine_name.to_owned(), name) {
+            let message = format!(
+                "models {first:?} and {name:?} both reach this engine as {engine_name:?}; \
+                 configure the engine's model once (use [aliases] for a second client name)"
+            );
+            r.issue(&model_path, message);
+            built = None;
+        }
+        match (
+            built.as_mut(),
+            model_limits(r, &model_path, value, kind),
+            engine_model,
+        ) {
+            (Some((limits_map, engines)), Some(limits), Some(engine)) => {
+                limits_map.insert(name.clone(), limits);
+                if let Some(engine) = engine {
+                    engines.insert(name.clone(), engine);
+                }
             }
             _ => built = None,
         }
     }
     built
+}
+
+/// The model table's `engine_model`: `Some(None)` when absent, `None` when invalid (reported).
+fn engine_model(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Option<String>> {
+    let Value::Dict(_, table) = value else {
+        // Not a table: `model_limits` reports it.
+        return Some(None);
+    };
+    let Some(v) = table.get("engine_model") else {
+        return Some(None);
+    };
+    let key = path.key("engine_model");
+    let text = r.string(&key, v)?;
+    if text.is_empty() {
+        r.invalid(
+            &key,
+            v,
+            "must not be empty; leave it out to send the model's own name",
+        );
+        return None;
+    }
+    Some(Some(text.to_owned()))
 }
 
 /// What `parallel` said.

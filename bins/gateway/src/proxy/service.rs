@@ -254,10 +254,11 @@ impl App {
                 }
             };
 
-            // Step 7: forward the original bytes (the model renamed only for an alias).
+            // Step 7: forward the original bytes (the model renamed only where the client's name
+            // is not the engine's: an alias, or an `engine_model`).
             let sent = Instant::now();
             let (outcome, slot) = self
-                .forward(target, slot, &api, model, request_id, client_keys)
+                .forward(target, slot, &api, request_id, client_keys)
                 .await;
             match outcome {
                 Ok(response) => {
@@ -319,7 +320,6 @@ impl App {
         target: &Target,
         slot: Option<Slot>,
         api: &request::ApiRequest,
-        model: &str,
         request_id: &HeaderValue,
         client_keys: bool,
     ) -> (Result<Response<Incoming>, ForwardError>, Option<Slot>) {
@@ -330,7 +330,8 @@ impl App {
                 &target.upstream.base,
                 authorization(&target.upstream, client_keys),
                 &api.parts,
-                api.body_for(model),
+                // The name this upstream's engine knows the model by (`engine_model`).
+                api.body_for(&target.engine_model),
                 request_id,
             )
             .await;

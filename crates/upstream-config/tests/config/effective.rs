@@ -64,12 +64,15 @@ fn it_loads_back_to_the_same_config() {
         queue_timeout = "2m"
         capacity = 4
         [upstreams.a.models.big]
+        engine_model = "Org/Big-70B"
         parallel = "unlimited"
     "#);
     let text = config.to_effective_toml();
     let again = Config::from_toml_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert_eq!(again, config, "{text}");
     assert!(text.contains("parallel = \"unlimited\""), "{text}");
+    assert!(text.contains("engine_model = \"Org/Big-70B\""), "{text}");
+    assert_eq!(again.upstreams["a"].engine_model("big"), "Org/Big-70B");
     assert!(
         text.contains("[upstreams.a.models.\"llama3.1:8b\"]"),
         "{text}"
