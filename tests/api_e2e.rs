@@ -626,3 +626,109 @@ async fn one_client_name_reaches_each_engine_under_its_own_engine_model() {
     ollama.shutdown().await;
     vllm.shutdown().await;
 }
+
+/// Sends only a request head declaring a `Content-Length` of `declared` bytes to `path`, and
+/// reads the answer the gateway gives before any of the body is sent: (head, body).
+async fn declared_only(
+    addr: SocketAddr,
+    path: &str,
+    content_type: &str,
+    declared: usize,
+) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: {content_type}\r\n\
+         content-length: {declared}\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let read = async {
+        let mut chunk = [0_u8; 4096];
+        loop {
+            let n = stream.read(&mut chunk).await.unwrap();
+            got.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&got);
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let length = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length: ")
+                            .map(str::to_owned)
+                    })
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .expect("a content-length on the answer");
+                if body.len() >= length {
+                    return (head.to_owned(), body[..length].to_owned());
+                }
+            }
+            assert!(n > 0, "closed before a whole answer: {text}");
+        }
+    };
+    tokio::time::timeout(SOON, read)
+        .await
+        .expect("an answer before the body")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_bodies_may_be_32_mib_and_larger_ones_get_a_413_problem() {
+    let fake = start(FakeConfig::llama_server(4).model("m")).await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream_of("llama-server", "llama", &fake.url(), "m", 2, "")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    // A vision request above the old 4 MiB default: 6 MiB of base64 "image" goes through.
+    let image = "A".repeat(6 << 20);
+    let vision = serde_json::json!({
+        "model": "m",
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{image}")}},
+        ]}],
+    })
+    .to_string();
+    let reply = send(post(
+        addr,
+        "/v1/chat/completions",
+        vision,
+        &[("x-request-id", "vision")],
+    ))
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert!(fake.observer().request("vision").is_some());
+
+    // Past the limit, on every kind of route: refused from the declared length, before a byte
+    // of the body, as a problem document naming the limit in force.
+    for (path, content_type, limit) in [
+        ("/v1/chat/completions", "application/json", 32 << 20),
+        ("/completion", "application/json", 32 << 20),
+        (
+            "/v1/audio/transcriptions",
+            "multipart/form-data; boundary=x",
+            25 << 20,
+        ),
+    ] {
+        let (head, body) = declared_only(addr, path, content_type, limit + 1).await;
+        assert!(head.starts_with("HTTP/1.1 413"), "{path}: {head}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-type: application/problem+json"),
+            "{path}: {head}"
+        );
+        let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            doc["type"], "https://slotgate.dev/problems/body-too-large",
+            "{doc}"
+        );
+        assert_eq!(doc["limit_bytes"], limit, "{path}: {doc}");
+    }
+    // None of the refused ones reached the engine.
+    assert_eq!(fake.observer().inference_requests().len(), 1);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}

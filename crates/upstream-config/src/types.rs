@@ -162,8 +162,9 @@ pub struct Server {
 }
 
 impl Server {
-    /// Default [`Server::max_body_bytes`]: 4 MiB, room for long chat histories.
-    pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+    /// Default [`Server::max_body_bytes`]: 32 MiB. Vision requests carry their images as
+    /// base64 (a 3 MB photo is 4 MB of it), so a few photos and a long history need room.
+    pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
     /// Default [`Server::max_upload_bytes`]: 25 MiB, OpenAI's own limit for audio files.
     pub const DEFAULT_MAX_UPLOAD_BYTES: usize = 25 * 1024 * 1024;
     /// Default [`Server::response_affinity_entries`]: 100 000 (some 10 MB).

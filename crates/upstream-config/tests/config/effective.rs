@@ -9,7 +9,7 @@ fn defaults_are_written_out() {
     let text = ok(VALID).to_effective_toml();
     for line in [
         "listen = \"127.0.0.1:8080\"",
-        "max_body_bytes = 4194304",
+        "max_body_bytes = 33554432",
         "max_upload_bytes = 26214400",
         "response_affinity_entries = 100000",
         "response_affinity_ttl = \"1day\"",
