@@ -56,10 +56,7 @@ async fn the_official_clients_of_every_api_work_through_the_gateway() {
     let base = format!("http://{}", gw.api_addr());
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/api_sdk/check.py");
     let output = tokio::task::spawn_blocking(move || {
-        run_bounded(
-            &mut Command::new(python).arg(script).arg(base),
-            SCRIPT_LIMIT,
-        )
+        run_bounded(Command::new(python).arg(script).arg(base), SCRIPT_LIMIT)
     })
     .await
     .unwrap()

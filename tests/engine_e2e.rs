@@ -683,8 +683,13 @@ async fn the_native_and_anthropic_routes_reach_the_real_engine_and_hold_its_slot
     })
     .await;
 
-    // 3 long `/completion`s and 3 long `/v1/messages` at once, on 2 slots: the engine runs 2
-    // and never defers one; `/tokenize` answers meanwhile, without a slot.
+    mixed_burst_keeps_two_engine_slots_busy(addr, &engine).await;
+    gw.shutdown().await;
+}
+
+/// 3 long `/completion`s and 3 long `/v1/messages` at once through the gateway at `addr`, on 2
+/// slots: the engine runs 2 and never defers one; `/tokenize` answers meanwhile, without a slot.
+async fn mixed_burst_keeps_two_engine_slots_busy(addr: std::net::SocketAddr, engine: &Engine) {
     let api = engine.api();
     let tasks: Vec<_> = (0..6)
         .map(|i| {
@@ -717,5 +722,4 @@ async fn the_native_and_anthropic_routes_reach_the_real_engine_and_hold_its_slot
     assert_eq!(peak_busy, 2, "both engine slots used, never more");
     assert!(peak_deferred == 0.0, "the engine deferred {peak_deferred}");
     assert!(tokenized_while_full, "never saw both slots busy");
-    gw.shutdown().await;
 }

@@ -34,10 +34,7 @@ async fn the_official_openai_python_sdk_works_through_the_gateway() {
     let base_url = format!("http://{}/v1", gw.api_addr());
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_sdk/check.py");
     let output = tokio::task::spawn_blocking(move || {
-        run_bounded(
-            &mut Command::new(python).arg(script).arg(base_url),
-            SCRIPT_LIMIT,
-        )
+        run_bounded(Command::new(python).arg(script).arg(base_url), SCRIPT_LIMIT)
     })
     .await
     .unwrap()

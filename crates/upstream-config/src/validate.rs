@@ -598,8 +598,8 @@ fn models(
         }
         let engine_model = engine_model(r, &model_path, value);
         let engine_name = match &engine_model {
-            Some(Some(engine)) => engine.as_str(),
-            _ => name.as_str(),
+            EngineModel::Named(engine) => engine.as_str(),
+            EngineModel::Absent | EngineModel::Invalid => name.as_str(),
         };
         if let Some(first) = engine_names.insert(engine_name.to_owned(), name) {
             let message = format!(
@@ -614,38 +614,50 @@ fn models(
             model_limits(r, &model_path, value, kind),
             engine_model,
         ) {
-            (Some((limits_map, engines)), Some(limits), Some(engine)) => {
+            (_, _, EngineModel::Invalid) | (None, _, _) | (_, None, _) => built = None,
+            (Some((limits_map, engines)), Some(limits), engine) => {
                 limits_map.insert(name.clone(), limits);
-                if let Some(engine) = engine {
+                if let EngineModel::Named(engine) = engine {
                     engines.insert(name.clone(), engine);
                 }
             }
-            _ => built = None,
         }
     }
     built
 }
 
-/// The model table's `engine_model`: `Some(None)` when absent, `None` when invalid (reported).
-fn engine_model(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Option<String>> {
+/// What a model table's `engine_model` said.
+enum EngineModel {
+    /// Absent: the engine knows the model by its own name.
+    Absent,
+    /// The engine's name for the model.
+    Named(String),
+    /// Not a non-empty string (already reported).
+    Invalid,
+}
+
+/// The model table's `engine_model`.
+fn engine_model(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> EngineModel {
+    // Not a table: `model_limits` reports it.
     let Value::Dict(_, table) = value else {
-        // Not a table: `model_limits` reports it.
-        return Some(None);
+        return EngineModel::Absent;
     };
     let Some(v) = table.get("engine_model") else {
-        return Some(None);
+        return EngineModel::Absent;
     };
     let key = path.key("engine_model");
-    let text = r.string(&key, v)?;
+    let Some(text) = r.string(&key, v) else {
+        return EngineModel::Invalid;
+    };
     if text.is_empty() {
         r.invalid(
             &key,
             v,
             "must not be empty; leave it out to send the model's own name",
         );
-        return None;
+        return EngineModel::Invalid;
     }
-    Some(Some(text.to_owned()))
+    EngineModel::Named(text.to_owned())
 }
 
 /// What `parallel` said.
