@@ -84,7 +84,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use slotgate_config::Config;
 use slotgate_limiter::Limiter;
@@ -110,10 +110,9 @@ pub use crate::upstreams::slot_discovery::{ProbedSlots, probe_config};
 
 use crate::ops::admin;
 use crate::ops::reload::Reloader;
-use crate::proxy::affinity::LocalAffinity;
 use crate::proxy::live::{Generation, Live};
-use crate::proxy::server::{self, ServerSettings};
-use crate::proxy::{forward, service};
+use crate::proxy::server::{self, ServerCounters, ServerSettings};
+use crate::proxy::service;
 use crate::shutdown::{ShutdownSignal, ShutdownTrigger, shutdown_pair};
 use crate::upstreams::probe::Prober;
 use crate::upstreams::{monitor, slot_discovery};
@@ -168,10 +167,6 @@ impl Gateway {
         Self::start(config.clone(), Some(path.into())).await
     }
 
-    #[expect(
-        clippy::too_many_lines,
-        reason = "every piece of the gateway made and wired in one place, in start order"
-    )]
     async fn start(config: Config, source: Option<PathBuf>) -> Result<Self, StartError> {
         let limiter = Limiter::new();
         let metrics = metrics::Metrics::new();
@@ -227,32 +222,19 @@ impl Gateway {
             monitor_signal,
         ));
 
-        // Clients told "shutting down" should come back once a restart is likely done.
-        let shutdown_retry_after = server.drain_grace.max(Duration::from_secs(1));
-        let app = Arc::new(service::App {
-            live: Arc::clone(&live),
-            forwarder: forward::Forwarder::new(forward::Timeouts {
-                connect: server.connect_timeout,
-                first_byte: server.first_byte_timeout,
-                pool_idle: server.idle_timeout,
-            }),
-            shutdown_retry_after,
-            shutdown: api_signal.clone(),
-            started: SystemTime::now(),
-            affinity: Arc::new(LocalAffinity::new(
-                server.response_affinity_entries,
-                server.response_affinity_ttl,
-            )),
-        });
-        let settings = ServerSettings {
-            header_read_timeout: server.header_read_timeout,
-            max_connections: server.max_connections,
-            drain_timeout: server.drain_grace,
-        };
+        let app = Arc::new(service::App::new(
+            Arc::clone(&live),
+            &server,
+            api_signal.clone(),
+            &metrics,
+        ));
+        let settings = api_settings(&server);
+        let counters = ServerCounters::new(&metrics);
         let api_task = tokio::spawn(server::serve(
             "api",
             api_listener,
             settings,
+            counters.clone(),
             move |req, _peer| Arc::clone(&app).handle(req),
             api_signal.clone(),
         ));
@@ -266,7 +248,13 @@ impl Gateway {
                 shutdown: api_signal,
                 retry_after: server.health_check_interval,
             };
-            spawn_admin(admin, listener, settings, admin_signal)
+            let settings = ServerSettings {
+                max_connections: server.admin_max_connections,
+                // Probes and scrapes are quick; a stuck one should not delay a restart.
+                drain_timeout: Duration::from_secs(1),
+                ..settings
+            };
+            spawn_admin(admin, listener, settings, counters, admin_signal)
         });
         if let Some(addr) = admin_addr {
             info!(admin_addr = %addr, "admin listening");
@@ -335,24 +323,34 @@ pub fn check(config: &Config) -> Result<(), StartError> {
     Ok(Generation::validate(config)?)
 }
 
+/// The API listener's settings.
+fn api_settings(server: &slotgate_config::Server) -> ServerSettings {
+    ServerSettings {
+        header_read_timeout: server.header_read_timeout,
+        idle_timeout: server.client_idle_timeout,
+        max_connections: server.max_connections,
+        h2_max_concurrent_streams: u32::try_from(server.h2_max_concurrent_streams)
+            .unwrap_or(u32::MAX),
+        h2_keep_alive_interval: server.h2_keep_alive_interval,
+        tcp_keepalive: server.tcp_keepalive,
+        drain_timeout: server.drain_grace,
+    }
+}
+
 /// Serves the admin endpoints on `listener` until `stop` fires.
 fn spawn_admin(
     admin: admin::Admin,
     listener: TcpListener,
-    api_settings: ServerSettings,
+    settings: ServerSettings,
+    counters: ServerCounters,
     stop: ShutdownSignal,
 ) -> JoinHandle<()> {
     let admin = Arc::new(admin);
-    let settings = ServerSettings {
-        // Probes and scrapes are small; a modest cap keeps them from crowding the API.
-        max_connections: 64,
-        drain_timeout: Duration::from_secs(1),
-        ..api_settings
-    };
     tokio::spawn(server::serve(
         "admin",
         listener,
         settings,
+        counters,
         move |req, _peer| {
             let admin = Arc::clone(&admin);
             async move { admin.handle(req).await }

@@ -18,6 +18,7 @@
 //! | `slotgate_model_loaded` | gauge | upstream, model | 1 when the last residency discovery listed the configured model as resident |
 //! | `slotgate_engine_busy` | gauge | upstream, model | requests the engine itself reports running, at the last check ([`reconcile`](crate::upstreams::reconcile)); absent when it does not tell |
 //! | `slotgate_engine_waiting` | gauge | upstream, model | requests queued inside the engine, at the last check; absent when it does not tell |
+//! | `slotgate_bounds_total` | counter | bound | a bound the gateway enforced on a slow or broken peer: `header_timeout` (a connection that sent no request head in time), `client_idle` (a connection closed for having no request in flight for `client_idle_timeout`), `body_timeout` (408), `body_budget` (503 `overloaded`), `stream_idle` (an upstream answer that stalled), `upstream_cut` (an upstream answer that failed mid-way) |
 //! | `slotgate_config_reloads_total` | counter | result | configuration reloads: `applied`, `refused` |
 //! | `slotgate_config_generation` | gauge | — | the configuration in force: 1 at start, +1 per applied reload |
 //!
@@ -83,6 +84,52 @@ pub(crate) struct Metrics {
     first_byte: HistogramFamily,
     duration: HistogramFamily,
     reloads: Family<ReloadLabels, Counter>,
+    bounds: Family<BoundLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BoundLabels {
+    bound: &'static str,
+}
+
+/// A bound the gateway enforces on a slow, hostile or broken peer: the `bound` label of
+/// `slotgate_bounds_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Bound {
+    /// A connection sent no complete request head within `header_read_timeout`.
+    HeaderTimeout,
+    /// A connection had no request in flight for `client_idle_timeout`.
+    ClientIdle,
+    /// A request body was not complete within `body_read_timeout` (408).
+    BodyTimeout,
+    /// The buffered request-body budget was spent (503 `overloaded`).
+    BodyBudget,
+    /// An upstream answer sent nothing for `stream_idle_timeout`.
+    StreamIdle,
+    /// An upstream answer failed mid-way (the engine's connection broke).
+    UpstreamCut,
+}
+
+impl Bound {
+    const ALL: [Bound; 6] = [
+        Bound::HeaderTimeout,
+        Bound::ClientIdle,
+        Bound::BodyTimeout,
+        Bound::BodyBudget,
+        Bound::StreamIdle,
+        Bound::UpstreamCut,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Bound::HeaderTimeout => "header_timeout",
+            Bound::ClientIdle => "client_idle",
+            Bound::BodyTimeout => "body_timeout",
+            Bound::BodyBudget => "body_budget",
+            Bound::StreamIdle => "stream_idle",
+            Bound::UpstreamCut => "upstream_cut",
+        }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -140,7 +187,15 @@ impl Metrics {
             first_byte: Family::new_with_constructor(seconds_histogram),
             duration: Family::new_with_constructor(seconds_histogram),
             reloads: Family::default(),
+            bounds: Family::default(),
         }
+    }
+
+    /// The counter of one [`Bound`], for the code that enforces it to keep.
+    pub(crate) fn bound(&self, bound: Bound) -> Counter {
+        self.bounds.get_or_create_owned(&BoundLabels {
+            bound: bound.label(),
+        })
     }
 
     /// Counts a configuration reload, `applied` or `refused`.
@@ -268,6 +323,15 @@ impl Metrics {
         for result in ["applied", "refused"] {
             let _ = self.reloads.get_or_create_owned(&ReloadLabels { result });
         }
+        // Every bound exists from the start, so a rate() over it needs no `absent()`.
+        for bound in Bound::ALL {
+            let _ = self.bound(bound);
+        }
+        registry.register(
+            "bounds",
+            "Bounds enforced on slow, hostile or broken clients and upstreams, by bound",
+            self.bounds.clone(),
+        );
         registry.register(
             "config_reloads",
             "Configuration reloads (SIGHUP, POST /admin/reload) by result",

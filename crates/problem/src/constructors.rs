@@ -76,8 +76,19 @@ impl Problem {
     /// alias).
     ///
     /// Sets the extension member `model`, and `error.param` to `model`.
+    /// The name is client input: only its first [`ECHO_LIMIT`] characters are echoed, so a huge
+    /// name cannot make a huge answer.
+    ///
+    /// ```
+    /// use slotgate_problem::Problem;
+    ///
+    /// let p = Problem::model_not_found(&"x".repeat(1 << 20));
+    /// assert!(p.to_json_bytes().len() < 4096);
+    /// ```
     #[must_use]
     pub fn model_not_found(model: &str) -> Self {
+        let model = clip(model);
+        let model = model.as_str();
         Self::new(
             Kind::ModelNotFound,
             format!(
@@ -203,9 +214,12 @@ impl Problem {
 
     /// [`Kind::NotFound`] (404): `path` is not a route of the gateway.
     ///
-    /// Sets the extension member `path`.
+    /// Sets the extension member `path`, clipped to [`ECHO_LIMIT`] characters like any echoed
+    /// client input.
     #[must_use]
     pub fn not_found(path: &str) -> Self {
+        let path = clip(path);
+        let path = path.as_str();
         Self::new(
             Kind::NotFound,
             format!(
@@ -300,6 +314,30 @@ impl Problem {
         .ext("accepted", vec!["application/json"])
     }
 
+    /// [`Kind::BodyTimeout`] (408): the client did not send the whole body within `timeout`.
+    ///
+    /// Sets the extension member `timeout_ms`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use slotgate_problem::Problem;
+    ///
+    /// assert_eq!(Problem::body_timeout(Duration::from_secs(30)).status(), 408);
+    /// ```
+    #[must_use]
+    pub fn body_timeout(timeout: Duration) -> Self {
+        let after = human(timeout);
+        Self::new(
+            Kind::BodyTimeout,
+            format!(
+                "The request body did not arrive within {after}; nothing was run. Send the \
+                 whole body at once, or check the network between you and the gateway."
+            ),
+        )
+        .with_detail(format!("The request body was not complete within {after}."))
+        .ext("timeout_ms", millis(timeout))
+    }
+
     /// [`Kind::Unauthorized`] (401): API keys are configured and the request carries none, or
     /// one that is not accepted. The key is never echoed.
     ///
@@ -385,6 +423,65 @@ impl Problem {
         .ext("model", model)
     }
 
+    /// [`Kind::Overloaded`] (503): the gateway already buffers `budget` bytes of request bodies
+    /// and refused this one rather than run out of memory.
+    ///
+    /// Sets `Retry-After` from `retry_after` and the extension member `budget_bytes`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use slotgate_problem::Problem;
+    ///
+    /// let p = Problem::overloaded(1 << 28, Duration::from_secs(1));
+    /// assert_eq!(p.status(), 503);
+    /// assert_eq!(p.retry_after_secs(), Some(1));
+    /// ```
+    #[must_use]
+    pub fn overloaded(budget: u64, retry_after: Duration) -> Self {
+        let secs = retry_secs(retry_after);
+        Self::new(
+            Kind::Overloaded,
+            format!(
+                "The gateway is receiving too many request bodies at once; the request was not \
+                 run. Retry in {secs} s."
+            ),
+        )
+        .with_detail(format!(
+            "The request bodies being received already fill the gateway's budget of {budget} \
+             bytes."
+        ))
+        .ext("budget_bytes", budget)
+        .with_retry_after(retry_after)
+    }
+
+    /// [`Kind::UpstreamStalled`] (504): the answer of `upstream` for `model` had begun, then
+    /// stopped, `why` says how (no data within the stream idle timeout, or a failed
+    /// connection). A streamed answer carries this as its last `error` event.
+    ///
+    /// Sets the extension members `upstream` and `model`.
+    ///
+    /// ```
+    /// use slotgate_problem::Problem;
+    ///
+    /// let p = Problem::upstream_stalled("gpu-a", "llama", "no data for 30 s");
+    /// assert_eq!(p.status(), 504);
+    /// ```
+    #[must_use]
+    pub fn upstream_stalled(upstream: &str, model: &str, why: &str) -> Self {
+        Self::new(
+            Kind::UpstreamStalled,
+            format!(
+                "The server for model `{model}` stopped in the middle of its answer ({why}); \
+                 the answer is incomplete. Retry the request."
+            ),
+        )
+        .with_detail(format!(
+            "Upstream `{upstream}` stopped answering for model `{model}`: {why}."
+        ))
+        .ext("upstream", upstream)
+        .ext("model", model)
+    }
+
     /// [`Kind::ShuttingDown`] (503): the gateway is shutting down and takes no new requests.
     ///
     /// Sets `Retry-After` from `retry_after`.
@@ -413,6 +510,17 @@ impl Problem {
                 .to_owned(),
         )
         .with_detail("An unexpected error occurred in the gateway.")
+    }
+}
+
+/// How many characters of client input a problem echoes back.
+pub const ECHO_LIMIT: usize = 256;
+
+/// The first [`ECHO_LIMIT`] characters of `input`, with `…` when it was longer.
+fn clip(input: &str) -> String {
+    match input.char_indices().nth(ECHO_LIMIT) {
+        Some((cut, _)) => format!("{}…", &input[..cut]),
+        None => input.to_owned(),
     }
 }
 

@@ -200,6 +200,15 @@ kinds! {
         code: "unsupported_media_type",
         openai_type: "invalid_request_error",
     }
+    /// The client did not send the whole request body within the gateway's
+    /// `body_read_timeout` (408). Nothing was forwarded.
+    BodyTimeout {
+        slug: BODY_TIMEOUT = "body-timeout",
+        status: REQUEST_TIMEOUT,
+        title: "Request body timed out",
+        code: "body_timeout",
+        openai_type: "invalid_request_error",
+    }
     /// API keys are configured and the request has none, or one that is not accepted (401,
     /// with `WWW-Authenticate: Bearer`).
     Unauthorized {
@@ -239,6 +248,26 @@ kinds! {
         status: BAD_GATEWAY,
         title: "Bad response from upstream",
         code: "upstream_bad_response",
+        openai_type: "server_error",
+    }
+    /// The gateway is buffering as many request bodies as its `max_buffered_body_bytes` allows,
+    /// so it refused this one at once instead of running out of memory; nothing was forwarded
+    /// (503, with `Retry-After`).
+    Overloaded {
+        slug: OVERLOADED = "overloaded",
+        status: SERVICE_UNAVAILABLE,
+        title: "Gateway overloaded",
+        code: "overloaded",
+        openai_type: "server_error",
+    }
+    /// The upstream's answer had begun but then stopped: no data for the upstream's
+    /// `stream_idle_timeout`, or the connection failed mid-answer. It is only seen as the
+    /// `error` event that ends a streamed answer, or as a 504 before a non-streamed one began.
+    UpstreamStalled {
+        slug: UPSTREAM_STALLED = "upstream-stalled",
+        status: GATEWAY_TIMEOUT,
+        title: "Upstream stopped mid-answer",
+        code: "upstream_stalled",
         openai_type: "server_error",
     }
     /// The gateway is shutting down (SIGTERM or drain) and takes no new requests; in-flight

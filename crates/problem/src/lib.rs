@@ -64,6 +64,7 @@ mod kind;
 mod problem;
 mod response;
 
+pub use constructors::ECHO_LIMIT;
 pub use kind::{BASE_URI, Kind, slug};
 pub use problem::Problem;
 

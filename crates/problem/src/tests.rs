@@ -31,12 +31,15 @@ fn sample(kind: Kind) -> Problem {
         Kind::BadRequest => Problem::bad_request("`model` is missing."),
         Kind::BodyTooLarge => Problem::body_too_large(1 << 20),
         Kind::UnsupportedMediaType => Problem::unsupported_media_type(Some("text/plain")),
+        Kind::BodyTimeout => Problem::body_timeout(Duration::from_secs(30)),
         Kind::Unauthorized => Problem::unauthorized(),
         Kind::UpstreamUnavailable => Problem::upstream_unavailable("llama", RETRY),
         Kind::UpstreamTimeout => {
             Problem::upstream_timeout("http://gpu-a:8080", "llama", Duration::from_secs(60))
         }
         Kind::UpstreamBadResponse => Problem::upstream_bad_response("http://gpu-a:8080", "llama"),
+        Kind::Overloaded => Problem::overloaded(1 << 28, RETRY),
+        Kind::UpstreamStalled => Problem::upstream_stalled("gpu-a", "llama", "no data for 30 s"),
         Kind::ShuttingDown => Problem::shutting_down(RETRY),
         Kind::Internal => Problem::internal(),
     }
@@ -225,4 +228,20 @@ fn unsupported_media_type_without_content_type() {
 fn display_names_status_slug_and_detail() {
     let p = Problem::not_found("/x");
     assert_eq!(p.to_string(), "404 not-found: No route for `/x`.");
+}
+
+#[test]
+fn echoed_client_input_is_clipped() {
+    let long = "é".repeat(10_000);
+    for problem in [Problem::model_not_found(&long), Problem::not_found(&long)] {
+        let bytes = problem.to_json_bytes();
+        assert!(bytes.len() < 4 * 1024, "{} bytes", bytes.len());
+    }
+    let short = json(&Problem::model_not_found("llama"));
+    assert_eq!(short["model"], "llama");
+    let clipped = json(&Problem::model_not_found(&"m".repeat(300)));
+    assert_eq!(
+        clipped["model"].as_str().map(|m| m.chars().count()),
+        Some(crate::ECHO_LIMIT + 1)
+    );
 }

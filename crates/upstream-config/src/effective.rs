@@ -84,6 +84,13 @@ struct ServerView {
     first_byte_timeout: String,
     idle_timeout: String,
     max_connections: usize,
+    admin_max_connections: usize,
+    body_read_timeout: String,
+    max_buffered_body_bytes: usize,
+    client_idle_timeout: String,
+    h2_max_concurrent_streams: usize,
+    h2_keep_alive_interval: String,
+    tcp_keepalive: String,
     drain_grace: String,
     health_check_interval: String,
     health_check_timeout: String,
@@ -104,6 +111,7 @@ struct UpstreamView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     api_key: Option<&'static str>,
     cancel_grace: String,
+    stream_idle_timeout: String,
     allow_model_management: bool,
     // Tables last: TOML cannot put a plain key after a sub-table.
     models: BTreeMap<&'a str, ModelEntryView<'a>>,
@@ -165,6 +173,13 @@ impl From<&Server> for ServerView {
             first_byte_timeout: human(server.first_byte_timeout),
             idle_timeout: human(server.idle_timeout),
             max_connections: server.max_connections,
+            admin_max_connections: server.admin_max_connections,
+            body_read_timeout: human(server.body_read_timeout),
+            max_buffered_body_bytes: server.max_buffered_body_bytes,
+            client_idle_timeout: human(server.client_idle_timeout),
+            h2_max_concurrent_streams: server.h2_max_concurrent_streams,
+            h2_keep_alive_interval: human(server.h2_keep_alive_interval),
+            tcp_keepalive: human(server.tcp_keepalive),
             drain_grace: human(server.drain_grace),
             health_check_interval: human(server.health_check_interval),
             health_check_timeout: human(server.health_check_timeout),
@@ -190,6 +205,7 @@ impl<'a> From<&'a Upstream> for UpstreamView<'a> {
             weight: upstream.weight,
             api_key: upstream.api_key.as_ref().map(redact),
             cancel_grace: human(upstream.cancel_grace),
+            stream_idle_timeout: human(upstream.stream_idle_timeout),
             allow_model_management: upstream.allow_model_management,
             models: upstream
                 .models

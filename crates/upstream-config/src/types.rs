@@ -135,8 +135,31 @@ pub struct Server {
     pub first_byte_timeout: Duration,
     /// How long a pooled upstream connection may sit idle before it is closed (default 90s).
     pub idle_timeout: Duration,
-    /// Most client connections open at once (default 1024).
+    /// Most client connections open at once on the API listener (default 1024).
     pub max_connections: usize,
+    /// Most connections open at once on the admin listener (default 64). A cap of its own, so a
+    /// flood on the API listener cannot keep a liveness probe out.
+    pub admin_max_connections: usize,
+    /// Time allowed for a client to send a whole request body, from the end of its head
+    /// (default 30s). Past it the request gets 408 `body-timeout`; it applies to HTTP/2 streams
+    /// as well.
+    pub body_read_timeout: Duration,
+    /// Request-body bytes the gateway buffers at once over all requests, queued ones included
+    /// (default 256 MiB). A request that would go past it gets 503 `overloaded`: per-request
+    /// limits alone cannot bound memory.
+    pub max_buffered_body_bytes: usize,
+    /// How long a client connection may stay open with no request in flight before the gateway
+    /// closes it (default 60s; HTTP/2 with a `GOAWAY`). HTTP/1 connections between requests are
+    /// closed sooner, after `header_read_timeout`.
+    pub client_idle_timeout: Duration,
+    /// Most HTTP/2 streams a client may have open at once on one connection (default 32).
+    pub h2_max_concurrent_streams: usize,
+    /// How often the gateway PINGs an HTTP/2 client connection; one not answered within the same
+    /// time closes the connection (default 20s).
+    pub h2_keep_alive_interval: Duration,
+    /// TCP keepalive idle time on client and upstream sockets (default 60s): a peer that
+    /// vanished without a FIN (a dead host, a dropped NAT entry) is noticed by the kernel.
+    pub tcp_keepalive: Duration,
     /// On shutdown, how long in-flight requests get to finish (default 30s; may be 0).
     pub drain_grace: Duration,
     /// How often each upstream is health-checked (default 5s).
@@ -181,6 +204,20 @@ impl Server {
     pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
     /// Default [`Server::max_connections`].
     pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+    /// Default [`Server::admin_max_connections`].
+    pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
+    /// Default [`Server::body_read_timeout`].
+    pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+    /// Default [`Server::max_buffered_body_bytes`]: 64 requests at the default body limit.
+    pub const DEFAULT_MAX_BUFFERED_BODY_BYTES: usize = 256 * 1024 * 1024;
+    /// Default [`Server::client_idle_timeout`].
+    pub const DEFAULT_CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+    /// Default [`Server::h2_max_concurrent_streams`].
+    pub const DEFAULT_H2_MAX_CONCURRENT_STREAMS: usize = 32;
+    /// Default [`Server::h2_keep_alive_interval`].
+    pub const DEFAULT_H2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
+    /// Default [`Server::tcp_keepalive`].
+    pub const DEFAULT_TCP_KEEPALIVE: Duration = Duration::from_secs(60);
     /// Default [`Server::drain_grace`].
     pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
     /// Default [`Server::health_check_interval`].
@@ -219,6 +256,11 @@ pub struct Upstream {
     /// request's connection about once a second, and a slot handed on before that would make it
     /// queue the next request itself.
     pub cancel_grace: Duration,
+    /// Longest silence allowed between two frames of a response body once its head has
+    /// arrived (default [`Upstream::DEFAULT_STREAM_IDLE_TIMEOUT`]). Past it the gateway ends the
+    /// answer (a stream with an `error` event) and gives the slot back after `cancel_grace`: a
+    /// hung engine, or a dead host without a FIN, cannot pin a slot.
+    pub stream_idle_timeout: Duration,
     /// Whether the routes that change the engine's disk (Ollama's `/api/pull`, `/api/push`,
     /// `/api/create`, `/api/delete`, `/api/copy`) may be sent here (default `false`: a client of
     /// the gateway should not be able to fill or empty an engine's disk).
@@ -233,6 +275,9 @@ pub struct Upstream {
 impl Upstream {
     /// Default [`Upstream::weight`].
     pub const DEFAULT_WEIGHT: f64 = 1.0;
+    /// Default [`Upstream::stream_idle_timeout`]: as long as the first-byte timeout, since an
+    /// engine that streams its head at once may spend the prompt's prefill before the first token.
+    pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
     /// The limiter key: `scheme://host:port`, with the scheme's default port made explicit and
     /// no path (two routes to one engine share its slots). Unique across a [`Config`].

@@ -32,6 +32,13 @@ const SERVER_KEYS: &[&str] = &[
     "first_byte_timeout",
     "idle_timeout",
     "max_connections",
+    "admin_max_connections",
+    "body_read_timeout",
+    "max_buffered_body_bytes",
+    "client_idle_timeout",
+    "h2_max_concurrent_streams",
+    "h2_keep_alive_interval",
+    "tcp_keepalive",
     "drain_grace",
     "health_check_interval",
     "health_check_timeout",
@@ -47,6 +54,7 @@ const UPSTREAM_KEYS: &[&str] = &[
     "weight",
     "api_key",
     "cancel_grace",
+    "stream_idle_timeout",
     "allow_model_management",
     "models",
 ];
@@ -207,6 +215,8 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         |r, p, v| r.count(p, v, 1),
     );
 
+    let bounds = bound_keys(r, t, path);
+
     let api_keys = optional(r, t, path, "api_keys", Vec::new(), secret_list);
     let api_keys_file = optional(r, t, path, "api_keys_file", None, |r, p, v| {
         let file = r.string(p, v)?;
@@ -232,6 +242,13 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         first_byte_timeout: first_byte_timeout?,
         idle_timeout: idle_timeout?,
         max_connections: max_connections?,
+        admin_max_connections: bounds.admin_max_connections?,
+        body_read_timeout: bounds.body_read_timeout?,
+        max_buffered_body_bytes: bounds.max_buffered_body_bytes?,
+        client_idle_timeout: bounds.client_idle_timeout?,
+        h2_max_concurrent_streams: bounds.h2_max_concurrent_streams?,
+        h2_keep_alive_interval: bounds.h2_keep_alive_interval?,
+        tcp_keepalive: bounds.tcp_keepalive?,
         drain_grace: drain_grace?,
         health_check_interval: health.interval?,
         health_check_timeout: health.timeout?,
@@ -286,6 +303,105 @@ fn health_keys(r: &mut Reader<'_>, t: &Dict, path: &KeyPath) -> HealthKeys {
             "restore_after_successes",
             Server::DEFAULT_RESTORE_AFTER_SUCCESSES,
             at_least_one,
+        ),
+    }
+}
+
+/// An upstream's `cancel_grace` and `stream_idle_timeout`, each `None` when present but wrong.
+fn upstream_timing(
+    r: &mut Reader<'_>,
+    t: &Dict,
+    path: &KeyPath,
+    kind: Option<Kind>,
+) -> (Option<Duration>, Option<Duration>) {
+    // The default depends on the kind; an unreadable kind was reported already, and then the
+    // default does not matter (nothing is built).
+    let default_grace = kind.map_or(Duration::ZERO, Kind::default_cancel_grace);
+    let cancel_grace = optional(r, t, path, "cancel_grace", default_grace, |r, p, v| {
+        r.duration(p, v, true)
+    });
+    let stream_idle_timeout = optional(
+        r,
+        t,
+        path,
+        "stream_idle_timeout",
+        Upstream::DEFAULT_STREAM_IDLE_TIMEOUT,
+        |r, p, v| r.duration(p, v, false),
+    );
+    (cancel_grace, stream_idle_timeout)
+}
+
+/// The `[server]` keys that bound slow, hostile or broken peers, each `None` when present but
+/// wrong.
+struct BoundKeys {
+    admin_max_connections: Option<usize>,
+    body_read_timeout: Option<Duration>,
+    max_buffered_body_bytes: Option<usize>,
+    client_idle_timeout: Option<Duration>,
+    h2_max_concurrent_streams: Option<usize>,
+    h2_keep_alive_interval: Option<Duration>,
+    tcp_keepalive: Option<Duration>,
+}
+
+fn bound_keys(r: &mut Reader<'_>, t: &Dict, path: &KeyPath) -> BoundKeys {
+    let positive = |r: &mut Reader<'_>, p: &KeyPath, v: &Value| r.duration(p, v, false);
+    let at_least_one = |r: &mut Reader<'_>, p: &KeyPath, v: &Value| r.count(p, v, 1);
+    BoundKeys {
+        admin_max_connections: optional(
+            r,
+            t,
+            path,
+            "admin_max_connections",
+            Server::DEFAULT_ADMIN_MAX_CONNECTIONS,
+            at_least_one,
+        ),
+        body_read_timeout: optional(
+            r,
+            t,
+            path,
+            "body_read_timeout",
+            Server::DEFAULT_BODY_READ_TIMEOUT,
+            positive,
+        ),
+        max_buffered_body_bytes: optional(
+            r,
+            t,
+            path,
+            "max_buffered_body_bytes",
+            Server::DEFAULT_MAX_BUFFERED_BODY_BYTES,
+            at_least_one,
+        ),
+        client_idle_timeout: optional(
+            r,
+            t,
+            path,
+            "client_idle_timeout",
+            Server::DEFAULT_CLIENT_IDLE_TIMEOUT,
+            positive,
+        ),
+        h2_max_concurrent_streams: optional(
+            r,
+            t,
+            path,
+            "h2_max_concurrent_streams",
+            Server::DEFAULT_H2_MAX_CONCURRENT_STREAMS,
+            at_least_one,
+        ),
+        h2_keep_alive_interval: optional(
+            r,
+            t,
+            path,
+            "h2_keep_alive_interval",
+            Server::DEFAULT_H2_KEEP_ALIVE_INTERVAL,
+            positive,
+        ),
+        tcp_keepalive: optional(
+            r,
+            t,
+            path,
+            "tcp_keepalive",
+            Server::DEFAULT_TCP_KEEPALIVE,
+            positive,
         ),
     }
 }
@@ -456,12 +572,7 @@ fn upstream<'v>(
     let api_key = optional(r, t, path, "api_key", None, |r, p, v| {
         secret(r, p, v).map(Some)
     });
-    // The default depends on the kind; an unreadable kind was reported already, and then the
-    // default does not matter (nothing is built).
-    let default_grace = kind.map_or(Duration::ZERO, Kind::default_cancel_grace);
-    let cancel_grace = optional(r, t, path, "cancel_grace", default_grace, |r, p, v| {
-        r.duration(p, v, true)
-    });
+    let (cancel_grace, stream_idle_timeout) = upstream_timing(r, t, path, kind);
     let allow_model_management =
         optional(r, t, path, "allow_model_management", false, Reader::boolean);
     let models = required(
@@ -485,6 +596,7 @@ fn upstream<'v>(
         Some(weight),
         Some(api_key),
         Some(cancel_grace),
+        Some(stream_idle_timeout),
         Some(allow_model_management),
         Some(models),
         Some(engine_models),
@@ -495,6 +607,7 @@ fn upstream<'v>(
         weight,
         api_key,
         cancel_grace,
+        stream_idle_timeout,
         allow_model_management,
         models,
         engine_models,
@@ -506,6 +619,7 @@ fn upstream<'v>(
             weight,
             api_key,
             cancel_grace,
+            stream_idle_timeout,
             allow_model_management,
             models,
             engine_models,

@@ -238,6 +238,10 @@ impl Slot {
 
 impl SlotGuard for Slot {
     fn finish(self, how: Completion) {
+        if let Completion::Stalled { grace } = how {
+            // Like a first-byte timeout: the time measures the stall, not an answer.
+            return self.timed_out(grace);
+        }
         let held = self.record_hold();
         match how {
             Completion::Ended => {
@@ -251,6 +255,7 @@ impl SlotGuard for Slot {
                 self.metrics.client_gone.inc();
                 self.metrics.gone_streaming.inc();
             }
+            Completion::Stalled { .. } => {}
         }
         drop(self.permit);
     }

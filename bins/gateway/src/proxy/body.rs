@@ -11,15 +11,40 @@
 //! Frames are passed through untouched, one for one: the wrapper never buffers, so an SSE chunk
 //! reaches the client as soon as the upstream sends it.
 //!
+//! With a [`Watch`] (the gateway always gives one), the wrapper also bounds the upstream:
+//!
+//! - **Stall**: while the wrapper waits on the upstream, at most the upstream's
+//!   `stream_idle_timeout` may pass without a frame. The clock runs only while the wrapper is
+//!   waiting on the upstream, not while the client is slow to read, so backpressure is never
+//!   taken for a stall. A stalled answer ends, the connection to the engine is closed (the body
+//!   is dropped) and the slot goes back after `cancel_grace`, as after a first-byte timeout: the
+//!   engine needs that long to notice.
+//! - **Cut**: the upstream's body fails (the engine died, or reset the connection).
+//!
+//! Either way, an SSE answer (`text/event-stream`) ends with one last event, `data:` followed by
+//! an `upstream-stalled` problem document (it has the OpenAI `error` member, so SDKs raise it as
+//! an API error), and then a clean end of the body: HTTP/1 gets its terminating chunk, HTTP/2 an
+//! `END_STREAM`. Any other answer cannot carry a late error, so it is cut (HTTP/1: no final
+//! chunk; HTTP/2: a reset stream). Both are logged at `warn` with the request id and counted in
+//! `slotgate_bounds_total` (`stream_idle`, `upstream_cut`).
+//!
 //! A [`Completion`] says which of those three ended the body; the guard learns it through
 //! [`SlotGuard::finish`] just before it is dropped, so the gateway can count client disconnects
 //! mid-stream separately from clean ends.
 
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
+use bytes::{Buf, Bytes};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+use prometheus_client::metrics::counter::Counter;
+use slotgate_problem::Problem;
+use tokio::time::{Instant, Sleep};
+use tracing::warn;
+
+use crate::error::{BoxError, chain};
 
 /// How a [`SlotBody`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +55,67 @@ pub(crate) enum Completion {
     Failed,
     /// The body was dropped before it ended: the client went away (or the server shut down).
     Dropped,
+    /// The upstream sent nothing for its stream idle timeout; the slot should go back only after
+    /// `grace`, the time the engine needs to notice the closed connection.
+    Stalled {
+        /// The upstream's `cancel_grace`.
+        grace: Duration,
+    },
+}
+
+/// What a [`SlotBody`] needs to bound the upstream and end a failed answer well.
+#[derive(Debug)]
+pub(crate) struct Watch {
+    /// Longest wait for the upstream's next frame.
+    pub(crate) idle_timeout: Duration,
+    /// Kept for the engine to notice a closed connection before the slot goes back.
+    pub(crate) cancel_grace: Duration,
+    /// Whether the answer is SSE, and so can end with an `error` event.
+    pub(crate) sse: bool,
+    /// The upstream's name.
+    pub(crate) upstream: String,
+    /// The model, as the route calls it.
+    pub(crate) model: String,
+    /// The request id, for the log.
+    pub(crate) request_id: String,
+    /// `slotgate_bounds_total{bound="stream_idle"}`.
+    pub(crate) stalled: Counter,
+    /// `slotgate_bounds_total{bound="upstream_cut"}`.
+    pub(crate) cut: Counter,
+}
+
+impl Watch {
+    /// Logs and counts an answer that stopped, and returns its last SSE event, if the answer is
+    /// SSE.
+    fn ended_badly(&self, why: &str) -> Option<Bytes> {
+        warn!(
+            request_id = %self.request_id,
+            upstream = %self.upstream,
+            model = %self.model,
+            why,
+            "the upstream's answer stopped mid-way"
+        );
+        if !self.sse {
+            return None;
+        }
+        let problem = Problem::upstream_stalled(&self.upstream, &self.model, why)
+            .with_extension("request_id", self.request_id.as_str());
+        let mut event = b"data: ".to_vec();
+        event.extend_from_slice(&problem.to_json_bytes());
+        event.extend_from_slice(b"\n\n");
+        Some(Bytes::from(event))
+    }
+}
+
+/// Where a watched body stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Passing frames through.
+    Streaming,
+    /// The last event is out; the next poll ends the body.
+    Closing,
+    /// Ended.
+    Done,
 }
 
 /// Something held for as long as a response body streams, told how the body ended.
@@ -63,6 +149,12 @@ pin_project! {
         #[pin]
         inner: B,
         guard: Option<G>,
+        watch: Option<Watch>,
+        // Runs only while waiting on the upstream: armed at the first `Pending` after a frame.
+        // Boxed (and only with a watch) so the body stays `Unpin` when the inner one is.
+        idle: Option<Pin<Box<Sleep>>>,
+        armed: bool,
+        phase: Phase,
     }
 
     impl<B: Body, G: SlotGuard> PinnedDrop for SlotBody<B, G> {
@@ -72,7 +164,7 @@ pin_project! {
                 // hyper never polls a body that says it is already at its end (an empty body),
                 // so a guard still held here is a clean end in that case, and otherwise means
                 // the client (or a shutdown) dropped the response mid-stream.
-                let how = if this.inner.is_end_stream() {
+                let how = if this.inner.is_end_stream() || *this.phase != Phase::Streaming {
                     Completion::Ended
                 } else {
                     Completion::Dropped
@@ -89,7 +181,18 @@ impl<B: Body, G: SlotGuard> SlotBody<B, G> {
         Self {
             inner,
             guard: Some(guard),
+            watch: None,
+            idle: None,
+            armed: false,
+            phase: Phase::Streaming,
         }
+    }
+
+    /// Also bounds the upstream and ends a failed answer as [`Watch`] says.
+    pub(crate) fn watched(mut self, watch: Watch) -> Self {
+        self.idle = Some(Box::pin(tokio::time::sleep(watch.idle_timeout)));
+        self.watch = Some(watch);
+        self
     }
 
     /// Whether the guard is still held (the body has not ended yet). The gateway never needs to
@@ -108,42 +211,101 @@ impl<B: Body, G: SlotGuard> SlotBodyProj<'_, B, G> {
     }
 }
 
-impl<B: Body, G: SlotGuard> Body for SlotBody<B, G> {
-    type Data = B::Data;
-    type Error = B::Error;
+impl<B, G> Body for SlotBody<B, G>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+    G: SlotGuard,
+{
+    type Data = Bytes;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let mut this = self.project();
-        match this.inner.as_mut().poll_frame(cx) {
-            Poll::Pending => Poll::Pending,
+        match *this.phase {
+            Phase::Streaming => {}
+            Phase::Closing => {
+                *this.phase = Phase::Done;
+                return Poll::Ready(None);
+            }
+            Phase::Done => return Poll::Ready(None),
+        }
+        let polled = this.inner.as_mut().poll_frame(cx);
+        let failure = match polled {
+            Poll::Pending => {
+                let (Some(watch), Some(idle)) = (this.watch.as_ref(), this.idle.as_mut()) else {
+                    return Poll::Pending;
+                };
+                if !*this.armed {
+                    *this.armed = true;
+                    idle.as_mut().reset(Instant::now() + watch.idle_timeout);
+                }
+                ready!(idle.as_mut().poll(cx));
+                watch.stalled.inc();
+                let why = format!(
+                    "no data for {}",
+                    humantime::format_duration(watch.idle_timeout)
+                );
+                let grace = watch.cancel_grace;
+                let event = watch.ended_badly(&why);
+                this.release(Completion::Stalled { grace });
+                (event, why)
+            }
             Poll::Ready(None) => {
                 this.release(Completion::Ended);
-                Poll::Ready(None)
+                *this.phase = Phase::Done;
+                return Poll::Ready(None);
             }
             Poll::Ready(Some(Ok(frame))) => {
+                *this.armed = false;
                 // Release as soon as the last frame is out, rather than waiting for hyper to poll
                 // once more for the `None`: the next queued request should not wait on us.
                 if this.inner.is_end_stream() {
                     this.release(Completion::Ended);
                 }
-                Poll::Ready(Some(Ok(frame)))
+                let frame = frame.map_data(|mut data| data.copy_to_bytes(data.remaining()));
+                return Poll::Ready(Some(Ok(frame)));
             }
             Poll::Ready(Some(Err(error))) => {
                 this.release(Completion::Failed);
-                Poll::Ready(Some(Err(error)))
+                let error: BoxError = error.into();
+                let Some(watch) = this.watch.as_ref() else {
+                    return Poll::Ready(Some(Err(error)));
+                };
+                watch.cut.inc();
+                let why = format!("the connection failed: {}", chain(&*error));
+                (watch.ended_badly(&why), why)
+            }
+        };
+        match failure {
+            (Some(event), _) => {
+                *this.phase = Phase::Closing;
+                Poll::Ready(Some(Ok(Frame::data(event))))
+            }
+            (None, why) => {
+                *this.phase = Phase::Done;
+                Poll::Ready(Some(Err(why.into())))
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match self.phase {
+            Phase::Streaming => self.inner.is_end_stream(),
+            Phase::Closing => false,
+            Phase::Done => true,
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match self.phase {
+            Phase::Streaming => self.inner.size_hint(),
+            Phase::Closing => SizeHint::default(),
+            Phase::Done => SizeHint::with_exact(0),
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //!
 //! - One [`hyper_util::client::legacy::Client`] for the whole gateway: connections to each
 //!   upstream are kept alive and reused, so a request pays no connect on the hot path.
+//! - TCP keepalive on upstream sockets (`tcp_keepalive`).
 //! - A connect timeout (on the connector) and a first-byte timeout (around the wait for the
 //!   response head). The answer itself may stream for as long as the engine generates: there is
 //!   deliberately no total timeout here.
@@ -42,6 +43,8 @@ pub(crate) struct Timeouts {
     pub(crate) first_byte: Duration,
     /// How long an idle pooled connection is kept.
     pub(crate) pool_idle: Duration,
+    /// TCP keepalive idle time: a dead engine host that sent no FIN is noticed by the kernel.
+    pub(crate) tcp_keepalive: Duration,
 }
 
 /// What the upstream request carries as `Authorization`.
@@ -70,6 +73,7 @@ impl Forwarder {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(timeouts.connect));
         connector.set_nodelay(true);
+        connector.set_keepalive(Some(timeouts.tcp_keepalive));
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(timeouts.pool_idle)

@@ -5,14 +5,15 @@
 //!
 //! | side     | variants | status |
 //! |----------|----------|--------|
-//! | client   | `NotFound`, `MethodNotAllowed`, `ModelNotFound`, `BadRequest`, `BodyRead`, `BodyTooLarge`, `UnsupportedMediaType`, `Unauthorized` | 404, 405, 404, 400, 400, 413, 415, 401 |
-//! | capacity | `QueueFull`, `QueueTimeout` (the request never ran; retry) | 503 + `Retry-After` |
+//! | client   | `NotFound`, `MethodNotAllowed`, `ModelNotFound`, `BadRequest`, `BodyRead`, `BodyTooLarge`, `BodyTimeout`, `UnsupportedMediaType`, `Unauthorized` | 404, 405, 404, 400, 400, 413, 408, 415, 401 |
+//! | capacity | `QueueFull`, `QueueTimeout`, `Overloaded` (the request never ran; retry) | 503 + `Retry-After` |
 //! | upstream | `UpstreamUnavailable` (nothing sent; retry), `UpstreamFailed`, `UpstreamTimeout` (maybe ran; the client decides) | 503 + `Retry-After`, 502, 504 |
 //! | gateway  | `ShuttingDown` (retry), `Internal` (a bug) | 503 + `Retry-After`, 500 |
 //!
-//! Errors after the response head has gone out (an upstream dying mid-stream) cannot become a
-//! document any more: the body wrapper ends the stream with an error, hyper cuts the connection
-//! (HTTP/1: no final chunk; HTTP/2: a reset stream), and the client sees a truncated answer.
+//! Errors after the response head has gone out (an upstream stalling or dying mid-stream)
+//! cannot become a response any more: the body wrapper ([`body`](crate::proxy::body)) ends an SSE
+//! answer with an `upstream-stalled` problem as its last event and a clean end of stream, and
+//! cuts any other answer (HTTP/1: no final chunk; HTTP/2: a reset stream).
 //!
 //! [`respond`] turns any of them into an `application/problem+json` response carrying the
 //! request id. Nothing else in the gateway builds an error response, so no path can answer with
@@ -26,6 +27,9 @@ use slotgate_problem::Problem;
 use tracing::{debug, warn};
 
 use crate::error::{BoxError, chain};
+
+/// `Retry-After` of 503 `overloaded`: bodies in flight are usually read within a second or so.
+const OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The methods of an endpoint that only reads.
 pub(crate) const GET_ONLY: &[Method] = &[Method::GET, Method::HEAD];
@@ -103,6 +107,12 @@ pub(crate) enum Error {
         /// The limit, in bytes.
         limit: usize,
     },
+    /// The body was not complete within `body_read_timeout`.
+    #[error("the request body was not complete within {after:?}")]
+    BodyTimeout {
+        /// The timeout.
+        after: Duration,
+    },
     /// The body is not JSON.
     #[error("the request body must be application/json")]
     UnsupportedMediaType {
@@ -136,6 +146,13 @@ pub(crate) enum Error {
         waited: Duration,
         /// When a retry may succeed.
         retry_after: Duration,
+    },
+
+    /// The gateway-wide budget of buffered request-body bytes is spent.
+    #[error("the buffered request bodies fill the budget of {budget} bytes")]
+    Overloaded {
+        /// The budget, in bytes.
+        budget: usize,
     },
 
     // === the upstream's side ===
@@ -206,6 +223,11 @@ impl Error {
             Error::BodyTooLarge { limit } => {
                 Problem::body_too_large(u64::try_from(*limit).unwrap_or(u64::MAX))
             }
+            Error::BodyTimeout { after } => Problem::body_timeout(*after),
+            Error::Overloaded { budget } => Problem::overloaded(
+                u64::try_from(*budget).unwrap_or(u64::MAX),
+                OVERLOADED_RETRY_AFTER,
+            ),
             Error::UnsupportedMediaType { got } => Problem::unsupported_media_type(got.as_deref()),
             Error::Unauthorized => Problem::unauthorized(),
             Error::QueueFull {
@@ -385,6 +407,20 @@ mod tests {
                 413,
                 "body-too-large",
                 false,
+            ),
+            (
+                Error::BodyTimeout {
+                    after: Duration::from_secs(30),
+                },
+                408,
+                "body-timeout",
+                false,
+            ),
+            (
+                Error::Overloaded { budget: 1 << 20 },
+                503,
+                "overloaded",
+                true,
             ),
             (
                 Error::UnsupportedMediaType { got: None },

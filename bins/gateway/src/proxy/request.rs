@@ -5,8 +5,19 @@
 //!
 //! The body is read whole (inference requests are small next to their answers, and the model
 //! must be known before a host can be chosen), under the configured limit: a `Content-Length`
-//! above the limit is refused before a byte is read, and a chunked body is cut off by
-//! [`http_body_util::Limited`] the moment it passes the limit.
+//! above the limit is refused before a byte is read, and a chunked body is refused the moment it
+//! passes the limit. The limit is `max_body_bytes` (32 MiB by default: vision requests carry
+//! images as base64), or `max_upload_bytes` for an upload.
+//!
+//! Two more bounds keep slow or many bodies from holding the gateway (a body cannot be
+//! forwarded before it is whole, so it has to be buffered):
+//!
+//! - a deadline, `body_read_timeout`, from the end of the head to the body's last byte: a client
+//!   that trickles its body (slowloris) gets 408 `body-timeout` and loses its connection;
+//! - a budget, `max_buffered_body_bytes`, shared by every request: each body takes its bytes from
+//!   it as they arrive and gives them back when the request is over (answered, refused, or gone).
+//!   A body that would overdraw it gets 503 `overloaded` at once. The per-request limit alone
+//!   cannot bound memory: 200 streams on one HTTP/2 connection each stay under it.
 //!
 //! `model` and `stream` are read with `serde_json` into a small borrowed struct; every other
 //! member is skipped, not copied. The original bytes are what goes upstream: nothing is
@@ -15,19 +26,83 @@
 //! the bytes of the `model` value (and only those) are replaced, see [`ApiRequest::body_for`].
 
 use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::request::Parts;
 use http::{HeaderMap, Request};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
+use prometheus_client::metrics::counter::Counter;
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::BoxError;
+use crate::metrics::{Bound, Metrics};
 use crate::proxy::endpoint::{Endpoint, ModelIn};
 use crate::proxy::problems::Error;
+
+/// The request-body bytes the whole gateway may buffer at once (`max_buffered_body_bytes`).
+#[derive(Debug)]
+pub(crate) struct BodyBudget {
+    bytes: Arc<Semaphore>,
+    total: usize,
+    spent: Counter,
+    timed_out: Counter,
+}
+
+impl BodyBudget {
+    /// A budget of `total` bytes, counting refusals and body timeouts in `metrics`.
+    pub(crate) fn new(total: usize, metrics: &Metrics) -> Self {
+        let total = total.min(Semaphore::MAX_PERMITS);
+        Self {
+            bytes: Arc::new(Semaphore::new(total)),
+            total,
+            spent: metrics.bound(Bound::BodyBudget),
+            timed_out: metrics.bound(Bound::BodyTimeout),
+        }
+    }
+
+    /// Bytes buffered now.
+    #[cfg(test)]
+    pub(crate) fn in_use(&self) -> usize {
+        self.total - self.bytes.available_permits()
+    }
+
+    /// Takes `len` more bytes into `held`, or says the budget is spent.
+    fn take(&self, len: usize, held: &mut Option<OwnedSemaphorePermit>) -> Result<(), Error> {
+        let Ok(count) = u32::try_from(len) else {
+            return Err(self.refuse());
+        };
+        let Ok(permit) = Arc::clone(&self.bytes).try_acquire_many_owned(count) else {
+            return Err(self.refuse());
+        };
+        match held {
+            Some(held) => held.merge(permit),
+            None => *held = Some(permit),
+        }
+        Ok(())
+    }
+
+    fn refuse(&self) -> Error {
+        self.spent.inc();
+        Error::Overloaded { budget: self.total }
+    }
+}
+
+/// What bounds the reading of one body.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BodyLimits<'a> {
+    /// Largest body, in bytes (`max_body_bytes`, or `max_upload_bytes` for an upload).
+    pub(crate) max_bytes: usize,
+    /// Time for the whole body (`body_read_timeout`).
+    pub(crate) timeout: Duration,
+    /// The gateway-wide budget.
+    pub(crate) budget: &'a BodyBudget,
+}
 
 /// A request to one of the model-routed endpoints, read and understood.
 #[derive(Debug)]
@@ -46,6 +121,8 @@ pub(crate) struct ApiRequest {
     model_span: Range<usize>,
     /// Whether the body is a `multipart/form-data` upload (the model value is bare text).
     form: bool,
+    /// The body's bytes taken from the [`BodyBudget`], given back when the request is dropped.
+    _budget: Option<OwnedSemaphorePermit>,
 }
 
 /// The two members the gateway needs; everything else is skipped by `serde_json` without being
@@ -64,12 +141,13 @@ struct Head<'a> {
 /// Reads and checks a request to a model-routed endpoint.
 ///
 /// Refuses, in this order: a content type other than JSON (415), a declared length above
-/// `limit` (413, before reading), a body that grows past `limit` (413), a body that is not a
-/// JSON object, has no string `model` (unless the endpoint allows that), or has a non-boolean
-/// `stream` (400).
+/// `limits.max_bytes` (413, before reading), a declared length the budget cannot hold (503), a
+/// body that grows past the limit (413) or past the budget (503), a body not complete within
+/// `limits.timeout` (408), a body that is not a JSON object, has no string `model` (unless the
+/// endpoint allows that), or has a non-boolean `stream` (400).
 pub(crate) async fn read<B>(
     req: Request<B>,
-    limit: usize,
+    limits: BodyLimits<'_>,
     endpoint: &Endpoint,
 ) -> Result<ApiRequest, Error>
 where
@@ -84,7 +162,7 @@ where
         check_content_type(&parts.headers)?;
         None
     };
-    let body = read_body(&parts.headers, body, limit).await?;
+    let (body, held) = read_body(&parts.headers, body, limits).await?;
     let parsed = match boundary {
         Some(boundary) => {
             let (model, span) = form::model(boundary, &body).await?;
@@ -105,26 +183,77 @@ where
         previous_response_id: parsed.previous_response_id,
         model_span: parsed.span,
         form,
+        _budget: held,
     })
 }
 
-/// Reads `body` whole under `limit`: a declared `Content-Length` above it is refused before a
-/// byte is read (413), a body that grows past it as soon as it does.
-pub(crate) async fn read_body<B>(headers: &HeaderMap, body: B, limit: usize) -> Result<Bytes, Error>
+/// Reads `body` whole under `limits`: a declared `Content-Length` above the limit is refused
+/// before a byte is read (413), one the budget cannot hold at once (503); a body that grows
+/// past either as soon as it does, one not complete in time with 408. Returns the bytes and
+/// what they hold of the budget, which goes back when the permit is dropped.
+pub(crate) async fn read_body<B>(
+    headers: &HeaderMap,
+    body: B,
+    limits: BodyLimits<'_>,
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Error>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    if let Some(declared) = declared_length(headers)?
-        && declared > limit as u64
-    {
-        return Err(Error::BodyTooLarge { limit });
+    let limit = limits.max_bytes;
+    let mut held = None;
+    if let Some(declared) = declared_length(headers)? {
+        if declared > limit as u64 {
+            return Err(Error::BodyTooLarge { limit });
+        }
+        // The whole declared length up front: a refusal then costs the client no upload.
+        limits
+            .budget
+            .take(usize::try_from(declared).unwrap_or(usize::MAX), &mut held)?;
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<LengthLimitError>() => Err(Error::BodyTooLarge { limit }),
-        Err(error) => Err(Error::BodyRead(error)),
+    let declared = held.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
+    let collect = collect(body, limit, limits.budget, declared, &mut held);
+    match tokio::time::timeout(limits.timeout, collect).await {
+        Ok(body) => Ok((body?, held)),
+        Err(_elapsed) => {
+            limits.budget.timed_out.inc();
+            Err(Error::BodyTimeout {
+                after: limits.timeout,
+            })
+        }
     }
+}
+
+/// Reads `body` whole, under `limit`, taking from `budget` what goes past the `prepaid` bytes.
+async fn collect<B>(
+    body: B,
+    limit: usize,
+    budget: &BodyBudget,
+    prepaid: usize,
+    held: &mut Option<OwnedSemaphorePermit>,
+) -> Result<Bytes, Error>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut body = std::pin::pin!(body);
+    let mut out = BytesMut::with_capacity(prepaid);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|error| Error::BodyRead(error.into()))?;
+        let Ok(mut data) = frame.into_data() else {
+            continue; // trailers: nothing the gateway forwards
+        };
+        let len = data.remaining();
+        if out.len() + len > limit {
+            return Err(Error::BodyTooLarge { limit });
+        }
+        let beyond_prepaid = (out.len() + len).saturating_sub(prepaid.max(out.len()));
+        if beyond_prepaid > 0 {
+            budget.take(beyond_prepaid, held)?;
+        }
+        out.extend_from_slice(&data.copy_to_bytes(len));
+    }
+    Ok(out.freeze())
 }
 
 impl ApiRequest {

@@ -128,6 +128,7 @@ impl Routes {
                     weight: upstream.weight,
                     model_management: upstream.allow_model_management,
                     cancel_grace: upstream.cancel_grace,
+                    stream_idle_timeout: upstream.stream_idle_timeout,
                     hold: previous.map_or_else(Arc::default, |p| Arc::clone(&p.hold)),
                     metrics: Arc::new(metrics.target(&upstream.name, model)),
                     // Carried over so that an excess in progress is not forgotten by a reload.

@@ -4,9 +4,21 @@
 //! - A header-read timeout: a connection that sends no bytes at all within it is closed before
 //!   the protocol is even sniffed, and an HTTP/1 request head must be complete within it. hyper
 //!   also starts that timer while a keep-alive connection waits for its next request, so idle
-//!   HTTP/1 connections close after it too and cannot hold connection slots forever.
+//!   HTTP/1 connections close after it too and cannot hold connection slots forever. hyper
+//!   closes such a connection without an answer (HTTP/1 has no way to tell a client that never
+//!   finished its head); `slotgate_bounds_total{bound="header_timeout"}` counts the silent ones.
+//! - An idle timeout, `client_idle_timeout`, for every connection and HTTP/2 above all: hyper
+//!   has no header timeout there, so a client that sends the preface and then nothing would hold
+//!   its connection forever. A connection with no request in flight for that long is shut down
+//!   gracefully (HTTP/2: `GOAWAY`); counted as `bound="client_idle"`.
+//! - HTTP/2 keep-alive PINGs every `h2_keep_alive_interval`; a peer that does not answer within
+//!   the same time is cut. And an explicit cap of streams per connection,
+//!   `h2_max_concurrent_streams`, so one connection cannot carry hundreds of requests.
+//! - TCP keepalive (`tcp_keepalive`) on every accepted socket, so the kernel notices a client
+//!   host that vanished without a FIN.
 //! - A connection limit: at `max_connections` open connections the accept loop stops accepting
-//!   (new connections wait in the kernel's backlog) until one closes.
+//!   (new connections wait in the kernel's backlog) until one closes. The admin listener has a
+//!   loop and a cap of its own, so a flood on the API port cannot starve `/healthz`.
 //! - Graceful shutdown: on the shutdown signal the listener is closed, every connection is told
 //!   to finish what it is doing (in-flight responses stream to their end, idle keep-alive
 //!   connections close), and whatever is still open after the drain timeout is cut.
@@ -17,22 +29,30 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::{Request, Response};
-use http_body::Body;
+use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use parking_lot::Mutex;
+use pin_project_lite::pin_project;
+use prometheus_client::metrics::counter::Counter;
+use socket2::{SockRef, TcpKeepalive};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::error::BoxError;
+use crate::metrics::{Bound, Metrics};
 use crate::shutdown::ShutdownSignal;
 
 /// Settings of one listener.
@@ -40,10 +60,35 @@ use crate::shutdown::ShutdownSignal;
 pub(crate) struct ServerSettings {
     /// How long a client may take to send a request head (and its first byte).
     pub(crate) header_read_timeout: Duration,
+    /// How long a connection may stay open with no request in flight.
+    pub(crate) idle_timeout: Duration,
     /// How many connections may be open at once.
     pub(crate) max_connections: usize,
+    /// Most HTTP/2 streams open at once on one connection.
+    pub(crate) h2_max_concurrent_streams: u32,
+    /// HTTP/2 PING interval, and how long a PING may go unanswered.
+    pub(crate) h2_keep_alive_interval: Duration,
+    /// TCP keepalive idle time on accepted sockets.
+    pub(crate) tcp_keepalive: Duration,
     /// How long a graceful shutdown waits for open connections before cutting them.
     pub(crate) drain_timeout: Duration,
+}
+
+/// The counters a listener keeps of the bounds it enforces.
+#[derive(Debug, Clone)]
+pub(crate) struct ServerCounters {
+    header_timeout: Counter,
+    client_idle: Counter,
+}
+
+impl ServerCounters {
+    /// The listener's handles in `metrics`.
+    pub(crate) fn new(metrics: &Metrics) -> Self {
+        Self {
+            header_timeout: metrics.bound(Bound::HeaderTimeout),
+            client_idle: metrics.bound(Bound::ClientIdle),
+        }
+    }
 }
 
 /// Serves `listener` with `handler` until `shutdown` fires, then drains.
@@ -54,6 +99,7 @@ pub(crate) async fn serve<H, Fut, B>(
     name: &'static str,
     listener: TcpListener,
     settings: ServerSettings,
+    counters: ServerCounters,
     handler: H,
     mut shutdown: ShutdownSignal,
 ) where
@@ -68,9 +114,14 @@ pub(crate) async fn serve<H, Fut, B>(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(settings.header_read_timeout);
-    builder.http2().timer(TokioTimer::new());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(settings.h2_max_concurrent_streams)
+        .keep_alive_interval(settings.h2_keep_alive_interval)
+        .keep_alive_timeout(settings.h2_keep_alive_interval);
     let builder = Arc::new(builder);
-    let graceful = GracefulShutdown::new();
+    let keepalive = TcpKeepalive::new().with_time(settings.tcp_keepalive);
     let connection_limit = Arc::new(Semaphore::new(settings.max_connections.max(1)));
     let mut connections = JoinSet::new();
 
@@ -103,47 +154,41 @@ pub(crate) async fn serve<H, Fut, B>(
         if let Err(error) = stream.set_nodelay(true) {
             debug!(listener = name, %peer, %error, "set_nodelay failed");
         }
+        if let Err(error) = SockRef::from(&stream).set_tcp_keepalive(&keepalive) {
+            debug!(listener = name, %peer, %error, "setting TCP keepalive failed");
+        }
 
+        let activity = Activity::new();
         let handler = handler.clone();
+        let requests = activity.clone();
         let service = service_fn(move |req| {
+            let busy = requests.begin();
             let answer = handler(req, peer);
-            async move { Ok::<_, Infallible>(answer.await) }
+            async move { Ok::<_, Infallible>(answer.await.map(|body| Tracked::new(body, busy))) }
         });
-        let builder = Arc::clone(&builder);
-        let watcher = graceful.watcher();
-        let header_read_timeout = settings.header_read_timeout;
-        let mut stopping = shutdown.clone();
-        connections.spawn(async move {
-            // auto::Builder sniffs the protocol before hyper's own header timeout starts, so a
-            // client that connects and stays silent is dropped here (or at shutdown: it has
-            // nothing in flight to drain).
-            let spoke = tokio::select! {
-                biased;
-                () = stopping.fired() => false,
-                spoke = first_byte_within(&stream, header_read_timeout) => spoke,
-            };
-            if !spoke {
-                debug!(listener = name, %peer, "no request within the header-read timeout");
-                return;
-            }
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            if let Err(error) = watcher.watch(conn.into_owned()).await {
-                debug!(listener = name, %peer, error = %error, "connection ended with an error");
-            }
-            drop(permit);
-        });
+        connections.spawn(serve_connection(
+            name,
+            Arc::clone(&builder),
+            (stream, peer),
+            service,
+            activity,
+            settings,
+            counters.clone(),
+            shutdown.clone(),
+            permit,
+        ));
     }
 
     drop(listener);
     info!(
         listener = name,
-        open = graceful.count(),
+        open = connections.len(),
         "draining connections"
     );
-    if tokio::time::timeout(settings.drain_timeout, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    let drained = tokio::time::timeout(settings.drain_timeout, async {
+        while connections.join_next().await.is_some() {}
+    });
+    if drained.await.is_err() {
         warn!(
             listener = name,
             drain_timeout = ?settings.drain_timeout,
@@ -153,6 +198,87 @@ pub(crate) async fn serve<H, Fut, B>(
     connections.shutdown().await;
 }
 
+/// Serves one accepted connection until it ends, is idle for too long, or the server stops;
+/// `permit` is its place under the connection limit.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one connection's parts, handed over once from the accept loop"
+)]
+async fn serve_connection<S, B>(
+    name: &'static str,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    (stream, peer): (TcpStream, SocketAddr),
+    service: S,
+    activity: Activity,
+    settings: ServerSettings,
+    counters: ServerCounters,
+    mut stopping: ShutdownSignal,
+    permit: OwnedSemaphorePermit,
+) where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    // auto::Builder sniffs the protocol before hyper's own header timeout starts, so a client
+    // that connects and stays silent is dropped here (or at shutdown: it has nothing in flight
+    // to drain).
+    let spoke = tokio::select! {
+        biased;
+        () = stopping.fired() => false,
+        spoke = first_byte_within(&stream, settings.header_read_timeout) => spoke,
+    };
+    if !spoke {
+        if !stopping.is_fired() {
+            counters.header_timeout.inc();
+        }
+        debug!(listener = name, %peer, "no request within the header-read timeout");
+        return;
+    }
+    let mut conn = pin!(
+        builder
+            .serve_connection(TokioIo::new(stream), service)
+            .into_owned()
+    );
+    let mut closing = false;
+    // After an idle close, how long the peer gets to finish the goodbye: an HTTP/2 graceful
+    // shutdown waits for the peer's PING answer, which a hostile peer never sends.
+    let mut cut_at: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(error) = result {
+                    debug!(listener = name, %peer, %error, "connection ended with an error");
+                }
+                break;
+            }
+            () = stopping.fired(), if !closing => {
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+            }
+            () = activity.idle_for(settings.idle_timeout), if !closing => {
+                debug!(listener = name, %peer, "closing a connection idle for the client idle timeout");
+                counters.client_idle.inc();
+                conn.as_mut().graceful_shutdown();
+                closing = true;
+                cut_at = Some(Instant::now() + settings.header_read_timeout);
+            }
+            () = sleep_until_some(cut_at), if cut_at.is_some() => {
+                if activity.in_flight() == 0 {
+                    debug!(listener = name, %peer, "idle connection did not close; cutting it");
+                    break;
+                }
+                // A request slipped in as the idle close began: let it finish.
+                cut_at = None;
+            }
+        }
+    }
+    drop(permit);
+}
+
 /// Waits until the client has sent at least one byte (or closed), for at most `timeout`.
 async fn first_byte_within(stream: &TcpStream, timeout: Duration) -> bool {
     let mut byte = [0_u8; 1];
@@ -160,4 +286,110 @@ async fn first_byte_within(stream: &TcpStream, timeout: Duration) -> bool {
         tokio::time::timeout(timeout, stream.peek(&mut byte)).await,
         Ok(Ok(n)) if n > 0
     )
+}
+
+/// Sleeps until `deadline`; forever when there is none.
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What one connection is doing: how many requests are in flight, and since when none is.
+#[derive(Debug, Clone)]
+struct Activity(Arc<ActivityState>);
+
+#[derive(Debug)]
+struct ActivityState {
+    in_flight: AtomicUsize,
+    /// When the last request ended (or the connection opened).
+    quiet_since: Mutex<Instant>,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self(Arc::new(ActivityState {
+            in_flight: AtomicUsize::new(0),
+            quiet_since: Mutex::new(Instant::now()),
+        }))
+    }
+
+    /// A request began; it is in flight until the returned guard is dropped.
+    fn begin(&self) -> Busy {
+        self.0.in_flight.fetch_add(1, Ordering::SeqCst);
+        Busy(Arc::clone(&self.0))
+    }
+
+    /// Requests in flight now.
+    fn in_flight(&self) -> usize {
+        self.0.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once the connection has had no request in flight for `timeout`.
+    async fn idle_for(&self, timeout: Duration) {
+        loop {
+            // Read the time before the count: a request that ends in between moves the time on
+            // and is seen on the next round.
+            let quiet_since = *self.0.quiet_since.lock();
+            if self.in_flight() > 0 {
+                // Busy: look again later; the idle time starts when the last request ends.
+                tokio::time::sleep(timeout).await;
+                continue;
+            }
+            let deadline = quiet_since + timeout;
+            if Instant::now() >= deadline && *self.0.quiet_since.lock() == quiet_since {
+                return;
+            }
+            tokio::time::sleep_until(deadline).await;
+        }
+    }
+}
+
+/// One request in flight on a connection (see [`Activity::begin`]).
+#[derive(Debug)]
+struct Busy(Arc<ActivityState>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        *self.0.quiet_since.lock() = Instant::now();
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+pin_project! {
+    /// A response body that keeps its request counted as in flight until the body is done (hyper
+    /// drops it when the answer is sent, or when the client goes away).
+    #[derive(Debug)]
+    struct Tracked<B> {
+        #[pin]
+        inner: B,
+        busy: Busy,
+    }
+}
+
+impl<B> Tracked<B> {
+    fn new(inner: B, busy: Busy) -> Self {
+        Self { inner, busy }
+    }
+}
+
+impl<B: Body> Body for Tracked<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }

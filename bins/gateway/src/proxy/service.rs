@@ -16,15 +16,16 @@ use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
+use prometheus_client::metrics::counter::Counter;
 use tracing::{debug, warn};
 
 use crate::error::{BoxError, chain};
-use crate::metrics::observe;
+use crate::metrics::{Bound, Metrics, observe};
 use crate::proxy::admit::{self, Refused, Slot};
-use crate::proxy::affinity::{Recorder, ResponseAffinity, Sniff};
-use crate::proxy::body::SlotBody;
+use crate::proxy::affinity::{LocalAffinity, Recorder, ResponseAffinity, Sniff};
+use crate::proxy::body::{SlotBody, Watch};
 use crate::proxy::endpoint::{Endpoint, ModelIn};
-use crate::proxy::forward::{Authorization, ForwardError, Forwarder};
+use crate::proxy::forward::{Authorization, ForwardError, Forwarder, Timeouts};
 use crate::proxy::live::{Generation, Live};
 use crate::proxy::ollama;
 use crate::proxy::problems::{self, Error, GET_ONLY, POST_ONLY, allow};
@@ -59,11 +60,48 @@ pub(crate) struct App {
     pub(crate) shutdown: ShutdownSignal,
     /// For the `created` field of `/v1/models`.
     pub(crate) started: SystemTime,
+    /// `slotgate_bounds_total{bound="stream_idle"}`.
+    pub(crate) stalled: Counter,
+    /// `slotgate_bounds_total{bound="upstream_cut"}`.
+    pub(crate) cut: Counter,
+    /// The request-body bytes all requests together may buffer (`max_buffered_body_bytes`, read
+    /// at start).
+    pub(crate) body_budget: request::BodyBudget,
     /// Which upstream holds each Responses id.
     pub(crate) affinity: Arc<dyn ResponseAffinity>,
 }
 
 impl App {
+    /// The request path for `server`'s settings; `shutdown` fires when the gateway stops.
+    /// Needs a Tokio runtime (the upstream client's pool).
+    pub(crate) fn new(
+        live: Arc<Live>,
+        server: &slotgate_config::Server,
+        shutdown: ShutdownSignal,
+        metrics: &Metrics,
+    ) -> Self {
+        Self {
+            live,
+            forwarder: Forwarder::new(Timeouts {
+                connect: server.connect_timeout,
+                first_byte: server.first_byte_timeout,
+                pool_idle: server.idle_timeout,
+                tcp_keepalive: server.tcp_keepalive,
+            }),
+            // Clients told "shutting down" should come back once a restart is likely done.
+            shutdown_retry_after: server.drain_grace.max(Duration::from_secs(1)),
+            shutdown,
+            started: SystemTime::now(),
+            body_budget: request::BodyBudget::new(server.max_buffered_body_bytes, metrics),
+            affinity: Arc::new(LocalAffinity::new(
+                server.response_affinity_entries,
+                server.response_affinity_ttl,
+            )),
+            stalled: metrics.bound(Bound::StreamIdle),
+            cut: metrics.bound(Bound::UpstreamCut),
+        }
+    }
+
     /// Answers one request.
     pub(crate) async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<ResponseBody>
     where
@@ -155,14 +193,21 @@ impl App {
                 retry_after: self.shutdown_retry_after,
             });
         }
-        // Step 3: the body, under the limit; `model` and `stream` without re-serialising.
+        // Step 3: the body, under the limit, the deadline and the gateway's budget; `model` and
+        // `stream` without re-serialising.
         let server = &generation.config.server;
-        let limit = if endpoint.model == ModelIn::Form {
+        // An upload (`multipart/form-data`) has its own, larger limit.
+        let max_bytes = if endpoint.model == ModelIn::Form {
             server.max_upload_bytes
         } else {
             server.max_body_bytes
         };
-        let api = request::read(req, limit, endpoint).await?;
+        let limits = request::BodyLimits {
+            max_bytes,
+            timeout: server.body_read_timeout,
+            budget: &self.body_budget,
+        };
+        let api = request::read(req, limits, endpoint).await?;
         // Step 4: the model's route (an alias shares its target's route), then the targets of
         // a kind that serves this endpoint.
         let route = match &api.model {
@@ -271,9 +316,13 @@ impl App {
                         .then(|| {
                             Recorder::new(Arc::clone(&self.affinity), target.upstream.name.clone())
                         });
-                    // Step 8: the slot rides in the body until the answer is over.
+                    // Step 8: the slot rides in the body until the answer is over, and the body
+                    // bounds the upstream's silences.
+                    let watch = self.watch(target, model, request_id, response.headers());
                     return Ok(response.map(|body| {
-                        Either::Right(SlotBody::new(Sniff::new(body, recorder), slot))
+                        Either::Right(
+                            SlotBody::new(Sniff::new(body, recorder), slot).watched(watch),
+                        )
                     }));
                 }
                 Err(ForwardError::Connect(error)) => {
@@ -393,7 +442,13 @@ impl App {
         }
         let deleting = req.method() == http::Method::DELETE;
         let (parts, body) = req.into_parts();
-        let body = request::read_body(&parts.headers, body, server.max_body_bytes).await?;
+        let limits = request::BodyLimits {
+            max_bytes: server.max_body_bytes,
+            timeout: server.body_read_timeout,
+            budget: &self.body_budget,
+        };
+        // The budget's share is held until the engine has the body.
+        let (body, _held) = request::read_body(&parts.headers, body, limits).await?;
         let client_keys = generation.api_keys.is_enabled();
         let sent = self.forwarder.send(
             &upstream.base,
@@ -481,6 +536,26 @@ impl App {
             retry_after: generation.config.server.health_check_interval,
             source: Some(connect_error.unwrap_or_else(|| "no Ollama upstream is available".into())),
         })
+    }
+
+    /// The [`Watch`] over the answer of `target`, whose response head has `headers`.
+    fn watch(
+        &self,
+        target: &Target,
+        model: &str,
+        request_id: &HeaderValue,
+        headers: &http::HeaderMap,
+    ) -> Watch {
+        Watch {
+            idle_timeout: target.stream_idle_timeout,
+            cancel_grace: target.cancel_grace,
+            sse: is_open_ended_sse(headers),
+            upstream: target.upstream.name.clone(),
+            model: model.to_owned(),
+            request_id: request_id.to_str().unwrap_or_default().to_owned(),
+            stalled: self.stalled.clone(),
+            cut: self.cut.clone(),
+        }
     }
 
     /// `GET /v1/models`: every model (and alias) that some healthy, undrained upstream
@@ -613,6 +688,16 @@ fn failed_after_connect(
             Error::Internal(format!("unhandled connect error: {error}"))
         }
     }
+}
+
+/// Whether an answer is an SSE stream of no declared length, which can take one more event.
+fn is_open_ended_sse(headers: &http::HeaderMap) -> bool {
+    let sse = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"));
+    sse && !headers.contains_key(header::CONTENT_LENGTH)
 }
 
 fn json_response(status: StatusCode, body: String) -> Response<ResponseBody> {

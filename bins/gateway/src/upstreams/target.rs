@@ -46,6 +46,9 @@ pub(crate) struct Target {
     /// The upstream's `cancel_grace`: how long a slot stays taken after its client left before
     /// the response head came (`proxy::admit::Sending`).
     pub(crate) cancel_grace: Duration,
+    /// The upstream's `stream_idle_timeout`: the longest silence between frames of an answer
+    /// (`proxy::body::Watch`).
+    pub(crate) stream_idle_timeout: Duration,
     /// Observed slot hold times, for `Retry-After`.
     pub(crate) hold: Arc<HoldStats>,
     /// This target's metric handles.

@@ -337,7 +337,7 @@ fn unknown_upstream_keys_are_reported() {
     assert_only_issue(
         &with_upstream("url = \"http://10.0.0.1:8000\"\nkind = \"vllm\"\nwieght = 2"),
         "upstreams.a.wieght",
-        "unknown key (expected one of: url, kind, weight, api_key, cancel_grace, allow_model_management, models)",
+        "unknown key (expected one of: url, kind, weight, api_key, cancel_grace, stream_idle_timeout, allow_model_management, models)",
     );
 }
 

@@ -4,12 +4,14 @@ use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Empty, Full};
+use prometheus_client::metrics::counter::Counter;
 
-use super::{Completion, SlotBody, SlotGuard};
+use super::{Completion, SlotBody, SlotGuard, Watch};
 
 /// Records how the body ended.
 #[derive(Clone, Default)]
@@ -123,4 +125,143 @@ fn an_empty_body_dropped_unpolled_counts_as_ended() {
     assert!(body.is_end_stream());
     drop(body);
     assert_eq!(rec.seen(), vec![Completion::Ended]);
+}
+
+/// A body that yields the given frames and then goes silent for good (a stalled engine).
+struct ThenSilence(VecDeque<Chunk>);
+
+impl Body for ThenSilence {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        match self.0.pop_front() {
+            Some(chunk) => Poll::Ready(Some(chunk)),
+            None => Poll::Pending,
+        }
+    }
+}
+
+const IDLE: Duration = Duration::from_secs(30);
+const GRACE: Duration = Duration::from_secs(2);
+
+fn watch(sse: bool) -> (Watch, Counter, Counter) {
+    let (stalled, cut) = (Counter::default(), Counter::default());
+    let watch = Watch {
+        idle_timeout: IDLE,
+        cancel_grace: GRACE,
+        sse,
+        upstream: "a".into(),
+        model: "m".into(),
+        request_id: "req-1".into(),
+        stalled: stalled.clone(),
+        cut: cut.clone(),
+    };
+    (watch, stalled, cut)
+}
+
+fn event(frame: Frame<Bytes>) -> serde_json::Value {
+    let data = frame.into_data().unwrap();
+    let text = std::str::from_utf8(&data).unwrap();
+    let json = text
+        .strip_prefix("data: ")
+        .unwrap()
+        .strip_suffix("\n\n")
+        .unwrap();
+    serde_json::from_str(json).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stalled_sse_answer_ends_with_an_error_event_and_a_clean_end() {
+    let rec = Recorder::default();
+    let (watch, stalled, _) = watch(true);
+    let mut body = SlotBody::new(
+        ThenSilence(vec![Ok(Frame::data(Bytes::from_static(b"data: 1\n\n")))].into()),
+        rec.clone(),
+    )
+    .watched(watch);
+    assert!(body.frame().await.unwrap().is_ok());
+    let started = tokio::time::Instant::now();
+    let last = event(body.frame().await.unwrap().unwrap());
+    assert_eq!(started.elapsed(), IDLE);
+    assert_eq!(
+        last["type"],
+        "https://slotgate.dev/problems/upstream-stalled"
+    );
+    assert_eq!(last["error"]["code"], "upstream_stalled");
+    assert_eq!(last["request_id"], "req-1");
+    assert!(body.frame().await.is_none(), "a clean end after the event");
+    assert!(body.is_end_stream());
+    assert_eq!(rec.seen(), vec![Completion::Stalled { grace: GRACE }]);
+    assert_eq!(stalled.get(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_reader_is_not_a_stall() {
+    let rec = Recorder::default();
+    let (watch, stalled, _) = watch(true);
+    let mut body = SlotBody::new(
+        ThenSilence(
+            vec![
+                Ok(Frame::data(Bytes::from_static(b"data: 1\n\n"))),
+                Ok(Frame::data(Bytes::from_static(b"data: 2\n\n"))),
+            ]
+            .into(),
+        ),
+        rec.clone(),
+    )
+    .watched(watch);
+    assert!(body.frame().await.unwrap().is_ok());
+    // The client reads nothing for longer than the idle timeout; the upstream had sent more.
+    tokio::time::sleep(IDLE * 3).await;
+    let second = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(second, Bytes::from_static(b"data: 2\n\n"));
+    assert!(rec.seen().is_empty() && body.is_holding());
+    assert_eq!(stalled.get(), 0);
+}
+
+#[tokio::test]
+async fn an_sse_answer_cut_by_the_engine_ends_with_an_error_event() {
+    let rec = Recorder::default();
+    let (watch, _, cut) = watch(true);
+    let mut body = SlotBody::new(
+        stream_of(vec![
+            Ok(Frame::data(Bytes::from_static(b"data: 1\n\n"))),
+            Err(std::io::Error::other("connection reset")),
+        ]),
+        rec.clone(),
+    )
+    .watched(watch);
+    assert!(body.frame().await.unwrap().is_ok());
+    let last = event(body.frame().await.unwrap().unwrap());
+    assert_eq!(
+        last["type"],
+        "https://slotgate.dev/problems/upstream-stalled"
+    );
+    assert!(
+        last["detail"]
+            .as_str()
+            .unwrap()
+            .contains("connection reset")
+    );
+    assert!(body.frame().await.is_none());
+    assert_eq!(rec.seen(), vec![Completion::Failed]);
+    assert_eq!(cut.get(), 1);
+}
+
+#[tokio::test]
+async fn a_cut_answer_that_is_not_sse_stays_cut() {
+    let rec = Recorder::default();
+    let (watch, _, cut) = watch(false);
+    let mut body = SlotBody::new(
+        stream_of(vec![Err(std::io::Error::other("connection reset"))]),
+        rec.clone(),
+    )
+    .watched(watch);
+    assert!(body.frame().await.unwrap().is_err());
+    assert_eq!(rec.seen(), vec![Completion::Failed]);
+    assert_eq!(cut.get(), 1);
 }

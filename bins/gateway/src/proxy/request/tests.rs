@@ -4,6 +4,8 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 
+use super::{BodyBudget, BodyLimits};
+use crate::metrics::Metrics;
 use crate::proxy::endpoint::Endpoint;
 use crate::proxy::problems::Error;
 use crate::proxy::request::ApiRequest;
@@ -12,9 +14,28 @@ fn chat() -> &'static Endpoint {
     Endpoint::find("/v1/chat/completions").unwrap()
 }
 
-/// Reads `req` as a chat completion.
+/// Reads `req` as a chat completion under `limit`, with a roomy budget and deadline.
 async fn read(req: Request<Full<Bytes>>, limit: usize) -> Result<ApiRequest, Error> {
-    super::read(req, limit, chat()).await
+    read_for(req, limit, chat()).await
+}
+
+/// Reads `req` for `endpoint` under `limit`, with a roomy budget and deadline.
+async fn read_for(
+    req: Request<Full<Bytes>>,
+    limit: usize,
+    endpoint: &Endpoint,
+) -> Result<ApiRequest, Error> {
+    let budget = BodyBudget::new(1 << 20, &Metrics::new());
+    super::read(
+        req,
+        BodyLimits {
+            max_bytes: limit,
+            timeout: std::time::Duration::from_secs(5),
+            budget: &budget,
+        },
+        endpoint,
+    )
+    .await
 }
 
 fn post(content_type: Option<&str>, body: &'static str) -> Request<Full<Bytes>> {
@@ -164,6 +185,7 @@ mod properties {
 
     fn block_on<F: std::future::Future>(future: F) -> F::Output {
         tokio::runtime::Builder::new_current_thread()
+            .enable_time()
             .build()
             .unwrap()
             .block_on(future)
@@ -201,6 +223,87 @@ mod properties {
     }
 }
 
+/// A body whose client never sends another byte.
+struct Silent;
+
+impl http_body::Body for Silent {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Pending
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_not_complete_within_the_deadline_is_a_body_timeout() {
+    let metrics = Metrics::new();
+    let budget = BodyBudget::new(1 << 20, &metrics);
+    let req = Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .header("content-length", "100")
+        .body(Silent)
+        .unwrap();
+    let limits = BodyLimits {
+        max_bytes: 1024,
+        timeout: std::time::Duration::from_secs(30),
+        budget: &budget,
+    };
+    let started = tokio::time::Instant::now();
+    let err = super::read(req, limits, chat()).await.unwrap_err();
+    assert!(
+        matches!(err, Error::BodyTimeout { after } if after.as_secs() == 30),
+        "{err:?}"
+    );
+    assert_eq!(started.elapsed().as_secs(), 30);
+    assert_eq!(
+        budget.in_use(),
+        0,
+        "the declared bytes went back to the budget"
+    );
+    assert_eq!(budget.timed_out.get(), 1);
+}
+
+#[tokio::test]
+async fn the_budget_is_shared_and_given_back_when_the_request_is_dropped() {
+    let metrics = Metrics::new();
+    let budget = BodyBudget::new(100, &metrics);
+    let limits = BodyLimits {
+        max_bytes: 1024,
+        timeout: std::time::Duration::from_secs(5),
+        budget: &budget,
+    };
+    let body = |len: usize| {
+        let text = format!(r#"{{"model":"m","pad":"{}"}}"#, "x".repeat(len - 22));
+        assert_eq!(text.len(), len);
+        Bytes::from(text)
+    };
+    // Declared: taken up front.
+    let declared = Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .header("content-length", "80")
+        .body(Full::new(body(80)))
+        .unwrap();
+    let first = super::read(declared, limits, chat()).await.unwrap();
+    assert_eq!(budget.in_use(), 80);
+    // Chunked (no length): refused once it would overdraw.
+    let err = super::read(post_bytes(body(40)), limits, chat())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Overloaded { budget: 100 }), "{err:?}");
+    assert_eq!(budget.spent.get(), 1);
+    assert_eq!(budget.in_use(), 80, "the refused body gave its bytes back");
+    drop(first);
+    assert_eq!(budget.in_use(), 0);
+    let second = super::read(post_bytes(body(40)), limits, chat())
+        .await
+        .unwrap();
+    assert_eq!((second.model.as_deref(), budget.in_use()), (Some("m"), 40));
+}
+
 fn json_post(path: &'static str, body: &'static str) -> Request<Full<Bytes>> {
     Request::post(path)
         .header("content-type", "application/json")
@@ -212,7 +315,7 @@ fn json_post(path: &'static str, body: &'static str) -> Request<Full<Bytes>> {
 async fn a_native_llama_server_route_may_name_no_model() {
     let infill = Endpoint::find("/infill").unwrap();
     let body = r#"{"input_prefix":"fn main() {","input_suffix":"}"}"#;
-    let req = super::read(json_post("/infill", body), 1024, infill)
+    let req = read_for(json_post("/infill", body), 1024, infill)
         .await
         .unwrap();
     assert_eq!(req.model, None);
@@ -228,11 +331,11 @@ async fn a_native_llama_server_route_may_name_no_model() {
 #[tokio::test]
 async fn ollama_chat_and_generate_stream_unless_told_not_to() {
     let chat = Endpoint::find("/api/chat").unwrap();
-    let req = super::read(json_post("/api/chat", r#"{"model":"m"}"#), 64, chat)
+    let req = read_for(json_post("/api/chat", r#"{"model":"m"}"#), 64, chat)
         .await
         .unwrap();
     assert!(req.stream);
-    let req = super::read(
+    let req = read_for(
         json_post("/api/chat", r#"{"model":"m","stream":false}"#),
         64,
         chat,
@@ -241,7 +344,7 @@ async fn ollama_chat_and_generate_stream_unless_told_not_to() {
     .unwrap();
     assert!(!req.stream);
     let embed = Endpoint::find("/api/embed").unwrap();
-    let req = super::read(json_post("/api/embed", r#"{"model":"m"}"#), 64, embed)
+    let req = read_for(json_post("/api/embed", r#"{"model":"m"}"#), 64, embed)
         .await
         .unwrap();
     assert!(!req.stream);

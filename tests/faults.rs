@@ -1,0 +1,389 @@
+//! The fault matrix: slow, hostile and broken peers against the real gateway over loopback.
+//!
+//! Each row says what the client got, that the bound that acted was counted in
+//! `slotgate_bounds_total`, and that nothing stays held: connections are closed where they should
+//! be, slots and queues are back to 0. Settings are short (a second or two) so the suite stays
+//! quick; every wait is bounded by [`SOON`].
+
+mod support;
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use slotgate_problem::ECHO_LIMIT;
+use support::{SOON, chat, chat_body, fake, gateway, get, post, send, server, upstream};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// The client connection preface of HTTP/2 (RFC 9113 §3.4) and an empty SETTINGS frame.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
+/// Reads until the gateway closes the connection; panics if it is still open after [`SOON`].
+async fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(SOON, async {
+        let mut buf = [0_u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    });
+    assert!(read.await.is_ok(), "the gateway kept the connection open");
+    out
+}
+
+/// The HTTP/2 frames in `bytes`, as (type, payload).
+fn h2_frames(mut bytes: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut frames = Vec::new();
+    while bytes.len() >= 9 {
+        let len = usize::from(bytes[0]) << 16 | usize::from(bytes[1]) << 8 | usize::from(bytes[2]);
+        let end = (9 + len).min(bytes.len());
+        frames.push((bytes[3], bytes[9..end].to_vec()));
+        bytes = &bytes[end..];
+    }
+    frames
+}
+
+/// `slotgate_bounds_total{bound=…}` on the admin listener.
+async fn bound(admin: SocketAddr, bound: &str) -> u64 {
+    let series = format!("slotgate_bounds_total{{bound=\"{bound}\"}} ");
+    get(admin, "/metrics")
+        .await
+        .text()
+        .lines()
+        .find_map(|line| line.strip_prefix(series.as_str())?.parse().ok())
+        .unwrap_or_else(|| panic!("no {series}"))
+}
+
+/// The gateway in front of one llama-server fake serving `m`, with `extra` `[server]` settings.
+async fn setup(extra: &str) -> (fake_upstream::FakeUpstream, slotgate_gateway::Gateway) {
+    let fake = fake(2, "m").await;
+    let toml = server(extra) + &upstream("a", &fake.url(), "m", 2, 4, "5s");
+    let gateway = gateway(&toml).await;
+    (fake, gateway)
+}
+
+/// Finding 1: an HTTP/2 connection that sends the preface and then nothing is closed after
+/// `client_idle_timeout`, with a `GOAWAY` (and cut `header_read_timeout` later, as the peer
+/// never answers the goodbye PING); the server's SETTINGS carry the stream cap.
+#[tokio::test]
+async fn h2_preface_then_silence_is_closed_after_the_idle_timeout() {
+    let (fake, gw) = setup(
+        "client_idle_timeout = \"1s\"\nheader_read_timeout = \"1s\"\nh2_max_concurrent_streams = 7",
+    )
+    .await;
+    let admin = gw.admin_addr().unwrap();
+    let mut stream = TcpStream::connect(gw.api_addr()).await.unwrap();
+    stream.write_all(H2_PREFACE).await.unwrap();
+    let bytes = read_until_closed(&mut stream).await;
+    let frames = h2_frames(&bytes);
+    let settings = &frames.first().expect("the server's SETTINGS").1;
+    let max_streams = settings
+        .chunks_exact(6)
+        .find(|p| u16::from_be_bytes([p[0], p[1]]) == 0x3)
+        .map(|p| u32::from_be_bytes([p[2], p[3], p[4], p[5]]));
+    assert_eq!(max_streams, Some(7), "SETTINGS_MAX_CONCURRENT_STREAMS");
+    assert!(
+        frames.iter().any(|(kind, _)| *kind == 0x7),
+        "a GOAWAY before the close"
+    );
+    assert!(bound(admin, "client_idle").await >= 1);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// Findings 2 and 3: an HTTP/1 body that never completes gets 408 `body-timeout` after
+/// `body_read_timeout`, and its connection is closed.
+#[tokio::test]
+async fn a_trickled_http1_body_gets_408_and_the_connection_closes() {
+    let (fake, gw) = setup("body_read_timeout = \"1s\"").await;
+    let admin = gw.admin_addr().unwrap();
+    let mut stream = TcpStream::connect(gw.api_addr()).await.unwrap();
+    stream
+        .write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n\
+              Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
+        )
+        .await
+        .unwrap();
+    let answer = String::from_utf8_lossy(&read_until_closed(&mut stream).await).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("application/problem+json"), "{answer}");
+    assert!(answer.contains("/problems/body-timeout"), "{answer}");
+    assert_eq!(bound(admin, "body_timeout").await, 1);
+    assert_eq!(
+        fake.observer().inference_requests().len(),
+        0,
+        "nothing was forwarded"
+    );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// A request body that sends one chunk and then either ends or goes silent for good.
+struct OneChunk {
+    chunk: Option<Bytes>,
+    then_silence: bool,
+}
+
+impl Body for OneChunk {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.chunk.take() {
+            Some(chunk) => Poll::Ready(Some(Ok(Frame::data(chunk)))),
+            None if self.then_silence => Poll::Pending,
+            None => Poll::Ready(None),
+        }
+    }
+}
+
+/// Finding 2 on HTTP/2: the body deadline applies to each stream; the connection lives on and
+/// serves the next request.
+#[tokio::test]
+async fn a_stalled_h2_body_gets_408_on_its_stream() {
+    let (fake, gw) = setup("body_read_timeout = \"1s\"").await;
+    let admin = gw.admin_addr().unwrap();
+    let stream = TcpStream::connect(gw.api_addr()).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    let conn = tokio::spawn(conn);
+    let request = |chunk: String, then_silence| {
+        Request::post(format!("http://{}/v1/chat/completions", gw.api_addr()))
+            .version(http::Version::HTTP_2)
+            .header("content-type", "application/json")
+            .body(OneChunk {
+                chunk: Some(Bytes::from(chunk)),
+                then_silence,
+            })
+            .unwrap()
+    };
+    let answer = tokio::time::timeout(SOON, sender.send_request(request("{".into(), true)))
+        .await
+        .expect("an answer within the deadline")
+        .unwrap();
+    assert_eq!(answer.status(), 408);
+    let body = answer.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("/problems/body-timeout"));
+    // Same connection, next stream: a whole body is read (an unknown model, so a 404).
+    sender.ready().await.unwrap();
+    let answer = sender
+        .send_request(request(chat_body("nope", false), false))
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 404);
+    assert_eq!(bound(admin, "body_timeout").await, 1);
+    conn.abort();
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// Finding 2: the buffered-body budget is shared by every request; once spent, 503 `overloaded`
+/// with `Retry-After`, and its bytes come back when the holder goes.
+#[tokio::test]
+async fn the_body_budget_refuses_with_503_overloaded_and_recovers() {
+    let (fake, gw) = setup("max_buffered_body_bytes = 1000\nbody_read_timeout = \"30s\"").await;
+    let admin = gw.admin_addr().unwrap();
+    let addr = gw.api_addr();
+    // A client that declares 950 bytes and sends one.
+    let mut holder = TcpStream::connect(addr).await.unwrap();
+    holder
+        .write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n\
+              Content-Type: application/json\r\nContent-Length: 950\r\n\r\n{",
+        )
+        .await
+        .unwrap();
+    let mut refused = None;
+    for _ in 0..100 {
+        let reply = send(post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("m", false),
+            &[],
+        ))
+        .await;
+        if reply.status == 503 {
+            refused = Some(reply);
+            break;
+        }
+        // The holder's head may not have been read yet.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refused = refused.expect("refused while the budget is held");
+    refused.assert_problem(503, "overloaded");
+    assert_eq!(refused.retry_after(), 1);
+    assert!(bound(admin, "body_budget").await >= 1);
+    drop(holder);
+    let mut status = 0;
+    for _ in 0..100 {
+        status = chat(addr, "m", false, &[]).await.status.as_u16();
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(status, 200, "the budget came back once the holder left");
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// The admin listener has its own connection cap: with the API listener full, `/healthz` still
+/// answers.
+#[tokio::test]
+async fn a_full_api_listener_does_not_starve_the_admin_listener() {
+    let (fake, gw) = setup("max_connections = 2\nadmin_max_connections = 4").await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut stream = TcpStream::connect(gw.api_addr()).await.unwrap();
+        stream.write_all(H2_PREFACE).await.unwrap();
+        held.push(stream);
+    }
+    let health = tokio::time::timeout(SOON, get(gw.admin_addr().unwrap(), "/healthz"))
+        .await
+        .expect("/healthz answers");
+    assert_eq!(health.status, 200);
+    drop(held);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// Finding 8: an unknown model of 1 MiB is echoed clipped, not three times whole.
+#[tokio::test]
+async fn an_unknown_model_is_echoed_clipped() {
+    let (fake, gw) = setup("").await;
+    let model = "x".repeat(1 << 20);
+    let reply = send(post(
+        gw.api_addr(),
+        "/v1/chat/completions",
+        chat_body(&model, false),
+        &[],
+    ))
+    .await;
+    let problem = reply.assert_problem(404, "model-not-found");
+    assert!(reply.body.len() < 8 * 1024, "{} bytes", reply.body.len());
+    assert_eq!(
+        problem["model"].as_str().map(|m| m.chars().count()),
+        Some(ECHO_LIMIT + 1)
+    );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// The gateway in front of one llama-server fake serving `m` with 1 slot, whose answers may be
+/// silent for `stream_idle_timeout = 1s`, slot given back at once after a stall.
+async fn stall_setup() -> (fake_upstream::FakeUpstream, slotgate_gateway::Gateway) {
+    let fake = fake(1, "m").await;
+    let toml = server("") + &upstream("a", &fake.url(), "m", 1, 4, "5s");
+    let toml = toml.replace(
+        "kind = \"llama-server\"\n",
+        "kind = \"llama-server\"\nstream_idle_timeout = \"1s\"\ncancel_grace = \"0s\"\n",
+    );
+    (fake, gateway(&toml).await)
+}
+
+/// The data of the last SSE event in `body`.
+fn last_event(body: &[u8]) -> serde_json::Value {
+    let text = String::from_utf8_lossy(body);
+    let last = text
+        .split("\n\n")
+        .filter(|event| !event.trim().is_empty())
+        .last()
+        .expect("at least one event");
+    let data = last.strip_prefix("data: ").expect("a data event");
+    serde_json::from_str(data).unwrap_or_else(|e| panic!("{e}: {data}"))
+}
+
+/// Finding 4: an engine that sends the head and an event, then nothing: the client gets an
+/// `upstream-stalled` error event and a clean end after `stream_idle_timeout`, the engine's
+/// connection is closed, and the slot goes back.
+#[tokio::test]
+async fn a_stalled_stream_ends_with_an_error_event_and_frees_its_slot() {
+    let (fake, gw) = stall_setup().await;
+    let admin = gw.admin_addr().unwrap();
+    let key = support::authority(fake.addr());
+    let reply = tokio::time::timeout(
+        SOON,
+        chat(
+            gw.api_addr(),
+            "m",
+            true,
+            &[
+                ("x-fake-chunk-interval-ms", "60000"),
+                ("x-request-id", "stalled-1"),
+            ],
+        ),
+    )
+    .await
+    .expect("the stream ends");
+    assert_eq!(reply.status, 200);
+    let last = last_event(&reply.body);
+    assert_eq!(
+        last["type"],
+        "https://slotgate.dev/problems/upstream-stalled"
+    );
+    assert_eq!(last["error"]["code"], "upstream_stalled");
+    assert_eq!(last["request_id"], "stalled-1");
+    assert_eq!(bound(admin, "stream_idle").await, 1);
+    support::eventually("the slot is back", SOON, || {
+        gw.limiter().in_flight(&key, "m") == 0 && gw.limiter().queued(&key, "m") == 0
+    })
+    .await;
+    let record = fake
+        .observer()
+        .wait_for_outcome("stalled-1", SOON)
+        .await
+        .expect("the engine saw the connection close");
+    assert_eq!(
+        record.outcome,
+        Some(fake_upstream::Outcome::ClientGoneMidResponse)
+    );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// Finding 5: an engine that dies mid-stream: the client gets an error event and a clean end
+/// of the body (not a cut), counted as `upstream_cut`; the slot goes back.
+#[tokio::test]
+async fn a_stream_the_engine_cuts_ends_with_an_error_event() {
+    let (fake, gw) = stall_setup().await;
+    let admin = gw.admin_addr().unwrap();
+    let key = support::authority(fake.addr());
+    let reply = chat(
+        gw.api_addr(),
+        "m",
+        true,
+        &[("x-fake-fail", "die-after-chunks=3")],
+    )
+    .await;
+    assert_eq!(reply.status, 200);
+    let text = reply.text();
+    assert!(text.starts_with("data: "), "{text}");
+    let last = last_event(&reply.body);
+    assert_eq!(
+        last["type"],
+        "https://slotgate.dev/problems/upstream-stalled"
+    );
+    assert_eq!(bound(admin, "upstream_cut").await, 1);
+    support::eventually("the slot is back", SOON, || {
+        gw.limiter().in_flight(&key, "m") == 0
+    })
+    .await;
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
