@@ -732,3 +732,32 @@ async fn json_bodies_may_be_32_mib_and_larger_ones_get_a_413_problem() {
     gw.shutdown().await;
     fake.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_draws_on_the_shared_body_budget() {
+    let fake = start(FakeConfig::vllm(4).model("m")).await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server("max_upload_bytes = 8192\nmax_buffered_body_bytes = 1024"),
+        upstream_of("vllm", "engine", &fake.url(), "m", 2, "")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    // Under the budget: through.
+    let reply = send(transcription(addr, "/v1/audio/transcriptions", "m", &[])).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    // Within the upload limit but past the budget: refused, the engine never asked.
+    let mut big = transcription(addr, "/v1/audio/transcriptions", "m", &[]);
+    let mut bytes =
+        b"--b0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\n"
+            .to_vec();
+    bytes.extend_from_slice(&[b'x'; 2000]);
+    bytes.extend_from_slice(
+        b"\r\n--b0undary\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--b0undary--\r\n",
+    );
+    *big.body_mut() = Full::new(Bytes::from(bytes));
+    send(big).await.assert_problem(503, "overloaded");
+    assert_eq!(fake.observer().inference_requests().len(), 1);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
