@@ -18,7 +18,7 @@ use http_body_util::BodyExt;
 use hyper::body::{Body, Frame};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use slotgate_problem::ECHO_LIMIT;
-use support::{SOON, chat, chat_body, fake, gateway, get, post, send, server, upstream};
+use support::{PATIENT, SOON, chat, chat_body, fake, gateway, get, post, send, server, upstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -62,6 +62,31 @@ async fn bound(admin: SocketAddr, bound: &str) -> u64 {
         .lines()
         .find_map(|line| line.strip_prefix(series.as_str())?.parse().ok())
         .unwrap_or_else(|| panic!("no {series}"))
+}
+
+/// Waits for `slotgate_bounds_total{bound=…}` to reach `at_least`, for at most `within`.
+async fn bound_reaches(admin: SocketAddr, name: &str, at_least: u64, within: Duration) {
+    let reached = tokio::time::timeout(within, async {
+        while bound(admin, name).await < at_least {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    assert!(
+        reached.await.is_ok(),
+        "bound {name} never reached {at_least}"
+    );
+}
+
+/// A streamed chat request for `m` as raw HTTP/1.1, with extra header lines (each ending in
+/// `\r\n`).
+fn raw_stream_request(headers: &str) -> Vec<u8> {
+    let body = chat_body("m", true);
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n\
+         {headers}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
 }
 
 /// The gateway in front of one llama-server fake serving `m`, with `extra` `[server]` settings.
@@ -286,13 +311,19 @@ async fn an_unknown_model_is_echoed_clipped() {
 }
 
 /// The gateway in front of one llama-server fake serving `m` with 1 slot, whose answers may be
-/// silent for `stream_idle_timeout = 1s`, slot given back at once after a stall.
-async fn stall_setup() -> (fake_upstream::FakeUpstream, slotgate_gateway::Gateway) {
+/// silent for `stream_idle_timeout = 1s`, slot given back at once after a stall; `server` and
+/// `upstream_extra` are more `[server]` and `[upstreams.a]` lines.
+async fn stall_setup(
+    server_extra: &str,
+    upstream_extra: &str,
+) -> (fake_upstream::FakeUpstream, slotgate_gateway::Gateway) {
     let fake = fake(1, "m").await;
-    let toml = server("") + &upstream("a", &fake.url(), "m", 1, 4, "5s");
+    let toml = server(server_extra) + &upstream("a", &fake.url(), "m", 1, 4, "5s");
     let toml = toml.replace(
         "kind = \"llama-server\"\n",
-        "kind = \"llama-server\"\nstream_idle_timeout = \"1s\"\ncancel_grace = \"0s\"\n",
+        &format!(
+            "kind = \"llama-server\"\nstream_idle_timeout = \"1s\"\ncancel_grace = \"0s\"\n{upstream_extra}\n"
+        ),
     );
     (fake, gateway(&toml).await)
 }
@@ -314,7 +345,7 @@ fn last_event(body: &[u8]) -> serde_json::Value {
 /// connection is closed, and the slot goes back.
 #[tokio::test]
 async fn a_stalled_stream_ends_with_an_error_event_and_frees_its_slot() {
-    let (fake, gw) = stall_setup().await;
+    let (fake, gw) = stall_setup("", "").await;
     let admin = gw.admin_addr().unwrap();
     let key = support::authority(fake.addr());
     let reply = tokio::time::timeout(
@@ -361,7 +392,7 @@ async fn a_stalled_stream_ends_with_an_error_event_and_frees_its_slot() {
 /// of the body (not a cut), counted as `upstream_cut`; the slot goes back.
 #[tokio::test]
 async fn a_stream_the_engine_cuts_ends_with_an_error_event() {
-    let (fake, gw) = stall_setup().await;
+    let (fake, gw) = stall_setup("", "").await;
     let admin = gw.admin_addr().unwrap();
     let key = support::authority(fake.addr());
     let reply = chat(
@@ -384,6 +415,142 @@ async fn a_stream_the_engine_cuts_ends_with_an_error_event() {
         gw.limiter().in_flight(&key, "m") == 0
     })
     .await;
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// A client that stops reading its stream: once a piece of the answer has waited
+/// `client_write_timeout` for it, its connection is closed, the engine's connection too, and
+/// the slot goes back. The answer is far larger than every buffer on the way, so the client's
+/// silence reaches the gateway.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_cut_and_its_slot_freed() {
+    let (fake, gw) = setup("client_write_timeout = \"1s\"").await;
+    let admin = gw.admin_addr().unwrap();
+    let key = support::authority(fake.addr());
+    // A small receive window, so that less has to pile up before the gateway feels it.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(gw.api_addr()).await.unwrap();
+    stream
+        .write_all(&raw_stream_request(
+            "x-fake-tokens: 200000\r\nx-fake-chunk-interval-ms: 0\r\nx-request-id: deaf\r\n",
+        ))
+        .await
+        .unwrap();
+    // Read nothing: the buffers fill, then the gateway waits on this client.
+    bound_reaches(admin, "client_stall", 1, PATIENT).await;
+    support::eventually("the slot is back", SOON, || {
+        gw.limiter().in_flight(&key, "m") == 0 && gw.limiter().queued(&key, "m") == 0
+    })
+    .await;
+    let record = fake
+        .observer()
+        .wait_for_outcome("deaf", SOON)
+        .await
+        .expect("the engine saw the connection close");
+    assert_eq!(
+        record.outcome,
+        Some(fake_upstream::Outcome::ClientGoneMidResponse)
+    );
+    assert_eq!(
+        support::admin_sample(
+            admin,
+            "slotgate_client_disconnects_total{upstream=\"a\",model=\"m\",phase=\"streaming\"}"
+        )
+        .await,
+        Some(1.0)
+    );
+    // What had been sent still arrives, then the connection is closed: no end of stream.
+    let got = read_until_closed(&mut stream).await;
+    assert!(got.starts_with(b"HTTP/1.1 200"));
+    assert!(!String::from_utf8_lossy(&got).contains("[DONE]"));
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// A slow reader that keeps taking bytes is not a stalled one: with the same short
+/// `client_write_timeout`, a large answer read in small bites arrives whole.
+#[tokio::test]
+async fn a_slow_but_live_reader_keeps_its_stream() {
+    let (fake, gw) = setup("client_write_timeout = \"1s\"").await;
+    let admin = gw.admin_addr().unwrap();
+    let mut stream = TcpStream::connect(gw.api_addr()).await.unwrap();
+    stream
+        .write_all(&raw_stream_request(
+            "x-fake-tokens: 20000\r\nx-fake-chunk-interval-ms: 0\r\nConnection: close\r\n",
+        ))
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut bite = vec![0_u8; 32 * 1024];
+    let read = tokio::time::timeout(PATIENT, async {
+        loop {
+            match stream.read(&mut bite).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&bite[..n]),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    assert!(read.await.is_ok(), "the answer did not end");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.contains("data: [DONE]"), "the stream was cut");
+    assert!(
+        got.len() > 1 << 20,
+        "{} bytes: not large enough to matter",
+        got.len()
+    );
+    assert_eq!(bound(admin, "client_stall").await, 0);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// An engine that streams steadily past the upstream's `stream_timeout`: the client gets a
+/// `stream-timeout` error event and a clean end, the engine's connection is closed, and the
+/// slot goes back.
+#[tokio::test]
+async fn an_answer_past_its_stream_timeout_ends_with_an_error_event() {
+    let (fake, gw) = stall_setup("", "stream_timeout = \"2s\"").await;
+    let admin = gw.admin_addr().unwrap();
+    let key = support::authority(fake.addr());
+    // 100 tokens 200 ms apart: never a stall (1 s), 20 s in all.
+    let reply = tokio::time::timeout(
+        SOON,
+        chat(
+            gw.api_addr(),
+            "m",
+            true,
+            &[
+                ("x-fake-tokens", "100"),
+                ("x-fake-chunk-interval-ms", "200"),
+                ("x-request-id", "long-1"),
+            ],
+        ),
+    )
+    .await
+    .expect("the stream ends at its timeout");
+    assert_eq!(reply.status, 200);
+    let last = last_event(&reply.body);
+    assert_eq!(last["type"], "https://slotgate.dev/problems/stream-timeout");
+    assert_eq!(last["error"]["code"], "stream_timeout");
+    assert_eq!(last["timeout_ms"], 2000);
+    assert!(!reply.text().contains("[DONE]"));
+    assert_eq!(bound(admin, "stream_timeout").await, 1);
+    assert_eq!(bound(admin, "stream_idle").await, 0);
+    support::eventually("the slot is back", SOON, || {
+        gw.limiter().in_flight(&key, "m") == 0
+    })
+    .await;
+    let record = fake
+        .observer()
+        .wait_for_outcome("long-1", SOON)
+        .await
+        .expect("the engine saw the connection close");
+    assert_eq!(
+        record.outcome,
+        Some(fake_upstream::Outcome::ClientGoneMidResponse)
+    );
     gw.shutdown().await;
     fake.shutdown().await;
 }

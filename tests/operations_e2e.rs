@@ -625,9 +625,11 @@ async fn the_admin_api_wants_its_token_and_answers_mistakes_with_problems() {
         .await
         .assert_problem(404, "not-found");
     // Started from memory, not a file: nothing to reload.
-    let reload = admin_request(admin, "POST", "/admin/reload", token).await;
-    assert_eq!(reload.status, 409, "{}", reload.text());
-    assert_eq!(reload.json()["reloaded"], false);
+    let reload = admin_request(admin, "POST", "/admin/reload", token)
+        .await
+        .assert_problem(409, "reload-unavailable");
+    assert_eq!(reload["reloaded"], false);
+    assert_eq!(reload["generation"], 1);
     gw.shutdown().await;
     fake.shutdown().await;
 }
@@ -780,10 +782,11 @@ async fn a_reload_applies_new_upstreams_models_and_limits_without_dropping_reque
         a.url()
     );
     std::fs::write(&path, broken).unwrap();
-    let reply = admin_request(admin, "POST", "/admin/reload", None).await;
-    assert_eq!(reply.status, 422, "{}", reply.text());
-    let doc = reply.json();
+    let doc = admin_request(admin, "POST", "/admin/reload", None)
+        .await
+        .assert_problem(422, "config-refused");
     assert_eq!(doc["reloaded"], false);
+    assert_eq!(doc["generation"], 2, "the generation still in force");
     let issues: Vec<&str> = doc["issues"]
         .as_array()
         .unwrap()

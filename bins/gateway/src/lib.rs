@@ -333,6 +333,7 @@ fn api_settings(server: &slotgate_config::Server) -> ServerSettings {
             .unwrap_or(u32::MAX),
         h2_keep_alive_interval: server.h2_keep_alive_interval,
         tcp_keepalive: server.tcp_keepalive,
+        write_timeout: server.client_write_timeout,
         drain_timeout: server.drain_grace,
     }
 }

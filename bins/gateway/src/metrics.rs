@@ -108,16 +108,22 @@ pub(crate) enum Bound {
     StreamIdle,
     /// An upstream answer failed mid-way (the engine's connection broke).
     UpstreamCut,
+    /// An upstream answer ran past its `stream_timeout`.
+    StreamTimeout,
+    /// A client left a piece of its answer unread for `client_write_timeout`.
+    ClientStall,
 }
 
 impl Bound {
-    const ALL: [Bound; 6] = [
+    const ALL: [Bound; 8] = [
         Bound::HeaderTimeout,
         Bound::ClientIdle,
         Bound::BodyTimeout,
         Bound::BodyBudget,
         Bound::StreamIdle,
         Bound::UpstreamCut,
+        Bound::StreamTimeout,
+        Bound::ClientStall,
     ];
 
     fn label(self) -> &'static str {
@@ -128,6 +134,8 @@ impl Bound {
             Bound::BodyBudget => "body_budget",
             Bound::StreamIdle => "stream_idle",
             Bound::UpstreamCut => "upstream_cut",
+            Bound::StreamTimeout => "stream_timeout",
+            Bound::ClientStall => "client_stall",
         }
     }
 }

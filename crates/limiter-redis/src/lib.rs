@@ -48,7 +48,6 @@ mod limiter;
 mod script;
 mod settings;
 mod store;
-mod tasks;
 
 pub use error::{StartError, StoreError};
 pub use limiter::{RedisLimiter, StoreStatus};

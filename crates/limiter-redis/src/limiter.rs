@@ -19,6 +19,8 @@ use crate::script::{KeyNames, Op, Reply, Status};
 use crate::settings::{OnStoreDown, Settings};
 use crate::store::{Mode, Store};
 
+mod tasks;
+
 /// A keyed FIFO limiter whose holders and queue live in Redis, shared by every replica that
 /// uses the same Redis and `key_prefix`.
 ///
@@ -197,7 +199,7 @@ impl RedisLimiter {
             tasks: Mutex::new(Vec::new()),
             settings,
         });
-        crate::tasks::spawn(&inner);
+        tasks::spawn(&inner);
         Ok(Self { inner })
     }
 

@@ -35,12 +35,22 @@
 //! Taking a key off the host queue from the middle (its waiters all left) is O(blocked keys),
 //! at most the number of models of the host; everything else is O(1).
 //!
+//! **Layering.** The host level sits below the key level: it knows a key only as a [`Member`]
+//! (something it can queue and ask to run its grant step), so `key.rs` uses this module and
+//! not the other way round. The one member type is the limiter's key state.
+//!
 //! [`Limiter::configure_host`]: crate::Limiter::configure_host
 
 use std::collections::VecDeque;
 
-use crate::key::KeyState;
 use crate::sync::{Arc, Mutex};
+
+/// What the host level needs of a key: to run the key's grant step when host units free up.
+pub(crate) trait Member {
+    /// Runs the key's grant step with no lock held (it takes the key's lock, then the host's);
+    /// whether it made progress (granted, or left the host's queue), so a kick goes on.
+    fn unblock(this: &Arc<Self>) -> bool;
+}
 
 /// One host's cap as read at one instant, for metrics and status pages (see
 /// [`Limiter::host_reading`](crate::Limiter::host_reading)).
@@ -60,20 +70,20 @@ pub struct HostReading {
 }
 
 #[derive(Debug)]
-pub(crate) struct GroupState {
+pub(crate) struct GroupState<K> {
     pub(crate) parallel: usize,
     pub(crate) in_flight: usize,
     /// Keys whose head waiter waits for host units, in the order they started to.
-    pub(crate) blocked: VecDeque<Arc<KeyState>>,
+    pub(crate) blocked: VecDeque<Arc<K>>,
 }
 
 /// A host's shared cap. Keys of the host hold it by `Arc`.
 #[derive(Debug)]
-pub(crate) struct Group {
-    pub(crate) state: Mutex<GroupState>,
+pub(crate) struct Group<K> {
+    pub(crate) state: Mutex<GroupState<K>>,
 }
 
-impl Group {
+impl<K: Member> Group<K> {
     pub(crate) fn new(parallel: usize) -> Self {
         Self {
             state: Mutex::new(GroupState {
@@ -102,7 +112,7 @@ impl Group {
                 }
             };
             // No lock held here: the key's grant step takes its lock, then ours.
-            if !KeyState::unblock(&front) {
+            if !K::unblock(&front) {
                 return;
             }
         }
@@ -119,7 +129,7 @@ impl Group {
     }
 }
 
-impl GroupState {
+impl<K> GroupState<K> {
     /// `Some(parallel)` when `weight` can never fit under the cap (a paused cap refuses
     /// nothing).
     pub(crate) fn too_heavy(&self, weight: usize) -> Option<usize> {
@@ -131,14 +141,14 @@ impl GroupState {
     }
 
     /// Whether `key` may take host units now: nobody is blocked, or it is the front.
-    pub(crate) fn turn_of(&self, key: &Arc<KeyState>) -> bool {
+    pub(crate) fn turn_of(&self, key: &Arc<K>) -> bool {
         self.blocked
             .front()
             .is_none_or(|front| Arc::ptr_eq(front, key))
     }
 
     /// Takes `key` off the blocked queue, wherever it is; whether it was the front.
-    pub(crate) fn unblock(&mut self, key: &Arc<KeyState>) -> bool {
+    pub(crate) fn unblock(&mut self, key: &Arc<K>) -> bool {
         let Some(at) = self.blocked.iter().position(|k| Arc::ptr_eq(k, key)) else {
             return false;
         };

@@ -16,10 +16,13 @@
 use std::task::Waker;
 
 use crate::error::{AcquireError, TryAcquireError};
-use crate::group::Group;
+use crate::group::{Group, Member};
 use crate::sched::{QueueOrder, QueuePosition, Sched, Ticket};
 use crate::sync::{Arc, Mutex};
 use crate::waiters::{Status, Token, WaitQueue};
+
+/// The host cap a key counts against, holding the keys that wait for it.
+pub(crate) type HostCap = Group<KeyState>;
 
 /// The limits of a key, as last configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -65,7 +68,7 @@ struct State {
     /// Set by `remove`: waiters fail with `Closed`, new acquirers too.
     closed: bool,
     /// The host cap this key counts against, from the moment its host has one.
-    group: Option<Arc<Group>>,
+    group: Option<Arc<HostCap>>,
     /// Whether this key is in its host's queue of blocked keys.
     blocked: bool,
 }
@@ -114,7 +117,7 @@ impl WakeList {
 }
 
 impl KeyState {
-    pub(crate) fn new(limits: Limits, group: Option<Arc<Group>>) -> Self {
+    pub(crate) fn new(limits: Limits, group: Option<Arc<HostCap>>) -> Self {
         Self {
             state: Mutex::new(State {
                 limits,
@@ -250,7 +253,7 @@ impl KeyState {
     }
 
     /// Makes the key count against its host's cap from now on, with the units it holds now.
-    pub(crate) fn attach(this: &Arc<Self>, group: &Arc<Group>) {
+    pub(crate) fn attach(this: &Arc<Self>, group: &Arc<HostCap>) {
         let mut s = this.state.lock();
         if s.group.is_some() {
             return;
@@ -258,17 +261,6 @@ impl KeyState {
         group.state.lock().in_flight += s.in_flight;
         s.group = Some(group.clone());
         Self::settle(this, s);
-    }
-
-    /// A kick from the host: runs the grant step; whether it made progress on the host's queue
-    /// (this key was granted from its front, or left it).
-    pub(crate) fn unblock(this: &Arc<Self>) -> bool {
-        let mut s = this.state.lock();
-        let mut wakers = WakeList::default();
-        let moved = s.fill(this, &mut wakers);
-        drop(s);
-        wakers.wake_all();
-        moved
     }
 
     /// Closes the key: every waiter fails with `Closed`; held permits stay valid.
@@ -301,7 +293,7 @@ impl KeyState {
     }
 
     /// The host cap this key counts against, if any.
-    pub(crate) fn group(&self) -> Option<Arc<Group>> {
+    pub(crate) fn group(&self) -> Option<Arc<HostCap>> {
         self.state.lock().group.clone()
     }
 
@@ -316,6 +308,19 @@ impl KeyState {
         if let Some(group) = group {
             group.kick();
         }
+    }
+}
+
+impl Member for KeyState {
+    /// A kick from the host: runs the grant step; whether it made progress on the host's queue
+    /// (this key was granted from its front, or left it).
+    fn unblock(this: &Arc<Self>) -> bool {
+        let mut s = this.state.lock();
+        let mut wakers = WakeList::default();
+        let moved = s.fill(this, &mut wakers);
+        drop(s);
+        wakers.wake_all();
+        moved
     }
 }
 

@@ -122,7 +122,9 @@
 //! flight over the host's keys, and a FIFO of the keys whose head waits for it. Locks are taken
 //! key first, host second, never the other way, and code holding the host's lock never locks a
 //! key; a release that frees host units *kicks* the first key in line after letting go of every
-//! lock. The details and the argument for why no wake-up is lost are in that module.
+//! lock. The details and the argument for why no wake-up is lost are in that module. The host
+//! level knows a key only through a one-method trait (run your grant step), so it sits below
+//! `key.rs` in the module stack.
 //!
 //! All locks and `Arc`s come from one `sync` module that swaps in loom's under `--cfg loom`;
 //! the loom models live in `src/tests/`.

@@ -7,15 +7,15 @@ use std::hash::Hash;
 
 use crate::error::TryAcquireError;
 use crate::future::Acquire;
-use crate::group::{Group, HostReading};
-use crate::key::{KeyState, Limits};
+use crate::group::HostReading;
+use crate::key::{HostCap, KeyState, Limits};
 use crate::permit::Permit;
 use crate::sched::{QueueOrder, Ticket};
 use crate::sync::{Arc, RwLock};
 
 /// One host's entry in the map: its models' keys and, once set, its cap.
 pub(crate) struct Host<M> {
-    group: Option<Arc<Group>>,
+    group: Option<Arc<HostCap>>,
     models: HashMap<M, Arc<KeyState>>,
 }
 
@@ -603,7 +603,7 @@ where
             if let Some(group) = &entry.group {
                 (group.clone(), Vec::new())
             } else {
-                let group = Arc::new(Group::new(parallel));
+                let group = Arc::new(HostCap::new(parallel));
                 entry.group = Some(group.clone());
                 (group, entry.models.values().cloned().collect())
             }

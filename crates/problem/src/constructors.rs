@@ -482,6 +482,38 @@ impl Problem {
         .ext("model", model)
     }
 
+    /// [`Kind::StreamTimeout`] (504): the answer of `upstream` for `model` was still going at
+    /// the upstream's `stream_timeout`, so the gateway ended it. A streamed answer carries this
+    /// as its last `error` event.
+    ///
+    /// Sets the extension members `upstream`, `model` and `timeout_ms`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use slotgate_problem::Problem;
+    ///
+    /// let p = Problem::stream_timeout("gpu-a", "llama", Duration::from_secs(3600));
+    /// assert_eq!(p.status(), 504);
+    /// ```
+    #[must_use]
+    pub fn stream_timeout(upstream: &str, model: &str, timeout: Duration) -> Self {
+        let after = human(timeout);
+        Self::new(
+            Kind::StreamTimeout,
+            format!(
+                "The answer of model `{model}` took longer than {after}, the longest this \
+                 server lets one answer run; it is incomplete. Ask for a shorter answer \
+                 (`max_tokens`)."
+            ),
+        )
+        .with_detail(format!(
+            "Upstream `{upstream}` was still answering for model `{model}` after {after}."
+        ))
+        .ext("upstream", upstream)
+        .ext("model", model)
+        .ext("timeout_ms", millis(timeout))
+    }
+
     /// [`Kind::ShuttingDown`] (503): the gateway is shutting down and takes no new requests.
     ///
     /// Sets `Retry-After` from `retry_after`.
@@ -497,6 +529,50 @@ impl Problem {
         )
         .with_detail("The gateway is shutting down; requests already running will finish.")
         .with_retry_after(retry_after)
+    }
+
+    /// [`Kind::ReloadUnavailable`] (409): the gateway was not started from a configuration
+    /// file, so a reload has nothing to read.
+    ///
+    /// ```
+    /// use slotgate_problem::Problem;
+    ///
+    /// assert_eq!(Problem::reload_unavailable().status(), 409);
+    /// ```
+    #[must_use]
+    pub fn reload_unavailable() -> Self {
+        Self::new(
+            Kind::ReloadUnavailable,
+            "This gateway was started from a configuration in memory, not from a file, so there \
+             is nothing to reload. Restart it with the new configuration instead."
+                .to_owned(),
+        )
+        .with_detail("The gateway was not started from a configuration file.")
+    }
+
+    /// [`Kind::ConfigRefused`] (422): the new configuration cannot be put in force; the one in
+    /// force stays. Sets the extension member `issues`, one entry per problem.
+    ///
+    /// ```
+    /// use slotgate_problem::Problem;
+    ///
+    /// let p = Problem::config_refused(&["upstreams.a.url: unsupported scheme".to_owned()]);
+    /// assert_eq!(p.status(), 422);
+    /// assert_eq!(p.extension("issues").unwrap()[0], "upstreams.a.url: unsupported scheme");
+    /// ```
+    #[must_use]
+    pub fn config_refused(issues: &[String]) -> Self {
+        Self::new(
+            Kind::ConfigRefused,
+            "The new configuration was refused and the one in force stays. Fix every problem \
+             listed in `issues`, then reload again."
+                .to_owned(),
+        )
+        .with_detail(format!(
+            "The new configuration has {} problem(s); the configuration in force stays.",
+            issues.len()
+        ))
+        .with_extension("issues", issues.to_vec())
     }
 
     /// [`Kind::Internal`] (500): a case the gateway believed unreachable. It is a bug; the

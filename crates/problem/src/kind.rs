@@ -270,6 +270,16 @@ kinds! {
         code: "upstream_stalled",
         openai_type: "server_error",
     }
+    /// The upstream's answer was still going at the upstream's `stream_timeout`, so the gateway
+    /// ended it. Like [`Kind::UpstreamStalled`], only seen as the `error` event that ends a
+    /// streamed answer.
+    StreamTimeout {
+        slug: STREAM_TIMEOUT = "stream-timeout",
+        status: GATEWAY_TIMEOUT,
+        title: "Answer took too long",
+        code: "stream_timeout",
+        openai_type: "server_error",
+    }
     /// The gateway is shutting down (SIGTERM or drain) and takes no new requests; in-flight
     /// ones finish (503, with `Retry-After`).
     ShuttingDown {
@@ -278,6 +288,24 @@ kinds! {
         title: "Gateway shutting down",
         code: "shutting_down",
         openai_type: "server_error",
+    }
+    /// The admin API was asked to reload the configuration, but the gateway was started from a
+    /// configuration in memory, not a file: there is nothing to read again (409).
+    ReloadUnavailable {
+        slug: RELOAD_UNAVAILABLE = "reload-unavailable",
+        status: CONFLICT,
+        title: "Reload not possible",
+        code: "reload_unavailable",
+        openai_type: "invalid_request_error",
+    }
+    /// The admin API was asked to reload the configuration, and the file cannot be put in force:
+    /// unreadable, unparsable or breaking rules. The configuration in force stays (422).
+    ConfigRefused {
+        slug: CONFIG_REFUSED = "config-refused",
+        status: UNPROCESSABLE_ENTITY,
+        title: "Configuration refused",
+        code: "config_refused",
+        openai_type: "invalid_request_error",
     }
     /// A bug: a case the gateway believed unreachable. It is still answered with a problem
     /// document, never a bare 500 (500).

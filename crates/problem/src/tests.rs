@@ -40,7 +40,10 @@ fn sample(kind: Kind) -> Problem {
         Kind::UpstreamBadResponse => Problem::upstream_bad_response("http://gpu-a:8080", "llama"),
         Kind::Overloaded => Problem::overloaded(1 << 28, RETRY),
         Kind::UpstreamStalled => Problem::upstream_stalled("gpu-a", "llama", "no data for 30 s"),
+        Kind::StreamTimeout => Problem::stream_timeout("gpu-a", "llama", Duration::from_secs(3600)),
         Kind::ShuttingDown => Problem::shutting_down(RETRY),
+        Kind::ReloadUnavailable => Problem::reload_unavailable(),
+        Kind::ConfigRefused => Problem::config_refused(&["a.b: wrong".to_owned()]),
         Kind::Internal => Problem::internal(),
     }
 }

@@ -91,6 +91,7 @@ struct ServerView {
     h2_max_concurrent_streams: usize,
     h2_keep_alive_interval: String,
     tcp_keepalive: String,
+    client_write_timeout: String,
     drain_grace: String,
     health_check_interval: String,
     health_check_timeout: String,
@@ -112,6 +113,7 @@ struct UpstreamView<'a> {
     api_key: Option<&'static str>,
     cancel_grace: String,
     stream_idle_timeout: String,
+    stream_timeout: String,
     allow_model_management: bool,
     // Tables last: TOML cannot put a plain key after a sub-table.
     models: BTreeMap<&'a str, ModelEntryView<'a>>,
@@ -180,6 +182,7 @@ impl From<&Server> for ServerView {
             h2_max_concurrent_streams: server.h2_max_concurrent_streams,
             h2_keep_alive_interval: human(server.h2_keep_alive_interval),
             tcp_keepalive: human(server.tcp_keepalive),
+            client_write_timeout: human(server.client_write_timeout),
             drain_grace: human(server.drain_grace),
             health_check_interval: human(server.health_check_interval),
             health_check_timeout: human(server.health_check_timeout),
@@ -206,6 +209,9 @@ impl<'a> From<&'a Upstream> for UpstreamView<'a> {
             api_key: upstream.api_key.as_ref().map(redact),
             cancel_grace: human(upstream.cancel_grace),
             stream_idle_timeout: human(upstream.stream_idle_timeout),
+            stream_timeout: upstream
+                .stream_timeout
+                .map_or_else(|| "none".to_owned(), human),
             allow_model_management: upstream.allow_model_management,
             models: upstream
                 .models

@@ -160,6 +160,11 @@ pub struct Server {
     /// TCP keepalive idle time on client and upstream sockets (default 60s): a peer that
     /// vanished without a FIN (a dead host, a dropped NAT entry) is noticed by the kernel.
     pub tcp_keepalive: Duration,
+    /// Longest a client may leave a response unread (default 60s): once the gateway has handed
+    /// it a piece of an answer that the client does not take (its TCP or HTTP/2 window stays
+    /// full), the connection is closed after this long, so its slot goes back. A slow reader
+    /// that keeps taking bytes is never cut.
+    pub client_write_timeout: Duration,
     /// On shutdown, how long in-flight requests get to finish (default 30s; may be 0).
     pub drain_grace: Duration,
     /// How often each upstream is health-checked (default 5s).
@@ -218,6 +223,8 @@ impl Server {
     pub const DEFAULT_H2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
     /// Default [`Server::tcp_keepalive`].
     pub const DEFAULT_TCP_KEEPALIVE: Duration = Duration::from_secs(60);
+    /// Default [`Server::client_write_timeout`].
+    pub const DEFAULT_CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
     /// Default [`Server::drain_grace`].
     pub const DEFAULT_DRAIN_GRACE: Duration = Duration::from_secs(30);
     /// Default [`Server::health_check_interval`].
@@ -261,6 +268,11 @@ pub struct Upstream {
     /// answer (a stream with an `error` event) and gives the slot back after `cancel_grace`: a
     /// hung engine, or a dead host without a FIN, cannot pin a slot.
     pub stream_idle_timeout: Duration,
+    /// Longest one answer may run, from when its request was sent to the engine to its last
+    /// byte (default [`Upstream::DEFAULT_STREAM_TIMEOUT`]; `None`, written `"none"`: no bound
+    /// but `stream_idle_timeout`). Past it the gateway ends the answer as after a stall, with a
+    /// `stream-timeout` problem.
+    pub stream_timeout: Option<Duration>,
     /// Whether the routes that change the engine's disk (Ollama's `/api/pull`, `/api/push`,
     /// `/api/create`, `/api/delete`, `/api/copy`) may be sent here (default `false`: a client of
     /// the gateway should not be able to fill or empty an engine's disk).
@@ -278,6 +290,10 @@ impl Upstream {
     /// Default [`Upstream::stream_idle_timeout`]: as long as the first-byte timeout, since an
     /// engine that streams its head at once may spend the prompt's prefill before the first token.
     pub const DEFAULT_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+    /// Default [`Upstream::stream_timeout`]: one hour, far above any sane generation (32k tokens
+    /// at 20 tokens/s take under 30 minutes), yet an engine that trickles a token now and then
+    /// cannot hold a slot forever.
+    pub const DEFAULT_STREAM_TIMEOUT: Option<Duration> = Some(Duration::from_secs(3600));
 
     /// The limiter key: `scheme://host:port`, with the scheme's default port made explicit and
     /// no path (two routes to one engine share its slots). Unique across a [`Config`].

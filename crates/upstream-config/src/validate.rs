@@ -39,6 +39,7 @@ const SERVER_KEYS: &[&str] = &[
     "h2_max_concurrent_streams",
     "h2_keep_alive_interval",
     "tcp_keepalive",
+    "client_write_timeout",
     "drain_grace",
     "health_check_interval",
     "health_check_timeout",
@@ -55,6 +56,7 @@ const UPSTREAM_KEYS: &[&str] = &[
     "api_key",
     "cancel_grace",
     "stream_idle_timeout",
+    "stream_timeout",
     "allow_model_management",
     "models",
 ];
@@ -68,6 +70,7 @@ const MODEL_KEYS: &[&str] = &[
 
 const UNLIMITED: &str = "unlimited";
 const AUTO: &str = "auto";
+const NONE: &str = "none";
 
 /// Builds a [`Config`] from the merged tree; `None` when any issue was recorded.
 pub(crate) fn build(r: &mut Reader<'_>, root: &Value) -> Option<Config> {
@@ -176,43 +179,22 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
     let drain_grace = duration("drain_grace", Server::DEFAULT_DRAIN_GRACE, true, r);
     let health = health_keys(r, t, path);
 
-    let max_body_bytes = optional(
-        r,
-        t,
-        path,
-        "max_body_bytes",
-        Server::DEFAULT_MAX_BODY_BYTES,
-        |r, p, v| r.count(p, v, 1),
-    );
-    let max_upload_bytes = optional(
-        r,
-        t,
-        path,
-        "max_upload_bytes",
-        Server::DEFAULT_MAX_UPLOAD_BYTES,
-        |r, p, v| r.count(p, v, 1),
-    );
-    let response_affinity_entries = optional(
-        r,
-        t,
-        path,
+    let at_least_one = |key, default, r: &mut Reader<'_>| {
+        optional(r, t, path, key, default, |r, p, v| r.count(p, v, 1))
+    };
+    let max_body_bytes = at_least_one("max_body_bytes", Server::DEFAULT_MAX_BODY_BYTES, r);
+    let max_connections = at_least_one("max_connections", Server::DEFAULT_MAX_CONNECTIONS, r);
+    let max_upload_bytes = at_least_one("max_upload_bytes", Server::DEFAULT_MAX_UPLOAD_BYTES, r);
+    let response_affinity_entries = at_least_one(
         "response_affinity_entries",
         Server::DEFAULT_RESPONSE_AFFINITY_ENTRIES,
-        |r, p, v| r.count(p, v, 1),
+        r,
     );
     let response_affinity_ttl = duration(
         "response_affinity_ttl",
         Server::DEFAULT_RESPONSE_AFFINITY_TTL,
         false,
         r,
-    );
-    let max_connections = optional(
-        r,
-        t,
-        path,
-        "max_connections",
-        Server::DEFAULT_MAX_CONNECTIONS,
-        |r, p, v| r.count(p, v, 1),
     );
 
     let bounds = bound_keys(r, t, path);
@@ -249,6 +231,7 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         h2_max_concurrent_streams: bounds.h2_max_concurrent_streams?,
         h2_keep_alive_interval: bounds.h2_keep_alive_interval?,
         tcp_keepalive: bounds.tcp_keepalive?,
+        client_write_timeout: bounds.client_write_timeout?,
         drain_grace: drain_grace?,
         health_check_interval: health.interval?,
         health_check_timeout: health.timeout?,
@@ -307,13 +290,19 @@ fn health_keys(r: &mut Reader<'_>, t: &Dict, path: &KeyPath) -> HealthKeys {
     }
 }
 
-/// An upstream's `cancel_grace` and `stream_idle_timeout`, each `None` when present but wrong.
-fn upstream_timing(
-    r: &mut Reader<'_>,
-    t: &Dict,
-    path: &KeyPath,
-    kind: Option<Kind>,
-) -> (Option<Duration>, Option<Duration>) {
+/// An upstream's timing keys, each `None` when present but wrong.
+struct Timing {
+    cancel_grace: Option<Duration>,
+    stream_idle_timeout: Option<Duration>,
+    /// `Some(None)`: `"none"`, no total bound.
+    #[expect(
+        clippy::option_option,
+        reason = "the outer `None` is a wrong value (reported), the inner one the value \"none\""
+    )]
+    stream_timeout: Option<Option<Duration>>,
+}
+
+fn upstream_timing(r: &mut Reader<'_>, t: &Dict, path: &KeyPath, kind: Option<Kind>) -> Timing {
     // The default depends on the kind; an unreadable kind was reported already, and then the
     // default does not matter (nothing is built).
     let default_grace = kind.map_or(Duration::ZERO, Kind::default_cancel_grace);
@@ -328,7 +317,22 @@ fn upstream_timing(
         Upstream::DEFAULT_STREAM_IDLE_TIMEOUT,
         |r, p, v| r.duration(p, v, false),
     );
-    (cancel_grace, stream_idle_timeout)
+    let stream_timeout = optional(
+        r,
+        t,
+        path,
+        "stream_timeout",
+        Upstream::DEFAULT_STREAM_TIMEOUT,
+        |r, p, v| match v {
+            Value::String(_, text) if text == NONE => Some(None),
+            _ => r.duration(p, v, false).map(Some),
+        },
+    );
+    Timing {
+        cancel_grace,
+        stream_idle_timeout,
+        stream_timeout,
+    }
 }
 
 /// The `[server]` keys that bound slow, hostile or broken peers, each `None` when present but
@@ -341,6 +345,7 @@ struct BoundKeys {
     h2_max_concurrent_streams: Option<usize>,
     h2_keep_alive_interval: Option<Duration>,
     tcp_keepalive: Option<Duration>,
+    client_write_timeout: Option<Duration>,
 }
 
 fn bound_keys(r: &mut Reader<'_>, t: &Dict, path: &KeyPath) -> BoundKeys {
@@ -401,6 +406,14 @@ fn bound_keys(r: &mut Reader<'_>, t: &Dict, path: &KeyPath) -> BoundKeys {
             path,
             "tcp_keepalive",
             Server::DEFAULT_TCP_KEEPALIVE,
+            positive,
+        ),
+        client_write_timeout: optional(
+            r,
+            t,
+            path,
+            "client_write_timeout",
+            Server::DEFAULT_CLIENT_WRITE_TIMEOUT,
             positive,
         ),
     }
@@ -572,7 +585,11 @@ fn upstream<'v>(
     let api_key = optional(r, t, path, "api_key", None, |r, p, v| {
         secret(r, p, v).map(Some)
     });
-    let (cancel_grace, stream_idle_timeout) = upstream_timing(r, t, path, kind);
+    let Timing {
+        cancel_grace,
+        stream_idle_timeout,
+        stream_timeout,
+    } = upstream_timing(r, t, path, kind);
     let allow_model_management =
         optional(r, t, path, "allow_model_management", false, Reader::boolean);
     let models = required(
@@ -597,6 +614,7 @@ fn upstream<'v>(
         Some(api_key),
         Some(cancel_grace),
         Some(stream_idle_timeout),
+        Some(stream_timeout),
         Some(allow_model_management),
         Some(models),
         Some(engine_models),
@@ -608,6 +626,7 @@ fn upstream<'v>(
         api_key,
         cancel_grace,
         stream_idle_timeout,
+        stream_timeout,
         allow_model_management,
         models,
         engine_models,
@@ -620,6 +639,7 @@ fn upstream<'v>(
             api_key,
             cancel_grace,
             stream_idle_timeout,
+            stream_timeout,
             allow_model_management,
             models,
             engine_models,

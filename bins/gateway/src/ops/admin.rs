@@ -10,7 +10,7 @@
 //! | `GET /admin/upstreams` | every upstream: health, draining, resident models, and per model the limits, the slot count in force (`slots`; `discovery` for `parallel = "auto"`), in-flight and queued requests, and the engine's own counts (`engine`, see [`reconcile`](crate::upstreams::reconcile)) |
 //! | `POST /admin/upstreams/{name}/drain` | stop sending new requests to the upstream; in-flight ones finish. Answers the upstream's status |
 //! | `POST /admin/upstreams/{name}/undrain` | take new requests again |
-//! | `POST /admin/reload` | reload the configuration file (see [`reload`](crate::ops::reload)): `200` with what changed, or `422` listing every problem (the running configuration stays); `409` when the gateway was not started from a file |
+//! | `POST /admin/reload` | reload the configuration file (see [`reload`](crate::ops::reload)): `200` with what changed, or a problem document: `422 config-refused` listing every problem in `issues` (the running configuration stays), `409 reload-unavailable` when the gateway was not started from a file |
 //!
 //! When `server.admin_token` is set, every `/admin/*` request must carry it as
 //! `Authorization: Bearer <token>` (compared in constant time; never logged); otherwise it gets
@@ -117,8 +117,8 @@ impl Admin {
         }
         if path == "/admin/reload" {
             allow(req, POST_ONLY)?;
-            return Ok(match self.reloader.reload().await {
-                Ok(reloaded) => json_response(
+            return match self.reloader.reload().await {
+                Ok(reloaded) => Ok(json_response(
                     StatusCode::OK,
                     &json!({
                         "reloaded": true,
@@ -128,23 +128,18 @@ impl Admin {
                         "changed": reloaded.changed,
                         "restart_required": reloaded.restart_required,
                     }),
-                ),
-                Err(refused) => {
-                    let status = match refused {
-                        ReloadError::NoSource => StatusCode::CONFLICT,
-                        _ => StatusCode::UNPROCESSABLE_ENTITY,
-                    };
-                    json_response(
-                        status,
-                        &json!({
-                            "reloaded": false,
-                            "error": refused.to_string(),
-                            "issues": refused.issues(),
-                            "generation": generation.number,
-                        }),
-                    )
-                }
-            });
+                )),
+                // Refusals are problem documents, built where every error becomes one.
+                Err(ReloadError::NoSource) => Err(Error::ReloadUnavailable {
+                    generation: generation.number,
+                    source: Box::new(ReloadError::NoSource),
+                }),
+                Err(refused) => Err(Error::ConfigRefused {
+                    issues: refused.issues(),
+                    generation: generation.number,
+                    source: Box::new(refused),
+                }),
+            };
         }
         if let Some(rest) = path.strip_prefix("/admin/upstreams/")
             && let Some((name, action)) = rest.rsplit_once('/')

@@ -283,5 +283,42 @@ fn restart_required(old: &Server, new: &Server) -> Vec<&'static str> {
     );
     check("server.idle_timeout", old.idle_timeout != new.idle_timeout);
     check("server.drain_grace", old.drain_grace != new.drain_grace);
+    check(
+        "server.admin_max_connections",
+        old.admin_max_connections != new.admin_max_connections,
+    );
+    check(
+        "server.max_buffered_body_bytes",
+        old.max_buffered_body_bytes != new.max_buffered_body_bytes,
+    );
+    check(
+        "server.client_idle_timeout",
+        old.client_idle_timeout != new.client_idle_timeout,
+    );
+    check(
+        "server.h2_max_concurrent_streams",
+        old.h2_max_concurrent_streams != new.h2_max_concurrent_streams,
+    );
+    check(
+        "server.h2_keep_alive_interval",
+        old.h2_keep_alive_interval != new.h2_keep_alive_interval,
+    );
+    check(
+        "server.tcp_keepalive",
+        old.tcp_keepalive != new.tcp_keepalive,
+    );
+    check(
+        "server.client_write_timeout",
+        old.client_write_timeout != new.client_write_timeout,
+    );
+    // The Responses affinity record is made once, with its bounds, at start.
+    check(
+        "server.response_affinity_entries",
+        old.response_affinity_entries != new.response_affinity_entries,
+    );
+    check(
+        "server.response_affinity_ttl",
+        old.response_affinity_ttl != new.response_affinity_ttl,
+    );
     keys
 }

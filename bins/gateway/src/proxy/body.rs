@@ -20,13 +20,17 @@
 //!   is dropped) and the slot goes back after `cancel_grace`, as after a first-byte timeout: the
 //!   engine needs that long to notice.
 //! - **Cut**: the upstream's body fails (the engine died, or reset the connection).
+//! - **Too long**: the answer is still going at the upstream's `stream_timeout`, counted from
+//!   when the request was sent. The clock runs whatever the client does; a client that stops
+//!   reading is the listener's business (`client_write_timeout`). The answer ends as after a
+//!   stall, with a `stream-timeout` problem instead.
 //!
-//! Either way, an SSE answer (`text/event-stream`) ends with one last event, `data:` followed by
+//! In each case, an SSE answer (`text/event-stream`) ends with one last event, `data:` followed by
 //! an `upstream-stalled` problem document (it has the OpenAI `error` member, so SDKs raise it as
 //! an API error), and then a clean end of the body: HTTP/1 gets its terminating chunk, HTTP/2 an
 //! `END_STREAM`. Any other answer cannot carry a late error, so it is cut (HTTP/1: no final
 //! chunk; HTTP/2: a reset stream). Both are logged at `warn` with the request id and counted in
-//! `slotgate_bounds_total` (`stream_idle`, `upstream_cut`).
+//! `slotgate_bounds_total` (`stream_idle`, `upstream_cut`, `stream_timeout`).
 //!
 //! A [`Completion`] says which of those three ended the body; the guard learns it through
 //! [`SlotGuard::finish`] just before it is dropped, so the gateway can count client disconnects
@@ -82,11 +86,15 @@ pub(crate) struct Watch {
     pub(crate) stalled: Counter,
     /// `slotgate_bounds_total{bound="upstream_cut"}`.
     pub(crate) cut: Counter,
+    /// When the answer must be over (`stream_timeout` after the request was sent), and the
+    /// `stream_timeout` itself; `None`: no total bound.
+    pub(crate) deadline: Option<(Instant, Duration)>,
+    /// `slotgate_bounds_total{bound="stream_timeout"}`.
+    pub(crate) too_long: Counter,
 }
 
 impl Watch {
-    /// Logs and counts an answer that stopped, and returns its last SSE event, if the answer is
-    /// SSE.
+    /// Logs an answer that stopped, and returns its last SSE event, if the answer is SSE.
     fn ended_badly(&self, why: &str) -> Option<Bytes> {
         warn!(
             request_id = %self.request_id,
@@ -95,11 +103,28 @@ impl Watch {
             why,
             "the upstream's answer stopped mid-way"
         );
+        self.last_event(|| Problem::upstream_stalled(&self.upstream, &self.model, why))
+    }
+
+    /// Logs an answer that ran past its `stream_timeout`, and returns its last SSE event, if
+    /// the answer is SSE.
+    fn ran_too_long(&self, timeout: Duration) -> Option<Bytes> {
+        warn!(
+            request_id = %self.request_id,
+            upstream = %self.upstream,
+            model = %self.model,
+            stream_timeout = %humantime::format_duration(timeout),
+            "the upstream's answer ran past its stream timeout; ending it"
+        );
+        self.last_event(|| Problem::stream_timeout(&self.upstream, &self.model, timeout))
+    }
+
+    /// The SSE event that ends the answer with `problem`; `None` when the answer is not SSE.
+    fn last_event(&self, problem: impl FnOnce() -> Problem) -> Option<Bytes> {
         if !self.sse {
             return None;
         }
-        let problem = Problem::upstream_stalled(&self.upstream, &self.model, why)
-            .with_extension("request_id", self.request_id.as_str());
+        let problem = problem().with_extension("request_id", self.request_id.as_str());
         let mut event = b"data: ".to_vec();
         event.extend_from_slice(&problem.to_json_bytes());
         event.extend_from_slice(b"\n\n");
@@ -154,6 +179,8 @@ pin_project! {
         // Boxed (and only with a watch) so the body stays `Unpin` when the inner one is.
         idle: Option<Pin<Box<Sleep>>>,
         armed: bool,
+        // The watch's deadline, if it has one.
+        total: Option<Pin<Box<Sleep>>>,
         phase: Phase,
     }
 
@@ -184,6 +211,7 @@ impl<B: Body, G: SlotGuard> SlotBody<B, G> {
             watch: None,
             idle: None,
             armed: false,
+            total: None,
             phase: Phase::Streaming,
         }
     }
@@ -191,6 +219,9 @@ impl<B: Body, G: SlotGuard> SlotBody<B, G> {
     /// Also bounds the upstream and ends a failed answer as [`Watch`] says.
     pub(crate) fn watched(mut self, watch: Watch) -> Self {
         self.idle = Some(Box::pin(tokio::time::sleep(watch.idle_timeout)));
+        self.total = watch
+            .deadline
+            .map(|(at, _)| Box::pin(tokio::time::sleep_until(at)));
         self.watch = Some(watch);
         self
     }
@@ -207,6 +238,22 @@ impl<B: Body, G: SlotGuard> SlotBodyProj<'_, B, G> {
     fn release(&mut self, how: Completion) {
         if let Some(guard) = self.guard.take() {
             guard.finish(how);
+        }
+    }
+
+    /// Ends a failed answer: with its last SSE `event` and then a clean end, or, when it has
+    /// none (not SSE), with an error that cuts it (`why`).
+    fn end_with(
+        &mut self,
+        event: Option<Bytes>,
+        why: String,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(event) = event {
+            *self.phase = Phase::Closing;
+            Poll::Ready(Some(Ok(Frame::data(event))))
+        } else {
+            *self.phase = Phase::Done;
+            Poll::Ready(Some(Err(why.into())))
         }
     }
 }
@@ -232,6 +279,23 @@ where
                 return Poll::Ready(None);
             }
             Phase::Done => return Poll::Ready(None),
+        }
+        // Looked at before the upstream, so that an engine that never pauses cannot run past it.
+        if let (Some(watch), Some(total)) = (this.watch.as_ref(), this.total.as_mut())
+            && total.as_mut().poll(cx).is_ready()
+        {
+            watch.too_long.inc();
+            let timeout = watch
+                .deadline
+                .map_or(Duration::ZERO, |(_, timeout)| timeout);
+            let why = format!(
+                "the answer ran past the stream timeout of {}",
+                humantime::format_duration(timeout)
+            );
+            let event = watch.ran_too_long(timeout);
+            let grace = watch.cancel_grace;
+            this.release(Completion::Stalled { grace });
+            return this.end_with(event, why);
         }
         let polled = this.inner.as_mut().poll_frame(cx);
         let failure = match polled {
@@ -280,16 +344,8 @@ where
                 (watch.ended_badly(&why), why)
             }
         };
-        match failure {
-            (Some(event), _) => {
-                *this.phase = Phase::Closing;
-                Poll::Ready(Some(Ok(Frame::data(event))))
-            }
-            (None, why) => {
-                *this.phase = Phase::Done;
-                Poll::Ready(Some(Err(why.into())))
-            }
-        }
+        let (event, why) = failure;
+        this.end_with(event, why)
     }
 
     fn is_end_stream(&self) -> bool {

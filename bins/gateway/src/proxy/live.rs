@@ -2,8 +2,8 @@
 //!
 //! A [`Generation`] is one configuration's worth of state: the config itself, the upstream
 //! states, the routing table, the client API keys and the health policy. [`Live`] holds the
-//! current one; a request takes a reference to it at arrival (an `Arc` clone under a read lock
-//! held for nanoseconds) and keeps using that generation to the end, so a reload never changes
+//! current one; a request takes a reference to it at arrival (an `Arc` loaded from an `ArcSwap`,
+//! without a lock) and keeps using that generation to the end, so a reload never changes
 //! the rules under a request that is already being routed. What must survive a reload —
 //! limiter keys, upstream health and residency, hold-time statistics, discovered slot counts,
 //! engine load readings, metric series — lives in objects the new generation shares with the
@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use parking_lot::RwLock;
+use arc_swap::ArcSwap;
 use slotgate_config::{Config, Secret};
 use slotgate_limiter::Limiter;
 
@@ -152,28 +152,30 @@ impl Generation {
     }
 }
 
-/// The current generation.
+/// The current generation, swapped whole by a reload. Reading it takes no lock (`arc-swap`):
+/// every request loads it once, so a reader never waits for a reload and never slows another
+/// reader down.
 #[derive(Debug)]
 pub(crate) struct Live {
-    current: RwLock<Arc<Generation>>,
+    current: ArcSwap<Generation>,
 }
 
 impl Live {
     /// Starts with `generation`.
     pub(crate) fn new(generation: Generation) -> Self {
         Self {
-            current: RwLock::new(Arc::new(generation)),
+            current: ArcSwap::from_pointee(generation),
         }
     }
 
     /// The generation in force now.
     pub(crate) fn current(&self) -> Arc<Generation> {
-        Arc::clone(&self.current.read())
+        self.current.load_full()
     }
 
     /// Puts `generation` in force; returns the one it replaces.
     pub(crate) fn replace(&self, generation: Generation) -> Arc<Generation> {
-        std::mem::replace(&mut *self.current.write(), Arc::new(generation))
+        self.current.swap(Arc::new(generation))
     }
 }
 

@@ -9,6 +9,7 @@
 //! | capacity | `QueueFull`, `QueueTimeout`, `Overloaded` (the request never ran; retry) | 503 + `Retry-After` |
 //! | upstream | `UpstreamUnavailable` (nothing sent; retry), `UpstreamFailed`, `UpstreamTimeout` (maybe ran; the client decides) | 503 + `Retry-After`, 502, 504 |
 //! | gateway  | `ShuttingDown` (retry), `Internal` (a bug) | 503 + `Retry-After`, 500 |
+//! | operator (admin API) | `ReloadUnavailable`, `ConfigRefused` (the configuration in force stays) | 409, 422 |
 //!
 //! Errors after the response head has gone out (an upstream stalling or dying mid-stream)
 //! cannot become a response any more: the body wrapper ([`body`](crate::proxy::body)) ends an SSE
@@ -196,6 +197,28 @@ pub(crate) enum Error {
         /// When another try (elsewhere, or after a restart) makes sense.
         retry_after: Duration,
     },
+    // === the operator's side (admin API) ===
+    /// `POST /admin/reload` on a gateway not started from a file.
+    #[error("reload refused")]
+    ReloadUnavailable {
+        /// The generation still in force.
+        generation: u64,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+    /// `POST /admin/reload` read a configuration that cannot be put in force.
+    #[error("reload refused")]
+    ConfigRefused {
+        /// Every problem, one line each.
+        issues: Vec<String>,
+        /// The generation still in force.
+        generation: u64,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
+
     /// A bug: something that should not fail did.
     #[error("internal error: {0}")]
     Internal(String),
@@ -271,6 +294,15 @@ impl Error {
                 after,
             } => Problem::upstream_timeout(upstream, model, *after),
             Error::ShuttingDown { retry_after } => Problem::shutting_down(*retry_after),
+            // `reloaded: false` and the generation in force, as in the success document.
+            Error::ReloadUnavailable { generation, .. } => Problem::reload_unavailable()
+                .with_extension("reloaded", false)
+                .with_extension("generation", *generation),
+            Error::ConfigRefused {
+                issues, generation, ..
+            } => Problem::config_refused(issues)
+                .with_extension("reloaded", false)
+                .with_extension("generation", *generation),
             Error::Internal(_) => Problem::internal(),
         }
     }
@@ -487,6 +519,25 @@ mod tests {
                 503,
                 "shutting-down",
                 true,
+            ),
+            (
+                Error::ReloadUnavailable {
+                    generation: 1,
+                    source: io(),
+                },
+                409,
+                "reload-unavailable",
+                false,
+            ),
+            (
+                Error::ConfigRefused {
+                    issues: vec!["aliases.chat: no such model".into()],
+                    generation: 1,
+                    source: io(),
+                },
+                422,
+                "config-refused",
+                false,
             ),
             (Error::Internal("oops".into()), 500, "internal", false),
         ]

@@ -22,8 +22,9 @@
 //! `model` and `stream` are read with `serde_json` into a small borrowed struct; every other
 //! member is skipped, not copied. The original bytes are what goes upstream: nothing is
 //! re-serialised, so numbers, key order and unknown fields reach the engine exactly as the
-//! client wrote them. The one exception is an alias whose upstream model has another name: then
-//! the bytes of the `model` value (and only those) are replaced, see [`ApiRequest::body_for`].
+//! client wrote them. The one exception is a model the engine knows by another name than the
+//! client sent (an alias, or the upstream's `engine_model`): then the bytes of the `model` value
+//! (and only those) are replaced, see [`ApiRequest::body_for`].
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -129,6 +129,7 @@ impl Routes {
                     model_management: upstream.allow_model_management,
                     cancel_grace: upstream.cancel_grace,
                     stream_idle_timeout: upstream.stream_idle_timeout,
+                    stream_timeout: upstream.stream_timeout,
                     hold: previous.map_or_else(Arc::default, |p| Arc::clone(&p.hold)),
                     metrics: Arc::new(metrics.target(&upstream.name, model)),
                     // Carried over so that an excess in progress is not forgotten by a reload.

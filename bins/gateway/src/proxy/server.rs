@@ -16,6 +16,13 @@
 //!   `h2_max_concurrent_streams`, so one connection cannot carry hundreds of requests.
 //! - TCP keepalive (`tcp_keepalive`) on every accepted socket, so the kernel notices a client
 //!   host that vanished without a FIN.
+//! - A client-write stall timeout, `client_write_timeout`: hyper asks a response body for its
+//!   next frame only once the client has taken the previous ones (HTTP/1: room in the write
+//!   buffer; HTTP/2: flow-control window). A response whose frame has waited that long for the
+//!   client to read it means a client that stopped reading; its connection is closed, which drops
+//!   the body and so gives the slot back and closes the engine connection. A slow reader that
+//!   keeps taking bytes is never cut. HTTP/2: the whole connection goes, since hyper offers no
+//!   way to reset one stream from outside its body; counted as `bound="client_stall"`.
 //! - A connection limit: at `max_connections` open connections the accept loop stops accepting
 //!   (new connections wait in the kernel's backlog) until one closes. The admin listener has a
 //!   loop and a cap of its own, so a flood on the API port cannot starve `/healthz`.
@@ -26,12 +33,13 @@
 //! The accept loop knows nothing about the gateway: it serves any handler, so the API and the
 //! admin listener share it.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -46,7 +54,7 @@ use pin_project_lite::pin_project;
 use prometheus_client::metrics::counter::Counter;
 use socket2::{SockRef, TcpKeepalive};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -70,6 +78,8 @@ pub(crate) struct ServerSettings {
     pub(crate) h2_keep_alive_interval: Duration,
     /// TCP keepalive idle time on accepted sockets.
     pub(crate) tcp_keepalive: Duration,
+    /// Longest a response frame may wait for the client to take it.
+    pub(crate) write_timeout: Duration,
     /// How long a graceful shutdown waits for open connections before cutting them.
     pub(crate) drain_timeout: Duration,
 }
@@ -79,6 +89,7 @@ pub(crate) struct ServerSettings {
 pub(crate) struct ServerCounters {
     header_timeout: Counter,
     client_idle: Counter,
+    client_stall: Counter,
 }
 
 impl ServerCounters {
@@ -87,6 +98,7 @@ impl ServerCounters {
         Self {
             header_timeout: metrics.bound(Bound::HeaderTimeout),
             client_idle: metrics.bound(Bound::ClientIdle),
+            client_stall: metrics.bound(Bound::ClientStall),
         }
     }
 }
@@ -266,6 +278,18 @@ async fn serve_connection<S, B>(
                 closing = true;
                 cut_at = Some(Instant::now() + settings.header_read_timeout);
             }
+            () = activity.stalled_for(settings.write_timeout) => {
+                info!(
+                    listener = name,
+                    %peer,
+                    client_write_timeout = ?settings.write_timeout,
+                    "the client read none of its answer for the client write timeout; closing its connection"
+                );
+                counters.client_stall.inc();
+                // Dropping the connection drops the response bodies it holds: their slots go
+                // back and their engine connections close.
+                break;
+            }
             () = sleep_until_some(cut_at), if cut_at.is_some() => {
                 if activity.in_flight() == 0 {
                     debug!(listener = name, %peer, "idle connection did not close; cutting it");
@@ -296,7 +320,8 @@ async fn sleep_until_some(deadline: Option<Instant>) {
     }
 }
 
-/// What one connection is doing: how many requests are in flight, and since when none is.
+/// What one connection is doing: how many requests are in flight, since when none is, and
+/// which answers wait for the client to read them.
 #[derive(Debug, Clone)]
 struct Activity(Arc<ActivityState>);
 
@@ -305,6 +330,14 @@ struct ActivityState {
     in_flight: AtomicUsize,
     /// When the last request ended (or the connection opened).
     quiet_since: Mutex<Instant>,
+    /// The responses that handed hyper a frame and have not been asked for the next one since,
+    /// by request number, with the time of that frame: hyper asks again as soon as the client
+    /// has room for more, so an old entry is a client that stopped reading.
+    waiting: Mutex<HashMap<u64, Instant>>,
+    /// Wakes [`Activity::stalled_for`] when `waiting` gets its first entry.
+    first_waiting: Notify,
+    /// Numbers the requests of the connection, for `waiting`.
+    next_request: AtomicU64,
 }
 
 impl Activity {
@@ -312,13 +345,38 @@ impl Activity {
         Self(Arc::new(ActivityState {
             in_flight: AtomicUsize::new(0),
             quiet_since: Mutex::new(Instant::now()),
+            waiting: Mutex::new(HashMap::new()),
+            first_waiting: Notify::new(),
+            next_request: AtomicU64::new(0),
         }))
     }
 
     /// A request began; it is in flight until the returned guard is dropped.
     fn begin(&self) -> Busy {
         self.0.in_flight.fetch_add(1, Ordering::SeqCst);
-        Busy(Arc::clone(&self.0))
+        Busy {
+            state: Arc::clone(&self.0),
+            request: self.0.next_request.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// Resolves once some response has waited `timeout` for the client to take its last frame.
+    async fn stalled_for(&self, timeout: Duration) {
+        loop {
+            let oldest = self.0.waiting.lock().values().min().copied();
+            let Some(since) = oldest else {
+                // `notify_one` keeps a permit when nobody waits yet, so an entry added between
+                // the look above and this wait is not missed.
+                self.0.first_waiting.notified().await;
+                continue;
+            };
+            let deadline = since + timeout;
+            if Instant::now() >= deadline {
+                return;
+            }
+            // The entry may go (hyper asked again) or be replaced meanwhile: look again then.
+            tokio::time::sleep_until(deadline).await;
+        }
     }
 
     /// Requests in flight now.
@@ -348,18 +406,39 @@ impl Activity {
 
 /// One request in flight on a connection (see [`Activity::begin`]).
 #[derive(Debug)]
-struct Busy(Arc<ActivityState>);
+struct Busy {
+    state: Arc<ActivityState>,
+    request: u64,
+}
+
+impl Busy {
+    /// hyper asked the response for its next frame: the client took the previous ones.
+    fn asked(&self) {
+        self.state.waiting.lock().remove(&self.request);
+    }
+
+    /// The response handed hyper a frame: until hyper asks again, it waits on the client.
+    fn handed_over(&self) {
+        let mut waiting = self.state.waiting.lock();
+        if waiting.is_empty() {
+            self.state.first_waiting.notify_one();
+        }
+        waiting.insert(self.request, Instant::now());
+    }
+}
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        *self.0.quiet_since.lock() = Instant::now();
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.asked();
+        *self.state.quiet_since.lock() = Instant::now();
+        self.state.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 pin_project! {
     /// A response body that keeps its request counted as in flight until the body is done (hyper
-    /// drops it when the answer is sent, or when the client goes away).
+    /// drops it when the answer is sent, or when the client goes away), and tells its [`Busy`]
+    /// when it waits on the client.
     #[derive(Debug)]
     struct Tracked<B> {
         #[pin]
@@ -382,7 +461,13 @@ impl<B: Body> Body for Tracked<B> {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        self.project().inner.poll_frame(cx)
+        let this = self.project();
+        this.busy.asked();
+        let polled = this.inner.poll_frame(cx);
+        if let Poll::Ready(Some(Ok(_))) = &polled {
+            this.busy.handed_over();
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {

@@ -64,6 +64,8 @@ pub(crate) struct App {
     pub(crate) stalled: Counter,
     /// `slotgate_bounds_total{bound="upstream_cut"}`.
     pub(crate) cut: Counter,
+    /// `slotgate_bounds_total{bound="stream_timeout"}`.
+    pub(crate) too_long: Counter,
     /// The request-body bytes all requests together may buffer (`max_buffered_body_bytes`, read
     /// at start).
     pub(crate) body_budget: request::BodyBudget,
@@ -99,6 +101,7 @@ impl App {
             )),
             stalled: metrics.bound(Bound::StreamIdle),
             cut: metrics.bound(Bound::UpstreamCut),
+            too_long: metrics.bound(Bound::StreamTimeout),
         }
     }
 
@@ -318,7 +321,7 @@ impl App {
                         });
                     // Step 8: the slot rides in the body until the answer is over, and the body
                     // bounds the upstream's silences.
-                    let watch = self.watch(target, model, request_id, response.headers());
+                    let watch = self.watch(target, model, request_id, response.headers(), sent);
                     return Ok(response.map(|body| {
                         Either::Right(
                             SlotBody::new(Sniff::new(body, recorder), slot).watched(watch),
@@ -538,13 +541,15 @@ impl App {
         })
     }
 
-    /// The [`Watch`] over the answer of `target`, whose response head has `headers`.
+    /// The [`Watch`] over the answer of `target`, whose response head has `headers` and whose
+    /// request was `sent` then.
     fn watch(
         &self,
         target: &Target,
         model: &str,
         request_id: &HeaderValue,
         headers: &http::HeaderMap,
+        sent: Instant,
     ) -> Watch {
         Watch {
             idle_timeout: target.stream_idle_timeout,
@@ -555,6 +560,10 @@ impl App {
             request_id: request_id.to_str().unwrap_or_default().to_owned(),
             stalled: self.stalled.clone(),
             cut: self.cut.clone(),
+            deadline: target
+                .stream_timeout
+                .map(|timeout| (tokio::time::Instant::from_std(sent) + timeout, timeout)),
+            too_long: self.too_long.clone(),
         }
     }
 

@@ -49,6 +49,9 @@ pub(crate) struct Target {
     /// The upstream's `stream_idle_timeout`: the longest silence between frames of an answer
     /// (`proxy::body::Watch`).
     pub(crate) stream_idle_timeout: Duration,
+    /// The upstream's `stream_timeout`: the longest one answer may run, from when its request
+    /// is sent (`proxy::body::Watch`); `None`: no bound.
+    pub(crate) stream_timeout: Option<Duration>,
     /// Observed slot hold times, for `Retry-After`.
     pub(crate) hold: Arc<HoldStats>,
     /// This target's metric handles.

@@ -27,6 +27,8 @@ fn defaults_are_written_out() {
         "api_keys = []",
         "weight = 1.0",
         "cancel_grace = \"0s\"",
+        "stream_timeout = \"1h\"",
+        "client_write_timeout = \"1m\"",
         "kind = \"vllm\"",
         "url = \"http://10.0.0.1:8000/\"",
         "queue_timeout = \"10s\"",
@@ -58,6 +60,7 @@ fn it_loads_back_to_the_same_config() {
         url = "https://llm.example/openai/"
         kind = "openai"
         weight = 0.5
+        stream_timeout = "none"
         [upstreams.a.models."llama3.1:8b"]
         parallel = 3
         queue = 0
@@ -73,6 +76,7 @@ fn it_loads_back_to_the_same_config() {
     assert!(text.contains("parallel = \"unlimited\""), "{text}");
     assert!(text.contains("engine_model = \"Org/Big-70B\""), "{text}");
     assert_eq!(again.upstreams["a"].engine_model("big"), "Org/Big-70B");
+    assert!(text.contains("stream_timeout = \"none\""), "{text}");
     assert!(
         text.contains("[upstreams.a.models.\"llama3.1:8b\"]"),
         "{text}"

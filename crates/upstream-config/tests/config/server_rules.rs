@@ -321,3 +321,18 @@ fn server_must_be_a_table() {
     let toml = VALID.replace("[server]\nlisten = \"127.0.0.1:8080\"\n", "server = 1\n");
     assert_only_issue(&toml, "server", "expected a table");
 }
+
+#[test]
+fn client_write_timeout_defaults_to_a_minute_and_must_be_positive() {
+    let config = ok(&with_server("listen = \"127.0.0.1:8080\""));
+    assert_eq!(config.server.client_write_timeout, Duration::from_secs(60));
+    let config = ok(&with_server(
+        "listen = \"127.0.0.1:8080\"\nclient_write_timeout = \"5s\"",
+    ));
+    assert_eq!(config.server.client_write_timeout, Duration::from_secs(5));
+    assert_only_issue(
+        &with_server("listen = \"127.0.0.1:8080\"\nclient_write_timeout = \"0s\""),
+        "server.client_write_timeout",
+        "must be greater than zero",
+    );
+}

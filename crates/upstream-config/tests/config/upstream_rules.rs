@@ -279,6 +279,38 @@ fn cancel_grace_defaults_by_kind_and_may_be_zero() {
 }
 
 #[test]
+fn stream_timeout_defaults_to_an_hour_and_may_be_none() {
+    use std::time::Duration;
+
+    let base = "url = \"http://10.0.0.1:8000\"\nkind = \"vllm\"";
+    let config = ok(&with_upstream(base));
+    assert_eq!(
+        config.upstreams["a"].stream_timeout,
+        Some(Duration::from_secs(3600))
+    );
+    let config = ok(&with_upstream(&format!(
+        "{base}\nstream_timeout = \"none\""
+    )));
+    assert_eq!(config.upstreams["a"].stream_timeout, None);
+    let config = ok(&with_upstream(&format!("{base}\nstream_timeout = \"90m\"")));
+    assert_eq!(
+        config.upstreams["a"].stream_timeout,
+        Some(Duration::from_secs(5400))
+    );
+    for (bad, needle) in [
+        ("\"0s\"", "must be greater than zero"),
+        ("\"never\"", "invalid duration \"never\""),
+        ("60", "expected a duration string"),
+    ] {
+        assert_only_issue(
+            &with_upstream(&format!("{base}\nstream_timeout = {bad}")),
+            "upstreams.a.stream_timeout",
+            needle,
+        );
+    }
+}
+
+#[test]
 fn cancel_grace_must_be_a_duration() {
     assert_only_issue(
         &with_upstream("url = \"http://10.0.0.1:8000\"\nkind = \"vllm\"\ncancel_grace = 2"),
@@ -337,7 +369,7 @@ fn unknown_upstream_keys_are_reported() {
     assert_only_issue(
         &with_upstream("url = \"http://10.0.0.1:8000\"\nkind = \"vllm\"\nwieght = 2"),
         "upstreams.a.wieght",
-        "unknown key (expected one of: url, kind, weight, api_key, cancel_grace, stream_idle_timeout, allow_model_management, models)",
+        "unknown key (expected one of: url, kind, weight, api_key, cancel_grace, stream_idle_timeout, stream_timeout, allow_model_management, models)",
     );
 }
 

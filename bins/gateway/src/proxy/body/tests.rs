@@ -159,8 +159,93 @@ fn watch(sse: bool) -> (Watch, Counter, Counter) {
         request_id: "req-1".into(),
         stalled: stalled.clone(),
         cut: cut.clone(),
+        deadline: None,
+        too_long: Counter::default(),
     };
     (watch, stalled, cut)
+}
+
+/// A body that sends a frame every `every`, for ever: an engine that never pauses long enough
+/// to stall.
+struct Ticks {
+    every: Duration,
+    next: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Ticks {
+    fn new(every: Duration) -> Self {
+        Self {
+            every,
+            next: Box::pin(tokio::time::sleep(every)),
+        }
+    }
+}
+
+impl Body for Ticks {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        if self.next.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        let at = tokio::time::Instant::now() + self.every;
+        self.next.as_mut().reset(at);
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"data: t\n\n")))))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_past_its_stream_timeout_ends_with_an_error_event() {
+    let rec = Recorder::default();
+    let (mut watch, stalled, cut) = watch(true);
+    let total = Duration::from_secs(1);
+    let too_long = watch.too_long.clone();
+    let started = tokio::time::Instant::now();
+    watch.deadline = Some((started + total, total));
+    let mut body =
+        SlotBody::new(Ticks::new(Duration::from_millis(100)), rec.clone()).watched(watch);
+    let mut ticks = 0;
+    let last = loop {
+        let data = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        if data != Bytes::from_static(b"data: t\n\n") {
+            break event(Frame::data(data));
+        }
+        ticks += 1;
+    };
+    // A tick every 100 ms is never a stall, yet the answer ends at the deadline.
+    assert_eq!(started.elapsed(), total);
+    assert!((8..=10).contains(&ticks), "{ticks} ticks");
+    assert_eq!(last["type"], "https://slotgate.dev/problems/stream-timeout");
+    assert_eq!(last["timeout_ms"], 1000);
+    assert_eq!(last["request_id"], "req-1");
+    assert!(body.frame().await.is_none(), "a clean end after the event");
+    assert_eq!(rec.seen(), vec![Completion::Stalled { grace: GRACE }]);
+    assert_eq!((too_long.get(), stalled.get(), cut.get()), (1, 0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_non_sse_answer_past_its_stream_timeout_is_cut() {
+    let rec = Recorder::default();
+    let (mut watch, _, _) = watch(false);
+    let total = Duration::from_secs(1);
+    watch.deadline = Some((tokio::time::Instant::now() + total, total));
+    let mut body =
+        SlotBody::new(Ticks::new(Duration::from_millis(300)), rec.clone()).watched(watch);
+    let mut frames = 0;
+    let error = loop {
+        match body.frame().await.unwrap() {
+            Ok(_) => frames += 1,
+            Err(error) => break error,
+        }
+    };
+    assert_eq!(frames, 3);
+    assert!(error.to_string().contains("stream timeout"), "{error}");
+    assert!(body.frame().await.is_none());
+    assert_eq!(rec.seen(), vec![Completion::Stalled { grace: GRACE }]);
 }
 
 fn event(frame: Frame<Bytes>) -> serde_json::Value {

@@ -10,7 +10,7 @@ use std::time::Instant;
 use futures_util::StreamExt;
 use tokio::time::MissedTickBehavior;
 
-use crate::limiter::Inner;
+use super::Inner;
 use crate::script::KeyNames;
 use crate::store::Mode;
 
