@@ -554,3 +554,297 @@ async fn an_answer_past_its_stream_timeout_ends_with_an_error_event() {
     gw.shutdown().await;
     fake.shutdown().await;
 }
+
+/// SIGTERM with a stream running and idle keep-alive connections open: the idle connections
+/// (HTTP/1 and HTTP/2) are closed at once, while the stream runs to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_idle_connections_at_once_and_drains_the_stream() {
+    let (fake, gw) = setup("drain_grace = \"60s\"").await;
+    let addr = gw.api_addr();
+
+    // An HTTP/1 keep-alive connection and an HTTP/2 one, each idle after one answer.
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut h1, h1_conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    let h1_conn = tokio::spawn(h1_conn);
+    let models = |version| {
+        Request::get(format!("http://{addr}/v1/models"))
+            .version(version)
+            .body(http_body_util::Empty::<Bytes>::new())
+            .unwrap()
+    };
+    let answer = h1
+        .send_request(models(http::Version::HTTP_11))
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    answer.into_body().collect().await.unwrap();
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut h2, h2_conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    let h2_conn = tokio::spawn(h2_conn);
+    let answer = h2
+        .send_request(models(http::Version::HTTP_2))
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    answer.into_body().collect().await.unwrap();
+
+    // A stream that takes 40 × 150 ms = 6 s.
+    let mut running = support::open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("m", true),
+            &[("x-fake-tokens", "40"), ("x-fake-chunk-interval-ms", "150")],
+        ),
+    )
+    .await
+    .head()
+    .await;
+    assert!(running.next_data().await.unwrap().is_some());
+
+    let stopping = tokio::spawn(gw.shutdown());
+    // Both idle connections end while the stream still runs.
+    let closed = tokio::time::timeout(SOON, async {
+        let _ = h1_conn.await;
+        let _ = h2_conn.await;
+    });
+    assert!(closed.await.is_ok(), "an idle connection was kept open");
+    assert_eq!(
+        fake.observer().in_flight(),
+        1,
+        "the stream was still running when the idle connections closed"
+    );
+    let rest = running.rest().await.expect("the stream ends cleanly");
+    assert!(String::from_utf8_lossy(&rest).contains("[DONE]"));
+    tokio::time::timeout(SOON, stopping)
+        .await
+        .expect("shutdown completes")
+        .unwrap();
+    fake.shutdown().await;
+}
+
+/// Finding 6: a head that hyper refuses itself, before the gateway sees a request, still gets a
+/// problem document with hyper's status, and the connection is closed; a head that never ends
+/// is closed after `header_read_timeout` with no answer (hyper sends no 408).
+#[tokio::test]
+async fn malformed_heads_get_problem_documents_and_the_connection_closes() {
+    let (fake, gw) = setup("header_read_timeout = \"1s\"").await;
+    let addr = gw.api_addr();
+    let long_uri = format!(
+        "GET /{} HTTP/1.1\r\nHost: gw\r\n\r\n",
+        "a".repeat(100 * 1024)
+    );
+    let many_headers = format!(
+        "GET /v1/models HTTP/1.1\r\nHost: gw\r\n{}\r\n",
+        "x-h: v\r\n".repeat(200)
+    );
+    for (head, status, slug) in [
+        (
+            "GET /v1/models HTTP/1.1\r\nHost gw\r\n\r\n".to_owned(),
+            "400 Bad Request",
+            "malformed-request",
+        ),
+        (long_uri, "414 URI Too Long", "uri-too-long"),
+        (
+            many_headers,
+            "431 Request Header Fields Too Large",
+            "headers-too-large",
+        ),
+    ] {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let answer = String::from_utf8_lossy(&read_until_closed(&mut stream).await).into_owned();
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}\r\n")),
+            "{slug}: {answer}"
+        );
+        assert!(
+            answer.contains("content-type: application/problem+json\r\n"),
+            "{slug}: {answer}"
+        );
+        let (_, body) = answer.split_once("\r\n\r\n").unwrap();
+        let doc: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(
+            doc["type"],
+            format!("https://slotgate.dev/problems/{slug}"),
+            "{answer}"
+        );
+        assert!(doc["error"]["message"].is_string(), "{answer}");
+    }
+    // A head that never ends: closed after `header_read_timeout`, with no answer at all.
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /v1/models HTTP/1.1\r\nHost: gw\r\n")
+        .await
+        .unwrap();
+    assert!(read_until_closed(&mut stream).await.is_empty());
+    assert_eq!(
+        fake.observer().inference_requests().len(),
+        0,
+        "nothing was forwarded"
+    );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// One row of the engine-fault matrix: a request that the fake fails with `x-fake-fail: fail`,
+/// through [`stall_setup`] with `first_byte_timeout = 1s`.
+struct Row {
+    fake: fake_upstream::FakeUpstream,
+    gw: slotgate_gateway::Gateway,
+    admin: SocketAddr,
+    reply: support::Reply,
+}
+
+impl Row {
+    async fn run(fail: &str, stream: bool, id: &str) -> Self {
+        let (fake, gw) = stall_setup("first_byte_timeout = \"1s\"", "").await;
+        let admin = gw.admin_addr().unwrap();
+        let reply = tokio::time::timeout(
+            SOON,
+            chat(
+                gw.api_addr(),
+                "m",
+                stream,
+                &[("x-fake-fail", fail), ("x-request-id", id)],
+            ),
+        )
+        .await
+        .expect("the client gets an answer");
+        Self {
+            fake,
+            gw,
+            admin,
+            reply,
+        }
+    }
+
+    /// The last SSE event of a streamed answer, after checking that the stream began well.
+    fn error_event(&self) -> serde_json::Value {
+        assert_eq!(self.reply.status, 200);
+        assert!(
+            self.reply.text().starts_with("data: "),
+            "{}",
+            self.reply.text()
+        );
+        assert!(!self.reply.text().contains("[DONE]"));
+        let last = last_event(&self.reply.body);
+        assert_eq!(last["error"]["type"], "server_error", "{last}");
+        last
+    }
+
+    /// That the engine saw the gateway close its connection.
+    async fn engine_saw_the_close(&self, id: &str) {
+        let record = self
+            .fake
+            .observer()
+            .wait_for_outcome(id, SOON)
+            .await
+            .expect("the request ended at the engine");
+        assert_eq!(
+            record.outcome,
+            Some(fake_upstream::Outcome::ClientGoneMidResponse)
+        );
+    }
+
+    /// Slot and queue back to 0, the request counted as an upstream error; then stops both.
+    async fn done(self) {
+        let key = support::authority(self.fake.addr());
+        support::eventually("slot and queue back to 0", SOON, || {
+            self.gw.limiter().in_flight(&key, "m") == 0 && self.gw.limiter().queued(&key, "m") == 0
+        })
+        .await;
+        assert_eq!(
+            support::admin_sample(
+                self.admin,
+                "slotgate_requests_total{upstream=\"a\",model=\"m\",outcome=\"upstream_error\"}"
+            )
+            .await,
+            Some(1.0)
+        );
+        self.gw.shutdown().await;
+        self.fake.shutdown().await;
+    }
+}
+
+/// An engine that sends two events, then nothing with the connection open.
+#[tokio::test]
+async fn row_stall_after_chunks() {
+    let row = Row::run("stall-after-chunks=2", true, "r-stall").await;
+    let last = row.error_event();
+    assert_eq!(
+        last["type"],
+        "https://slotgate.dev/problems/upstream-stalled"
+    );
+    assert_eq!(bound(row.admin, "stream_idle").await, 1);
+    row.engine_saw_the_close("r-stall").await;
+    row.done().await;
+}
+
+/// An engine that sends two events, then resets the connection.
+#[tokio::test]
+async fn row_reset_after_chunks() {
+    let row = Row::run("reset-after-chunks=2", true, "r-reset").await;
+    let last = row.error_event();
+    assert_eq!(
+        last["type"],
+        "https://slotgate.dev/problems/upstream-stalled"
+    );
+    assert!(
+        last["detail"]
+            .as_str()
+            .unwrap()
+            .contains("connection failed"),
+        "{last}"
+    );
+    assert_eq!(bound(row.admin, "upstream_cut").await, 1);
+    row.done().await;
+}
+
+/// An engine that takes the request, then resets the connection before any byte of answer.
+#[tokio::test]
+async fn row_reset_before_head() {
+    let row = Row::run("reset-before-head", true, "r-rst").await;
+    row.reply.assert_problem(502, "upstream-bad-response");
+    row.done().await;
+}
+
+/// Something that is not HTTP answers on the engine's port.
+#[tokio::test]
+async fn row_garbage_instead_of_http() {
+    let row = Row::run("garbage", false, "r-garbage").await;
+    row.reply.assert_problem(502, "upstream-bad-response");
+    row.done().await;
+}
+
+/// An engine that takes the request and never answers: 504 after `first_byte_timeout`, and
+/// the engine's connection is closed.
+#[tokio::test]
+async fn row_hang_before_head() {
+    let row = Row::run("hang", false, "r-hang").await;
+    let problem = row.reply.assert_problem(504, "upstream-timeout");
+    assert_eq!(problem["timeout_ms"], 1000);
+    row.engine_saw_the_close("r-hang").await;
+    row.done().await;
+}
+
+/// An engine that sends the head at once and then spends longer than `stream_idle_timeout`
+/// before its first token (a prefill that never ends).
+#[tokio::test]
+async fn row_first_token_later_than_the_idle_timeout() {
+    let row = Row::run("first-token-delay-ms=60000", true, "r-prefill").await;
+    let last = row.error_event();
+    assert_eq!(
+        last["type"],
+        "https://slotgate.dev/problems/upstream-stalled"
+    );
+    assert_eq!(bound(row.admin, "stream_idle").await, 1);
+    row.engine_saw_the_close("r-prefill").await;
+    row.done().await;
+}

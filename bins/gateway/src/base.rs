@@ -16,11 +16,11 @@ pub(crate) enum BaseError {
         #[source]
         source: InvalidUri,
     },
-    /// No `http://`.
+    /// No `http://` or `https://`.
     #[error("the URL has no scheme")]
     NoScheme,
-    /// `https://` or anything else.
-    #[error("unsupported scheme {0} (only http)")]
+    /// Neither `http` nor `https`.
+    #[error("unsupported scheme {0} (http or https)")]
     Scheme(Scheme),
     /// No host.
     #[error("the URL has no host")]
@@ -37,16 +37,15 @@ pub(crate) struct Base {
 }
 
 impl Base {
-    /// Parses an upstream URL such as `http://127.0.0.1:8081` or `http://host:80/openai/`.
-    ///
-    /// Only `http` is accepted: the gateway speaks plain HTTP to engines on a private network.
+    /// Parses an upstream URL such as `http://127.0.0.1:8081`, `https://llm.example` or
+    /// `http://host:80/openai/`.
     pub(crate) fn parse(url: &str) -> Result<Self, BaseError> {
         let uri: Uri = url.parse().map_err(|source| BaseError::Invalid {
             url: url.to_owned(),
             source,
         })?;
         let scheme = uri.scheme().cloned().ok_or(BaseError::NoScheme)?;
-        if scheme != Scheme::HTTP {
+        if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
             return Err(BaseError::Scheme(scheme));
         }
         let authority = uri.authority().cloned().ok_or(BaseError::NoHost)?;

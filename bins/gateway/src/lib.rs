@@ -38,7 +38,8 @@
 //! [`proxy::service`] calls the steps in order; each step has its own module:
 //!
 //! 1. [`proxy::server`]: accept (HTTP/1.1 and h2c), header-read timeout, connection limit,
-//!    graceful shutdown.
+//!    graceful shutdown; [`proxy::refusals`] turns hyper's own refusals of a malformed head
+//!    into problem documents.
 //! 2. [`proxy::auth`]: the client's API key, when keys are configured.
 //! 3. [`proxy::request`]: the body under a size limit; `model` and `stream` found without
 //!    re-serialising.
@@ -101,6 +102,7 @@ mod ops;
 mod proxy;
 mod request_id;
 mod shutdown;
+mod tls;
 mod upstreams;
 
 pub use crate::ops::reload::{ReloadError, Reloaded};
@@ -296,9 +298,10 @@ impl Gateway {
         self.reloader.reload().await
     }
 
-    /// Stops gracefully: stop accepting, answer new requests on open connections and
-    /// requests still waiting in a queue with `503 shutting-down`, let requests already running
-    /// (streams included) finish within `server.drain_grace`, then close what is left.
+    /// Stops gracefully: stop accepting, close idle keep-alive connections at once (HTTP/2 with
+    /// a `GOAWAY`), answer requests still waiting in a queue (and any read after this point)
+    /// with `503 shutting-down`, let requests already running (streams included) finish within
+    /// `server.drain_grace`, then close what is left.
     /// `/readyz` turns `503` as soon as this starts; the health checks and the admin listener
     /// stop last.
     pub async fn shutdown(self) {

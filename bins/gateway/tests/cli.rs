@@ -83,10 +83,13 @@ fn check_lists_every_problem_and_exits_64() {
 }
 
 #[test]
-fn check_refuses_an_upstream_this_gateway_cannot_reach() {
+fn check_names_a_tls_file_it_cannot_read() {
     let path = write(
         "https.toml",
-        &GOOD.replace("http://127.0.0.1:9", "https://127.0.0.1:9"),
+        &GOOD.replace(
+            "url = \"http://127.0.0.1:9\"",
+            "url = \"https://127.0.0.1:9\"\nca_file = \"/nonexistent/private-ca.pem\"",
+        ),
     );
     let out = slotgate()
         .args(["check", "--config"])
@@ -94,7 +97,11 @@ fn check_refuses_an_upstream_this_gateway_cannot_reach() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(64), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("upstreams.gpu.url"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("upstreams.gpu: TLS: cannot read /nonexistent/private-ca.pem: "),
+        "{stderr}"
+    );
 }
 
 #[cfg(unix)]

@@ -43,6 +43,9 @@ pub(crate) enum ResponseBody {
     Stream {
         events: Option<BoxStream<'static, Emit>>,
         tracker: Tracker,
+        /// An injected reset is under way: the body must never end, or hyper would write the
+        /// terminating chunk before the connection task resets the socket.
+        doomed: bool,
     },
 }
 
@@ -72,6 +75,7 @@ impl ResponseBody {
         Self::Stream {
             events: Some(events),
             tracker,
+            doomed: false,
         }
     }
 }
@@ -86,7 +90,16 @@ impl Body for ResponseBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Aborted>>> {
         match self.get_mut() {
             Self::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            Self::Stream { events, tracker } => {
+            Self::Stream {
+                events,
+                tracker,
+                doomed,
+            } => {
+                if *doomed {
+                    // hyper may poll again (the socket turned writable) before the connection
+                    // task drops it; ending now would put a clean end on the wire first.
+                    return Poll::Pending;
+                }
                 let Some(stream) = events.as_mut() else {
                     return Poll::Ready(None);
                 };
@@ -112,6 +125,7 @@ impl Body for ResponseBody {
                         // The connection task drops hyper's side and resets the socket; hyper
                         // must not end the body (or close the socket cleanly) meanwhile.
                         tracker.connection().doom(Fate::Reset);
+                        *doomed = true;
                         Poll::Pending
                     }
                     None => {

@@ -514,6 +514,64 @@ impl Problem {
         .ext("timeout_ms", millis(timeout))
     }
 
+    /// [`Kind::MalformedRequest`] (400): the HTTP/1 request head did not parse. The connection
+    /// is closed after it.
+    ///
+    /// ```
+    /// use slotgate_problem::Problem;
+    ///
+    /// assert_eq!(Problem::malformed_request().status(), 400);
+    /// ```
+    #[must_use]
+    pub fn malformed_request() -> Self {
+        Self::new(
+            Kind::MalformedRequest,
+            "The request is not valid HTTP: its head could not be parsed. Fix the client."
+                .to_owned(),
+        )
+        .with_detail(
+            "The HTTP/1 request head did not parse (a header line without `:`, or a bad method, \
+             target or version); the connection is closed.",
+        )
+    }
+
+    /// [`Kind::UriTooLong`] (414): the HTTP/1 request target is longer than 65,534 bytes. The
+    /// connection is closed after it.
+    ///
+    /// ```
+    /// use slotgate_problem::Problem;
+    ///
+    /// assert_eq!(Problem::uri_too_long().status(), 414);
+    /// ```
+    #[must_use]
+    pub fn uri_too_long() -> Self {
+        Self::new(
+            Kind::UriTooLong,
+            "The request URL is too long. Send large inputs in the request body.".to_owned(),
+        )
+        .with_detail("The request target is longer than 65,534 bytes; the connection is closed.")
+    }
+
+    /// [`Kind::HeadersTooLarge`] (431): the HTTP/1 request head has more than 100 header fields
+    /// or does not fit the read buffer (about 400 KiB). The connection is closed after it.
+    ///
+    /// ```
+    /// use slotgate_problem::Problem;
+    ///
+    /// assert_eq!(Problem::headers_too_large().status(), 431);
+    /// ```
+    #[must_use]
+    pub fn headers_too_large() -> Self {
+        Self::new(
+            Kind::HeadersTooLarge,
+            "The request headers are too large. Send fewer or smaller headers.".to_owned(),
+        )
+        .with_detail(
+            "The request head has more than 100 header fields or is larger than about 400 KiB; \
+             the connection is closed.",
+        )
+    }
+
     /// [`Kind::ShuttingDown`] (503): the gateway is shutting down and takes no new requests.
     ///
     /// Sets `Retry-After` from `retry_after`.

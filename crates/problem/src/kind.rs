@@ -280,6 +280,31 @@ kinds! {
         code: "stream_timeout",
         openai_type: "server_error",
     }
+    /// The HTTP/1 request head did not parse (400). hyper refuses such a head before the gateway
+    /// has a request; the gateway puts this document in its place.
+    MalformedRequest {
+        slug: MALFORMED_REQUEST = "malformed-request",
+        status: BAD_REQUEST,
+        title: "Malformed request",
+        code: "malformed_request",
+        openai_type: "invalid_request_error",
+    }
+    /// The HTTP/1 request target is longer than hyper accepts (414).
+    UriTooLong {
+        slug: URI_TOO_LONG = "uri-too-long",
+        status: URI_TOO_LONG,
+        title: "URI too long",
+        code: "uri_too_long",
+        openai_type: "invalid_request_error",
+    }
+    /// The HTTP/1 request head has too many header fields, or is too large (431).
+    HeadersTooLarge {
+        slug: HEADERS_TOO_LARGE = "headers-too-large",
+        status: REQUEST_HEADER_FIELDS_TOO_LARGE,
+        title: "Request headers too large",
+        code: "headers_too_large",
+        openai_type: "invalid_request_error",
+    }
     /// The gateway is shutting down (SIGTERM or drain) and takes no new requests; in-flight
     /// ones finish (503, with `Retry-After`).
     ShuttingDown {

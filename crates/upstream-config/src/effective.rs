@@ -102,6 +102,14 @@ struct ServerView {
     api_keys_file: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     admin_token: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_cert: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admin_tls_cert: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admin_tls_key: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -115,6 +123,12 @@ struct UpstreamView<'a> {
     stream_idle_timeout: String,
     stream_timeout: String,
     allow_model_management: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ca_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_cert: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_key: Option<String>,
     // Tables last: TOML cannot put a plain key after a sub-table.
     models: BTreeMap<&'a str, ModelEntryView<'a>>,
 }
@@ -189,11 +203,12 @@ impl From<&Server> for ServerView {
             eject_after_failures: server.eject_after_failures,
             restore_after_successes: server.restore_after_successes,
             api_keys: server.api_keys.iter().map(redact).collect(),
-            api_keys_file: server
-                .api_keys_file
-                .as_ref()
-                .map(|path| path.display().to_string()),
+            api_keys_file: server.api_keys_file.as_deref().map(display),
             admin_token: server.admin_token.as_ref().map(redact),
+            tls_cert: server.tls.as_ref().map(|tls| display(&tls.cert)),
+            tls_key: server.tls.as_ref().map(|tls| display(&tls.key)),
+            admin_tls_cert: server.admin_tls.as_ref().map(|tls| display(&tls.cert)),
+            admin_tls_key: server.admin_tls.as_ref().map(|tls| display(&tls.key)),
         }
     }
 }
@@ -213,6 +228,12 @@ impl<'a> From<&'a Upstream> for UpstreamView<'a> {
                 .stream_timeout
                 .map_or_else(|| "none".to_owned(), human),
             allow_model_management: upstream.allow_model_management,
+            ca_file: upstream.ca_file.as_deref().map(display),
+            client_cert: upstream
+                .client_identity
+                .as_ref()
+                .map(|id| display(&id.cert)),
+            client_key: upstream.client_identity.as_ref().map(|id| display(&id.key)),
             models: upstream
                 .models
                 .iter()
@@ -260,6 +281,10 @@ impl From<ModelLimits> for ModelView {
 /// `"5m"`, `"1m 30s"`, `"500ms"`: what humantime writes, and reads back.
 fn human(duration: Duration) -> String {
     humantime::format_duration(duration).to_string()
+}
+
+fn display(path: &std::path::Path) -> String {
+    path.display().to_string()
 }
 
 fn redact(_: &Secret) -> &'static str {

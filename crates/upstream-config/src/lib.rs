@@ -44,4 +44,4 @@ mod validate;
 
 pub use error::{ConfigError, Issue};
 pub use load::{ENV_PREFIX, env_provider};
-pub use types::{Config, Kind, ModelLimits, Secret, Server, Upstream};
+pub use types::{CertAndKey, Config, Kind, ModelLimits, Secret, Server, Upstream};

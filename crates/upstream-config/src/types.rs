@@ -187,6 +187,39 @@ pub struct Server {
     pub api_keys_file: Option<PathBuf>,
     /// Bearer token required on `/admin/*`. `None`: the admin API is not authenticated.
     pub admin_token: Option<Secret>,
+    /// `tls_cert` / `tls_key`: the API listener speaks TLS (h2 and HTTP/1.1 by ALPN) with this
+    /// certificate. `None`: plain HTTP. This crate does not read the files.
+    pub tls: Option<CertAndKey>,
+    /// `admin_tls_cert` / `admin_tls_key`: the same for the admin listener.
+    pub admin_tls: Option<CertAndKey>,
+}
+
+/// A PEM certificate chain and the PEM private key that goes with it (two keys that are set
+/// together or not at all). Relative paths are relative to the gateway's working directory.
+///
+/// ```
+/// let config = slotgate_config::Config::from_toml_str(r#"
+///     [server]
+///     listen = "127.0.0.1:8443"
+///     tls_cert = "/etc/slotgate/tls/cert.pem"
+///     tls_key = "/etc/slotgate/tls/key.pem"
+///     [upstreams.a]
+///     url = "http://127.0.0.1:8081"
+///     kind = "llama-server"
+///     [upstreams.a.models.m]
+///     parallel = 1
+///     queue = 0
+///     queue_timeout = "1s"
+/// "#).unwrap();
+/// let tls = config.server.tls.unwrap();
+/// assert_eq!(tls.cert, std::path::Path::new("/etc/slotgate/tls/cert.pem"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertAndKey {
+    /// The certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// The private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
 }
 
 impl Server {
@@ -277,6 +310,12 @@ pub struct Upstream {
     /// `/api/create`, `/api/delete`, `/api/copy`) may be sent here (default `false`: a client of
     /// the gateway should not be able to fill or empty an engine's disk).
     pub allow_model_management: bool,
+    /// `ca_file`: PEM certificates trusted for this (`https`) upstream in addition to the
+    /// system's roots, for engines behind a private CA.
+    pub ca_file: Option<PathBuf>,
+    /// `client_cert` / `client_key`: the certificate the gateway presents to this (`https`)
+    /// upstream (mutual TLS).
+    pub client_identity: Option<CertAndKey>,
     /// The models served here and their limits, by model name. At least one.
     pub models: BTreeMap<String, ModelLimits>,
     /// The models whose engine knows them by another name (`engine_model`), by model name;

@@ -16,7 +16,7 @@ use figment::value::{Dict, Value};
 use url::Url;
 
 use crate::raw::{KeyPath, Reader};
-use crate::types::{Config, Kind, ModelLimits, Secret, Server, Upstream, authority};
+use crate::types::{CertAndKey, Config, Kind, ModelLimits, Secret, Server, Upstream, authority};
 
 /// The top-level tables (also what an environment override has to start with).
 pub(crate) const ROOT_KEYS: &[&str] = &["server", "upstreams", "aliases"];
@@ -48,6 +48,10 @@ const SERVER_KEYS: &[&str] = &[
     "api_keys",
     "api_keys_file",
     "admin_token",
+    "tls_cert",
+    "tls_key",
+    "admin_tls_cert",
+    "admin_tls_key",
 ];
 const UPSTREAM_KEYS: &[&str] = &[
     "url",
@@ -58,6 +62,9 @@ const UPSTREAM_KEYS: &[&str] = &[
     "stream_idle_timeout",
     "stream_timeout",
     "allow_model_management",
+    "ca_file",
+    "client_cert",
+    "client_key",
     "models",
 ];
 const MODEL_KEYS: &[&str] = &[
@@ -201,16 +208,12 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
 
     let api_keys = optional(r, t, path, "api_keys", Vec::new(), secret_list);
     let api_keys_file = optional(r, t, path, "api_keys_file", None, |r, p, v| {
-        let file = r.string(p, v)?;
-        if file.is_empty() {
-            r.invalid(p, v, "must not be empty (leave the key out instead)");
-            return None;
-        }
-        Some(Some(PathBuf::from(file)))
+        file_path(r, p, v).map(Some)
     });
     let admin_token = optional(r, t, path, "admin_token", None, |r, p, v| {
         secret(r, p, v).map(Some)
     });
+    let (tls, admin_tls) = listener_tls(r, t, path, admin_listen.as_ref());
 
     Some(Server {
         listen: listen?,
@@ -240,7 +243,77 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         api_keys: api_keys?,
         api_keys_file: api_keys_file?,
         admin_token: admin_token?,
+        tls: tls?,
+        admin_tls: admin_tls?,
     })
+}
+
+/// The listeners' certificates (`tls_cert` / `tls_key`, `admin_tls_cert` / `admin_tls_key`),
+/// each `None` when wrong. The admin pair needs an admin listener.
+#[expect(
+    clippy::option_option,
+    reason = "the contract of `optional`: outer None = wrong (reported), inner None = absent"
+)]
+fn listener_tls(
+    r: &mut Reader<'_>,
+    t: &Dict,
+    path: &KeyPath,
+    admin_listen: Option<&Option<SocketAddr>>,
+) -> (Option<Option<CertAndKey>>, Option<Option<CertAndKey>>) {
+    let tls = cert_and_key(r, t, path, ("tls_cert", "tls_key"));
+    let admin_tls = cert_and_key(r, t, path, ("admin_tls_cert", "admin_tls_key"));
+    if matches!(admin_listen, Some(None)) && matches!(admin_tls, Some(Some(_))) {
+        r.issue(
+            &path.key("admin_tls_cert"),
+            "set without server.admin_listen: there is no admin listener to serve it on",
+        );
+    }
+    (tls, admin_tls)
+}
+
+/// A file path: a non-empty string.
+fn file_path(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<PathBuf> {
+    let file = r.string(path, value)?;
+    if file.is_empty() {
+        r.invalid(path, value, "must not be empty (leave the key out instead)");
+        return None;
+    }
+    Some(PathBuf::from(file))
+}
+
+/// A certificate chain and its private key, named by two keys that go together: both or
+/// neither. `None` when either is wrong.
+#[expect(
+    clippy::option_option,
+    reason = "the contract of `optional`: outer None = wrong (reported), inner None = absent"
+)]
+fn cert_and_key(
+    r: &mut Reader<'_>,
+    t: &Dict,
+    path: &KeyPath,
+    (cert_key, key_key): (&str, &str),
+) -> Option<Option<CertAndKey>> {
+    let some_path = |r: &mut Reader<'_>, p: &KeyPath, v: &Value| file_path(r, p, v).map(Some);
+    let cert = optional(r, t, path, cert_key, None, some_path);
+    let key = optional(r, t, path, key_key, None, some_path);
+    match (cert?, key?) {
+        (Some(cert), Some(key)) => Some(Some(CertAndKey { cert, key })),
+        (None, None) => Some(None),
+        (Some(_), None) => {
+            r.missing(
+                &path.key(key_key),
+                &format!("`{cert_key}` needs the certificate's private key (PEM) too"),
+            );
+            None
+        }
+        (None, Some(_)) => {
+            r.missing(
+                &path.key(cert_key),
+                &format!("`{key_key}` needs its certificate chain (PEM) too"),
+            );
+            None
+        }
+    }
 }
 
 /// The health-check keys of `[server]`, each `None` when present but wrong.
@@ -569,19 +642,7 @@ fn upstream<'v>(
             kind
         },
     );
-    let weight = optional(r, t, path, "weight", Upstream::DEFAULT_WEIGHT, |r, p, v| {
-        let weight = r.number(p, v)?;
-        if weight.is_finite() && weight > 0.0 {
-            Some(weight)
-        } else {
-            r.invalid(
-                p,
-                v,
-                format!("must be finite and greater than 0, found {weight}"),
-            );
-            None
-        }
-    });
+    let weight = optional(r, t, path, "weight", Upstream::DEFAULT_WEIGHT, weight);
     let api_key = optional(r, t, path, "api_key", None, |r, p, v| {
         secret(r, p, v).map(Some)
     });
@@ -592,6 +653,7 @@ fn upstream<'v>(
     } = upstream_timing(r, t, path, kind);
     let allow_model_management =
         optional(r, t, path, "allow_model_management", false, Reader::boolean);
+    let tls = upstream_tls(r, t, path, url.as_ref());
     let models = required(
         r,
         t,
@@ -616,6 +678,7 @@ fn upstream<'v>(
         Some(stream_idle_timeout),
         Some(stream_timeout),
         Some(allow_model_management),
+        Some(tls),
         Some(models),
         Some(engine_models),
     ) = (
@@ -628,6 +691,7 @@ fn upstream<'v>(
         stream_idle_timeout,
         stream_timeout,
         allow_model_management,
+        tls,
         models,
         engine_models,
     ) {
@@ -641,11 +705,64 @@ fn upstream<'v>(
             stream_idle_timeout,
             stream_timeout,
             allow_model_management,
+            ca_file: tls.ca_file,
+            client_identity: tls.client_identity,
             models,
             engine_models,
         });
     }
     out
+}
+
+/// An upstream's `weight`: finite and positive.
+fn weight(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<f64> {
+    let weight = r.number(path, value)?;
+    if weight.is_finite() && weight > 0.0 {
+        Some(weight)
+    } else {
+        r.invalid(
+            path,
+            value,
+            format!("must be finite and greater than 0, found {weight}"),
+        );
+        None
+    }
+}
+
+/// An upstream's TLS keys.
+struct UpstreamTlsKeys {
+    ca_file: Option<PathBuf>,
+    client_identity: Option<CertAndKey>,
+}
+
+/// `ca_file` and `client_cert` / `client_key`, which only an `https` upstream uses; `None`
+/// when any is wrong (reported).
+fn upstream_tls(
+    r: &mut Reader<'_>,
+    t: &Dict,
+    path: &KeyPath,
+    url: Option<&Url>,
+) -> Option<UpstreamTlsKeys> {
+    let ca_file = optional(r, t, path, "ca_file", None, |r, p, v| {
+        file_path(r, p, v).map(Some)
+    });
+    let client_identity = cert_and_key(r, t, path, ("client_cert", "client_key"));
+    let plain_http = url.is_some_and(|url| url.scheme() == "http");
+    let mut misplaced = false;
+    for key in ["ca_file", "client_cert", "client_key"] {
+        if plain_http && t.contains_key(key) {
+            r.issue(
+                &path.key(key),
+                "only used with an https url: this upstream's url is http",
+            );
+            misplaced = true;
+        }
+    }
+    Some(UpstreamTlsKeys {
+        ca_file: ca_file?,
+        client_identity: client_identity?,
+    })
+    .filter(|_| !misplaced)
 }
 
 fn kind_names() -> String {

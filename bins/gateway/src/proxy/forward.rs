@@ -1,8 +1,9 @@
-//! Step 7: send the request to the chosen upstream with a pooled client.
+//! Step 7: send the request to the chosen upstream with its pooled client.
 //!
-//! - One [`hyper_util::client::legacy::Client`] for the whole gateway: connections to each
-//!   upstream are kept alive and reused, so a request pays no connect on the hot path.
-//! - TCP keepalive on upstream sockets (`tcp_keepalive`).
+//! - Each upstream's [`hyper_util::client::legacy::Client`] (built with its TLS settings by
+//!   [`upstreams::state`](crate::upstreams::state)) keeps connections alive and reuses them, so
+//!   a request pays no connect or TLS handshake on the hot path.
+//! - TCP keepalive on upstream sockets (`tcp_keepalive`, set on each upstream's connector).
 //! - A connect timeout (on the connector) and a first-byte timeout (around the wait for the
 //!   response head). The answer itself may stream for as long as the engine generates: there is
 //!   deliberately no total timeout here.
@@ -16,8 +17,9 @@
 //!   `http://host/openai/v1/chat/completions`, as the `huggingfaceserver` of `KServe` expects).
 //!
 //! Errors are classified here, for [`problems`](crate::proxy::problems) to map: a connect failure means no
-//! byte reached the upstream, so the request may safely go to another host; anything after that
-//! may not be retried.
+//! byte reached the upstream, so the request may safely go to another host; a failed TLS
+//! handshake is told apart from it (it is a configuration or certificate problem, which another
+//! try does not fix); anything after that may not be retried.
 
 use std::time::Duration;
 
@@ -27,25 +29,11 @@ use http::{Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use crate::base::Base;
 use crate::error::BoxError;
 use crate::request_id::REQUEST_ID;
-
-/// Timeouts and pool settings of the upstream client.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Timeouts {
-    /// How long a TCP connect to an upstream may take.
-    pub(crate) connect: Duration,
-    /// How long the upstream may take to send its response head once the request is sent.
-    pub(crate) first_byte: Duration,
-    /// How long an idle pooled connection is kept.
-    pub(crate) pool_idle: Duration,
-    /// TCP keepalive idle time: a dead engine host that sent no FIN is noticed by the kernel.
-    pub(crate) tcp_keepalive: Duration,
-}
+use crate::tls::{self, Connector};
 
 /// What the upstream request carries as `Authorization`.
 #[derive(Debug, Clone, Copy)]
@@ -60,44 +48,43 @@ pub(crate) enum Authorization<'a> {
     Upstream(&'a HeaderValue),
 }
 
-/// The pooled upstream client.
+/// Sends requests upstream under the first-byte timeout.
 #[derive(Debug, Clone)]
 pub(crate) struct Forwarder {
-    client: Client<HttpConnector, Full<Bytes>>,
+    /// How long the upstream may take to send its response head once the request is sent.
     first_byte_timeout: Duration,
 }
 
+/// Where a request goes: the upstream's pooled client and its URL.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Destination<'a> {
+    /// The upstream's pooled client (with its TLS settings).
+    pub(crate) client: &'a Client<Connector, Full<Bytes>>,
+    /// Scheme, authority and path prefix.
+    pub(crate) base: &'a Base,
+}
+
 impl Forwarder {
-    /// Builds the client. Needs a Tokio runtime.
-    pub(crate) fn new(timeouts: Timeouts) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(timeouts.connect));
-        connector.set_nodelay(true);
-        connector.set_keepalive(Some(timeouts.tcp_keepalive));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(timeouts.pool_idle)
-            .build(connector);
-        Self {
-            client,
-            first_byte_timeout: timeouts.first_byte,
-        }
+    /// A forwarder that waits at most `first_byte_timeout` for a response head.
+    pub(crate) fn new(first_byte_timeout: Duration) -> Self {
+        Self { first_byte_timeout }
     }
 
-    /// Sends a request to `base` and waits for the response head.
+    /// Sends a request to `destination` and waits for the response head.
     ///
     /// `parts` are the client's method, URI and headers (hop-by-hop ones are not forwarded);
     /// `authorization` says what becomes of the client's `Authorization`; `request_id` goes out
     /// as `x-request-id` and comes back on the response.
     pub(crate) async fn send(
         &self,
-        base: &Base,
+        destination: Destination<'_>,
         authorization: Authorization<'_>,
         parts: &http::request::Parts,
         body: Bytes,
         request_id: &HeaderValue,
     ) -> Result<Response<Incoming>, ForwardError> {
-        let uri = base
+        let uri = destination
+            .base
             .uri_for(parts.uri.path_and_query())
             .map_err(|e| ForwardError::Internal(format!("building the upstream URI: {e}")))?;
         let mut req = Request::builder()
@@ -126,8 +113,15 @@ impl Forwarder {
         headers.insert(REQUEST_ID, request_id.clone());
 
         let response =
-            match tokio::time::timeout(self.first_byte_timeout, self.client.request(req)).await {
+            match tokio::time::timeout(self.first_byte_timeout, destination.client.request(req))
+                .await
+            {
                 Err(_elapsed) => return Err(ForwardError::Timeout(self.first_byte_timeout)),
+                // Told apart from a refused connection even after connecting: with TLS 1.3 a
+                // server refuses a client certificate only after the client's handshake ended.
+                Ok(Err(error)) if tls::is_tls_failure(&error) => {
+                    return Err(ForwardError::Tls(Box::new(error)));
+                }
                 Ok(Err(error)) if error.is_connect() => {
                     return Err(ForwardError::Connect(Box::new(error)));
                 }
@@ -147,6 +141,10 @@ pub(crate) enum ForwardError {
     /// The connection could not be made: nothing was sent, another host may be tried.
     #[error("connect failed")]
     Connect(#[source] BoxError),
+    /// The TLS handshake failed (a certificate that does not verify, a client certificate the
+    /// upstream refused, a peer that does not speak TLS): nothing was sent.
+    #[error("TLS handshake failed")]
+    Tls(#[source] BoxError),
     /// No response head within the first-byte timeout; the upstream may have run the request.
     #[error("no response within {0:?}")]
     Timeout(Duration),

@@ -50,6 +50,10 @@ pub(crate) enum ConfigProblem {
     /// The API keys file.
     #[error(transparent)]
     ApiKeys(#[from] ApiKeysError),
+    /// `tls_cert` / `admin_tls_cert`: the configuration crate reads them, but the listeners do
+    /// not speak TLS yet. Refused rather than serving plain HTTP where TLS was asked for.
+    #[error("server.{0}: TLS on the listeners is not implemented yet (issue #15)")]
+    ListenerTls(&'static str),
 }
 
 impl ConfigProblems {
@@ -70,8 +74,15 @@ fn fallible_parts(
         config.server.api_keys.iter().map(Secret::expose),
         config.server.api_keys_file.as_deref(),
     );
+    let listener_tls = [
+        ("tls_cert", config.server.tls.is_some()),
+        ("admin_tls_cert", config.server.admin_tls.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(key, set)| set.then_some(ConfigProblem::ListenerTls(key)));
+    let listener_tls: Vec<ConfigProblem> = listener_tls.collect();
     match (upstreams, api_keys) {
-        (Ok(upstreams), Ok(api_keys)) => Ok((upstreams, api_keys)),
+        (Ok(upstreams), Ok(api_keys)) if listener_tls.is_empty() => Ok((upstreams, api_keys)),
         (upstreams, api_keys) => {
             let mut problems: Vec<ConfigProblem> = upstreams
                 .err()
@@ -80,6 +91,7 @@ fn fallible_parts(
                 .map(ConfigProblem::from)
                 .collect();
             problems.extend(api_keys.err().map(ConfigProblem::from));
+            problems.extend(listener_tls);
             Err(ConfigProblems(problems))
         }
     }

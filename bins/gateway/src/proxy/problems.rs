@@ -179,6 +179,17 @@ pub(crate) enum Error {
         #[source]
         source: BoxError,
     },
+    /// The TLS handshake with the upstream failed: nothing was sent.
+    #[error("TLS with upstream {upstream} failed")]
+    UpstreamTls {
+        /// The upstream's name.
+        upstream: String,
+        /// The model asked for.
+        model: String,
+        /// Why (rustls's reason: an unknown issuer, a refused client certificate, …).
+        #[source]
+        source: BoxError,
+    },
     /// The upstream sent no response head within the first-byte timeout.
     #[error("upstream {upstream} sent nothing within {after:?}")]
     UpstreamTimeout {
@@ -288,6 +299,16 @@ impl Error {
                 "Upstream `{upstream}` failed: {}",
                 chain(&**source)
             )),
+            Error::UpstreamTls {
+                upstream,
+                model,
+                source,
+            } => Problem::upstream_bad_response(upstream, model).with_detail(format!(
+                "The TLS handshake with upstream `{upstream}` failed, so the request was not \
+                 sent: {}. The operator must fix the upstream's certificate or the gateway's \
+                 `ca_file` / `client_cert` for it.",
+                chain(&**source)
+            )),
             Error::UpstreamTimeout {
                 upstream,
                 model,
@@ -314,6 +335,7 @@ impl Error {
             self,
             Error::UpstreamUnavailable { .. }
                 | Error::UpstreamFailed { .. }
+                | Error::UpstreamTls { .. }
                 | Error::UpstreamTimeout { .. }
                 | Error::Internal(_)
         )

@@ -28,7 +28,12 @@
 //!   loop and a cap of its own, so a flood on the API port cannot starve `/healthz`.
 //! - Graceful shutdown: on the shutdown signal the listener is closed, every connection is told
 //!   to finish what it is doing (in-flight responses stream to their end, idle keep-alive
-//!   connections close), and whatever is still open after the drain timeout is cut.
+//!   connections close at once: HTTP/1 with a FIN, HTTP/2 with a `GOAWAY`), and whatever is
+//!   still open after the drain timeout is cut. A connection with nothing in flight that has not
+//!   closed `header_read_timeout` after the signal (an HTTP/2 peer that ignores the `GOAWAY`)
+//!   is cut then.
+//! - hyper's own answers to a malformed HTTP/1 head (400, 414, 431) go out as problem documents
+//!   ([`Refusals`]).
 //!
 //! The accept loop knows nothing about the gateway: it serves any handler, so the API and the
 //! admin listener share it.
@@ -61,6 +66,7 @@ use tracing::{debug, info, warn};
 
 use crate::error::BoxError;
 use crate::metrics::{Bound, Metrics};
+use crate::proxy::refusals::Refusals;
 use crate::shutdown::ShutdownSignal;
 
 /// Settings of one listener.
@@ -252,7 +258,7 @@ async fn serve_connection<S, B>(
     }
     let mut conn = pin!(
         builder
-            .serve_connection(TokioIo::new(stream), service)
+            .serve_connection(Refusals::new(TokioIo::new(stream)), service)
             .into_owned()
     );
     let mut closing = false;
@@ -268,8 +274,13 @@ async fn serve_connection<S, B>(
                 break;
             }
             () = stopping.fired(), if !closing => {
+                // HTTP/1: an idle keep-alive connection closes now, a busy one after its answer;
+                // HTTP/2: `GOAWAY`, and the connection closes once its streams are done.
                 conn.as_mut().graceful_shutdown();
                 closing = true;
+                // A peer that never finishes the goodbye is cut as soon as nothing is in flight,
+                // rather than holding the drain open.
+                cut_at = Some(Instant::now() + settings.header_read_timeout);
             }
             () = activity.idle_for(settings.idle_timeout), if !closing => {
                 debug!(listener = name, %peer, "closing a connection idle for the client idle timeout");
@@ -295,8 +306,9 @@ async fn serve_connection<S, B>(
                     debug!(listener = name, %peer, "idle connection did not close; cutting it");
                     break;
                 }
-                // A request slipped in as the idle close began: let it finish.
-                cut_at = None;
+                // Requests are still running (or one slipped in as the idle close began): let
+                // them finish, and look again a while later.
+                cut_at = Some(Instant::now() + settings.header_read_timeout);
             }
         }
     }

@@ -25,7 +25,7 @@ use crate::proxy::admit::{self, Refused, Slot};
 use crate::proxy::affinity::{LocalAffinity, Recorder, ResponseAffinity, Sniff};
 use crate::proxy::body::{SlotBody, Watch};
 use crate::proxy::endpoint::{Endpoint, ModelIn};
-use crate::proxy::forward::{Authorization, ForwardError, Forwarder, Timeouts};
+use crate::proxy::forward::{Authorization, Destination, ForwardError, Forwarder};
 use crate::proxy::live::{Generation, Live};
 use crate::proxy::ollama;
 use crate::proxy::problems::{self, Error, GET_ONLY, POST_ONLY, allow};
@@ -84,12 +84,7 @@ impl App {
     ) -> Self {
         Self {
             live,
-            forwarder: Forwarder::new(Timeouts {
-                connect: server.connect_timeout,
-                first_byte: server.first_byte_timeout,
-                pool_idle: server.idle_timeout,
-                tcp_keepalive: server.tcp_keepalive,
-            }),
+            forwarder: Forwarder::new(server.first_byte_timeout),
             // Clients told "shutting down" should come back once a restart is likely done.
             shutdown_retry_after: server.drain_grace.max(Duration::from_secs(1)),
             shutdown,
@@ -379,7 +374,10 @@ impl App {
         let outcome = self
             .forwarder
             .send(
-                &target.upstream.base,
+                Destination {
+                    client: &target.upstream.client,
+                    base: &target.upstream.base,
+                },
                 authorization(&target.upstream, client_keys),
                 &api.parts,
                 // The name this upstream's engine knows the model by (`engine_model`).
@@ -454,7 +452,10 @@ impl App {
         let (body, _held) = request::read_body(&parts.headers, body, limits).await?;
         let client_keys = generation.api_keys.is_enabled();
         let sent = self.forwarder.send(
-            &upstream.base,
+            Destination {
+                client: &upstream.client,
+                base: &upstream.base,
+            },
             authorization(upstream, client_keys),
             &parts,
             body,
@@ -463,6 +464,13 @@ impl App {
         let response = match sent.await {
             Ok(response) => response,
             Err(ForwardError::Connect(_)) => return Err(unavailable()),
+            Err(ForwardError::Tls(source)) => {
+                return Err(Error::UpstreamTls {
+                    upstream: upstream.name.clone(),
+                    model: String::new(),
+                    source,
+                });
+            }
             Err(ForwardError::Timeout(after)) => {
                 return Err(Error::UpstreamTimeout {
                     upstream: upstream.name.clone(),
@@ -516,7 +524,10 @@ impl App {
             .filter(|u| u.kind == Kind::Ollama && u.is_available());
         for upstream in ollamas {
             let sent = self.forwarder.send(
-                &upstream.base,
+                Destination {
+                    client: &upstream.client,
+                    base: &upstream.base,
+                },
                 authorization(upstream, client_keys),
                 &parts,
                 Bytes::new(),
@@ -525,6 +536,13 @@ impl App {
             match sent.await {
                 Ok(response) => return Ok(passed_through(response)),
                 Err(ForwardError::Connect(error)) => connect_error = Some(error),
+                Err(ForwardError::Tls(source)) => {
+                    return Err(Error::UpstreamTls {
+                        upstream: upstream.name.clone(),
+                        model: String::new(),
+                        source,
+                    });
+                }
                 Err(error) => {
                     return Err(Error::UpstreamFailed {
                         upstream: upstream.name.clone(),
@@ -664,6 +682,11 @@ fn failed_after_connect(
                 model,
                 source,
             },
+            ForwardError::Tls(source) => Error::UpstreamTls {
+                upstream,
+                model,
+                source,
+            },
             ForwardError::Internal(detail) => Error::Internal(detail),
             ForwardError::Connect(error) => {
                 Error::Internal(format!("unhandled connect error: {error}"))
@@ -682,6 +705,15 @@ fn failed_after_connect(
         ForwardError::Failed(source) => {
             slot.fail();
             Error::UpstreamFailed {
+                upstream,
+                model,
+                source,
+            }
+        }
+        ForwardError::Tls(source) => {
+            // Nothing reached the engine: the slot is free at once.
+            slot.abandon();
+            Error::UpstreamTls {
                 upstream,
                 model,
                 source,

@@ -1,13 +1,15 @@
 //! Typed `GET`s against an upstream's own endpoints: health, resident models, and whatever else
 //! the gateway learns from an engine (slot counts, for instance, build on the same pieces).
 //!
-//! [`Prober`] is the one client for all of them. It is separate from the request path's pooled
-//! client on purpose: a probe must never wait behind, or take a pooled connection from, client
-//! traffic, and its timeout covers the *whole* exchange (connect, head and body), where a client
-//! request may legitimately stream for minutes. It keeps no idle connections: every probe opens
-//! a fresh one, so a check also proves that the engine still *accepts* connections (a reused
-//! keep-alive connection would hide a listener that stopped accepting). One connect per upstream
-//! per interval costs nothing.
+//! [`Prober`] runs all of them, each through its upstream's probe client
+//! ([`UpstreamState::probe_client`](crate::upstreams::state::UpstreamState::probe_client): the
+//! same TLS settings as the request path). That client is separate from the request path's
+//! pooled one on purpose: a probe must never wait behind, or take a pooled connection from,
+//! client traffic, and its timeout covers the *whole* exchange (connect, head and body), where a
+//! client request may legitimately stream for minutes. It keeps no idle connections: every probe
+//! opens a fresh one, so a check also proves that the engine still *accepts* connections (a
+//! reused keep-alive connection would hide a listener that stopped accepting). One connect per
+//! upstream per interval costs nothing.
 //!
 //! Each kind's endpoint has its own function returning a typed answer ([`Prober::llama_models`],
 //! [`Prober::ollama_ps`], …), parsed leniently: unknown fields are ignored and optional ones
@@ -26,13 +28,12 @@ use http::header::{self, HeaderValue};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use crate::base::Base;
 use crate::error::BoxError;
+use crate::tls::{self, Connector};
 
 /// Largest probe answer read: a router listing hundreds of models fits easily; anything larger
 /// is not an answer to a probe.
@@ -41,6 +42,8 @@ const MAX_PROBE_BODY: usize = 1024 * 1024;
 /// An upstream as a probe sees it: where it is, and the bearer token it wants, if any.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ProbeTarget<'a> {
+    /// The upstream's probe client (its TLS settings, no idle connections).
+    pub(crate) client: &'a Client<Connector, Empty<Bytes>>,
     /// Scheme, authority and path prefix.
     pub(crate) base: &'a Base,
     /// `Authorization` to send (the upstream's `api_key`); vLLM's `--api-key` guards `/v1/*`.
@@ -73,6 +76,10 @@ pub(crate) enum ProbeError {
     /// this while they start (the port is bound but not listening).
     #[error("connect failed")]
     Connect(#[source] hyper_util::client::legacy::Error),
+    /// The TLS handshake failed: a certificate that does not verify, a client certificate the
+    /// upstream refused, a peer that does not speak TLS.
+    #[error("TLS handshake failed")]
+    Tls(#[source] hyper_util::client::legacy::Error),
     /// No complete answer within the probe timeout.
     #[error("no answer within {0:?}")]
     Timeout(Duration),
@@ -118,35 +125,27 @@ pub(crate) enum ProbeError {
     },
 }
 
-/// The probing client. Cheap to clone (clones share the connection pool).
+/// Runs probes under a timeout. Cheap to clone.
 #[derive(Debug, Clone)]
 pub(crate) struct Prober {
-    client: Client<HttpConnector, Empty<Bytes>>,
     timeout: Duration,
 }
 
 impl Prober {
-    /// A client whose every exchange (connect included) must complete within `timeout`.
-    /// Needs a Tokio runtime.
+    /// A prober whose every exchange (connect included) must complete within `timeout`.
     pub(crate) fn new(timeout: Duration) -> Self {
-        // No connect timeout of its own: the exchange's timeout covers the connect too.
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_max_idle_per_host(0)
-            .build(connector);
-        Self { client, timeout }
+        Self { timeout }
     }
 
-    /// The same client (sharing its connections) with another timeout: a reload may change
-    /// `health_check_timeout`.
+    /// The same with another timeout: a reload may change `health_check_timeout`.
     #[must_use]
+    #[expect(
+        clippy::unused_self,
+        reason = "kept a method so that callers holding a Prober need not change; the timeout \
+                  is all a Prober carries since each upstream has its own client"
+    )]
     pub(crate) fn with_timeout(&self, timeout: Duration) -> Self {
-        Self {
-            client: self.client.clone(),
-            timeout,
-        }
+        Self { timeout }
     }
 
     /// `GET path` (after the upstream's path prefix); any status is returned.
@@ -178,8 +177,10 @@ impl Prober {
                 .insert(header::AUTHORIZATION, authorization.clone());
         }
         let exchange = async {
-            let response = self.client.request(req).await.map_err(|error| {
-                if error.is_connect() {
+            let response = target.client.request(req).await.map_err(|error| {
+                if tls::is_tls_failure(&error) {
+                    ProbeError::Tls(error)
+                } else if error.is_connect() {
                     ProbeError::Connect(error)
                 } else {
                     ProbeError::Exchange(error)

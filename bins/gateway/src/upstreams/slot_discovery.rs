@@ -122,7 +122,7 @@ pub async fn probe_config(config: &Config) -> Vec<ProbedSlots> {
             if !matches!(limits, ModelLimits::Auto { .. }) {
                 continue;
             }
-            let slots = match UpstreamState::from_config(upstream) {
+            let slots = match UpstreamState::from_config(upstream, &config.server) {
                 Ok(state) => {
                     read(&prober, state.probe_target(), upstream.engine_model(model)).await
                 }

@@ -12,13 +12,18 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use bytes::Bytes;
 use http::HeaderValue;
-use slotgate_config::{Config, Kind, Secret, Upstream};
+use http_body_util::{Empty, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use slotgate_config::{Config, Kind, Secret, Server, Upstream};
 use tracing::{info, warn};
 use url::Url;
 
 use crate::base::{Base, BaseError};
 use crate::error::chain;
+use crate::tls::{self, Connector, TlsError, UpstreamTls};
 use crate::upstreams::health::{Health, HealthPolicy, Status};
 use crate::upstreams::probe::{ProbeError, ProbeTarget};
 use crate::upstreams::residency::Residency;
@@ -44,6 +49,16 @@ pub(crate) enum UpstreamError {
         #[source]
         source: http::header::InvalidHeaderValue,
     },
+    /// `ca_file`, `client_cert` or `client_key` cannot be used: see [`TlsError`] (it names the
+    /// file).
+    #[error("upstreams.{upstream}: TLS")]
+    Tls {
+        /// The upstream's name.
+        upstream: String,
+        /// Why (boxed: the file's path and rustls's reason make it large).
+        #[source]
+        source: Box<TlsError>,
+    },
 }
 
 /// One upstream's identity and live state.
@@ -64,6 +79,15 @@ pub(crate) struct UpstreamState {
     pub(crate) authorization: Option<HeaderValue>,
     /// Kept to tell on reload whether the engine is still the same one.
     api_key: Option<Secret>,
+    /// The TLS configuration of an `https` upstream, with the files it was read from (so a
+    /// reload sees a renewed certificate).
+    tls: Option<UpstreamTls>,
+    /// The pooled client of the request path: connections are kept alive and reused, so a
+    /// request pays no connect (nor TLS handshake) on the hot path.
+    pub(crate) client: Client<Connector, Full<Bytes>>,
+    /// The probes' client: same TLS, no idle connections (see
+    /// [`probe`](crate::upstreams::probe)).
+    pub(crate) probe_client: Client<Connector, Empty<Bytes>>,
     /// Health checks and passive ejection.
     pub(crate) health: Health,
     /// Which models are resident.
@@ -76,8 +100,10 @@ impl UpstreamState {
     /// A fresh state (health unknown, nothing known resident, not draining).
     ///
     /// Fails, naming the key, on what the configuration crate accepts but this gateway cannot
-    /// do (an `https` upstream, an API key that is not a header value).
-    pub(crate) fn from_config(upstream: &Upstream) -> Result<Self, UpstreamError> {
+    /// use (a URL that is not `http` or `https`, a TLS file that cannot be read or parsed, an
+    /// API key that is not a header value). `server` gives the clients' connect and idle
+    /// timeouts.
+    pub(crate) fn from_config(upstream: &Upstream, server: &Server) -> Result<Self, UpstreamError> {
         let base = Base::parse(upstream.url.as_str()).map_err(|source| UpstreamError::Url {
             upstream: upstream.name.clone(),
             source,
@@ -95,6 +121,21 @@ impl UpstreamState {
             }
             None => None,
         };
+        let tls = UpstreamTls::load(upstream).map_err(|source| UpstreamError::Tls {
+            upstream: upstream.name.clone(),
+            source: Box::new(source),
+        })?;
+        let connector = tls::connector(tls.as_ref(), server.connect_timeout, server.tcp_keepalive);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(server.idle_timeout)
+            .build(connector.clone());
+        // No connect timeout of its own: the probe's timeout covers the whole exchange. No
+        // idle connections: a probe also proves that the engine still accepts connections.
+        let probe_client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_max_idle_per_host(0)
+            .build(connector);
         Ok(Self {
             name: upstream.name.clone(),
             kind: upstream.kind,
@@ -103,6 +144,9 @@ impl UpstreamState {
             base,
             authorization,
             api_key: upstream.api_key.clone(),
+            tls,
+            client,
+            probe_client,
             health: Health::new(),
             residency: Residency::new(),
             draining: AtomicBool::new(false),
@@ -110,14 +154,19 @@ impl UpstreamState {
     }
 
     /// Whether `upstream` (from a new configuration) describes the same engine, reached the
-    /// same way: then its health and residency still hold.
+    /// same way (TLS files included, by content): then its health, residency and pooled
+    /// connections still hold.
     pub(crate) fn is_same_engine(&self, upstream: &Upstream) -> bool {
-        self.url == upstream.url && self.kind == upstream.kind && self.api_key == upstream.api_key
+        self.url == upstream.url
+            && self.kind == upstream.kind
+            && self.api_key == upstream.api_key
+            && UpstreamTls::unchanged(self.tls.as_ref(), upstream)
     }
 
     /// How probes reach it.
     pub(crate) fn probe_target(&self) -> ProbeTarget<'_> {
         ProbeTarget {
+            client: &self.probe_client,
             base: &self.base,
             authorization: self.authorization.as_ref(),
         }
@@ -204,7 +253,7 @@ impl Upstreams {
                 by_name.insert(upstream.name.clone(), Arc::clone(old));
                 continue;
             }
-            match UpstreamState::from_config(upstream) {
+            match UpstreamState::from_config(upstream, &config.server) {
                 Ok(state) => {
                     if let Some(old) = old {
                         state.draining.store(old.is_draining(), Ordering::Relaxed);

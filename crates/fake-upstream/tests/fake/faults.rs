@@ -120,6 +120,10 @@ async fn reset_mid_stream_is_a_tcp_reset_after_n_events() {
     assert!(reset, "the connection ends with RST, not FIN");
     assert!(String::from_utf8_lossy(&bytes).starts_with("HTTP/1.1 200"));
     assert_eq!(count_events(&bytes), 3);
+    assert!(
+        !String::from_utf8_lossy(&bytes).contains("\r\n0\r\n\r\n"),
+        "no terminating chunk before the reset"
+    );
     let record = within(
         "ended",
         fake.observer().wait_for_connection_closed("r", SOON),

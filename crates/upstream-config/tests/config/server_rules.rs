@@ -323,6 +323,46 @@ fn server_must_be_a_table() {
 }
 
 #[test]
+fn listener_tls_takes_a_certificate_and_its_key_together() {
+    let config = ok(&with_server(
+        r#"listen = "127.0.0.1:8443"
+        admin_listen = "127.0.0.1:9443"
+        tls_cert = "cert.pem"
+        tls_key = "key.pem"
+        admin_tls_cert = "admin-cert.pem"
+        admin_tls_key = "admin-key.pem""#,
+    ));
+    let tls = config.server.tls.expect("API listener TLS");
+    assert_eq!(tls.cert, std::path::Path::new("cert.pem"));
+    assert_eq!(tls.key, std::path::Path::new("key.pem"));
+    let admin = config.server.admin_tls.expect("admin listener TLS");
+    assert_eq!(admin.cert, std::path::Path::new("admin-cert.pem"));
+
+    assert_only_issue(
+        &with_server("listen = \"127.0.0.1:8443\"\ntls_cert = \"cert.pem\""),
+        "server.tls_key",
+        "needs the certificate's private key",
+    );
+    assert_only_issue(
+        &with_server("listen = \"127.0.0.1:8443\"\ntls_key = \"key.pem\""),
+        "server.tls_cert",
+        "needs its certificate chain",
+    );
+    assert_only_issue(
+        &with_server("listen = \"127.0.0.1:8443\"\ntls_cert = \"\"\ntls_key = \"key.pem\""),
+        "server.tls_cert",
+        "must not be empty",
+    );
+    assert_only_issue(
+        &with_server(
+            "listen = \"127.0.0.1:8443\"\nadmin_tls_cert = \"c.pem\"\nadmin_tls_key = \"k.pem\"",
+        ),
+        "server.admin_tls_cert",
+        "no admin listener",
+    );
+}
+
+#[test]
 fn client_write_timeout_defaults_to_a_minute_and_must_be_positive() {
     let config = ok(&with_server("listen = \"127.0.0.1:8080\""));
     assert_eq!(config.server.client_write_timeout, Duration::from_secs(60));

@@ -369,7 +369,7 @@ fn unknown_upstream_keys_are_reported() {
     assert_only_issue(
         &with_upstream("url = \"http://10.0.0.1:8000\"\nkind = \"vllm\"\nwieght = 2"),
         "upstreams.a.wieght",
-        "unknown key (expected one of: url, kind, weight, api_key, cancel_grace, stream_idle_timeout, stream_timeout, allow_model_management, models)",
+        "unknown key (expected one of: url, kind, weight, api_key, cancel_grace, stream_idle_timeout, stream_timeout, allow_model_management, ca_file, client_cert, client_key, models)",
     );
 }
 
@@ -445,4 +445,33 @@ fn upstreams_as_an_array_of_tables_is_refused() {
         url = "http://10.0.0.1:8000"
     "#;
     assert_only_issue(toml, "upstreams", "expected a table, found an array");
+}
+
+#[test]
+fn upstream_tls_files_need_an_https_url_and_come_in_pairs() {
+    let config = ok(&with_upstream(
+        r#"url = "https://10.0.0.1:8443"
+        kind = "vllm"
+        ca_file = "ca.pem"
+        client_cert = "client.pem"
+        client_key = "client-key.pem""#,
+    ));
+    let upstream = &config.upstreams["a"];
+    assert_eq!(
+        upstream.ca_file.as_deref(),
+        Some(std::path::Path::new("ca.pem"))
+    );
+    let identity = upstream.client_identity.as_ref().expect("client identity");
+    assert_eq!(identity.key, std::path::Path::new("client-key.pem"));
+
+    assert_only_issue(
+        &with_upstream("url = \"http://10.0.0.1\"\nkind = \"vllm\"\nca_file = \"ca.pem\""),
+        "upstreams.a.ca_file",
+        "only used with an https url",
+    );
+    assert_only_issue(
+        &with_upstream("url = \"https://10.0.0.1\"\nkind = \"vllm\"\nclient_cert = \"c.pem\""),
+        "upstreams.a.client_key",
+        "needs the certificate's private key",
+    );
 }

@@ -21,11 +21,16 @@ fn keeps_the_upstream_path_prefix() {
         prefixed.uri_for(Some(&pq)).unwrap().to_string(),
         "http://reasoning-predictor.llm-serving:80/openai/v1/chat/completions?x=1"
     );
+    let tls = Base::parse("https://llm.example/openai").unwrap();
+    assert_eq!(
+        tls.uri_for(Some(&pq)).unwrap().to_string(),
+        "https://llm.example/openai/v1/chat/completions?x=1"
+    );
 }
 
 #[test]
 fn refuses_urls_it_cannot_use() {
-    assert!(Base::parse("https://example.com").is_err());
+    assert!(Base::parse("ftp://example.com").is_err());
     assert!(Base::parse("/relative").is_err());
     assert!(Base::parse("not a url").is_err());
 }
