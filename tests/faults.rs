@@ -848,3 +848,56 @@ async fn row_first_token_later_than_the_idle_timeout() {
     row.engine_saw_the_close("r-prefill").await;
     row.done().await;
 }
+
+/// The same on HTTP/2: a client that grants no more flow-control window (it does not read its
+/// stream) loses its connection after `client_write_timeout`; the slot goes back and the
+/// engine's connection is closed.
+#[tokio::test]
+async fn an_h2_client_that_stops_reading_is_cut_and_its_slot_freed() {
+    let (fake, gw) = setup("client_write_timeout = \"1s\"").await;
+    let admin = gw.admin_addr().unwrap();
+    let key = support::authority(fake.addr());
+    let stream = TcpStream::connect(gw.api_addr()).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(16 * 1024)
+        .handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let mut request = post(
+        gw.api_addr(),
+        "/v1/chat/completions",
+        chat_body("m", true),
+        &[
+            ("x-fake-tokens", "20000"),
+            ("x-fake-chunk-interval-ms", "0"),
+            ("x-request-id", "h2-deaf"),
+        ],
+    );
+    *request.version_mut() = http::Version::HTTP_2;
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    // The body is held and never read: its window is never given back.
+    let _unread = response.into_body();
+    bound_reaches(admin, "client_stall", 1, PATIENT).await;
+    support::eventually("the slot is back", SOON, || {
+        gw.limiter().in_flight(&key, "m") == 0
+    })
+    .await;
+    let record = fake
+        .observer()
+        .wait_for_outcome("h2-deaf", SOON)
+        .await
+        .expect("the engine saw the connection close");
+    assert_eq!(
+        record.outcome,
+        Some(fake_upstream::Outcome::ClientGoneMidResponse)
+    );
+    let closed = tokio::time::timeout(SOON, conn).await;
+    assert!(
+        closed.is_ok(),
+        "the gateway kept the HTTP/2 connection open"
+    );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}

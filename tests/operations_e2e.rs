@@ -15,6 +15,7 @@ use fake_upstream::{FakeConfig, FakeUpstream};
 use http::Request;
 use http_body_util::Full;
 use serde_json::Value;
+use slotgate_exposition::{self as exposition, Line, Sample};
 use support::{
     PATIENT, Reply, SOON, chat, chat_body, fake, gateway, get, open, post, sample, send, server,
 };
@@ -859,77 +860,38 @@ async fn the_model_list_follows_upstream_health_and_includes_aliases() {
 
 // === metrics and status under load ===
 
-/// One sample of a scrape: the series' name, its labels in order, its value.
-#[derive(Debug)]
-struct Sample {
-    name: String,
-    labels: Vec<(String, String)>,
-    value: f64,
-}
-
 /// Parses the `OpenMetrics` text exposition strictly enough to catch a malformed line: every
 /// line is a `# HELP`/`# TYPE`/`# UNIT` comment, a sample of a declared family, or the final
-/// `# EOF`.
+/// `# EOF`. The lines themselves are read by the workspace's one parser (`slotgate-exposition`);
+/// what is checked here is how they follow each other.
 fn parse_exposition(text: &str) -> Vec<Sample> {
-    fn is_name(name: &str, colon: bool) -> bool {
-        let mut chars = name.chars();
-        chars
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || (colon && c == ':'))
-            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || (colon && c == ':'))
-    }
-    let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.last(), Some(&"# EOF"), "ends with # EOF");
+    let lines = exposition::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(lines.last(), Some(&Line::Eof), "ends with # EOF");
     let mut families: Vec<(String, String)> = Vec::new();
     let mut samples = Vec::new();
     for line in &lines[..lines.len() - 1] {
-        if let Some(comment) = line.strip_prefix("# ") {
-            let mut parts = comment.splitn(3, ' ');
-            let (kind, name) = (parts.next().unwrap(), parts.next().unwrap_or_default());
-            assert!(is_name(name, true), "bad family name in {line:?}");
-            match kind {
-                "TYPE" => {
-                    let metric_type = parts.next().unwrap_or_default();
-                    assert!(
-                        [
-                            "counter",
-                            "gauge",
-                            "histogram",
-                            "summary",
-                            "info",
-                            "stateset",
-                            "unknown"
-                        ]
-                        .contains(&metric_type),
-                        "bad type in {line:?}"
-                    );
-                    families.push((name.to_owned(), metric_type.to_owned()));
-                }
-                "HELP" | "UNIT" => {}
-                other => panic!("unknown comment {other:?} in {line:?}"),
+        let sample = match line {
+            Line::Type { name, kind } => {
+                assert!(
+                    [
+                        "counter",
+                        "gauge",
+                        "histogram",
+                        "summary",
+                        "info",
+                        "stateset",
+                        "unknown"
+                    ]
+                    .contains(&kind.as_str()),
+                    "bad type in {line:?}"
+                );
+                families.push((name.clone(), kind.clone()));
+                continue;
             }
-            continue;
-        }
-        let (series, value) = line
-            .rsplit_once(' ')
-            .unwrap_or_else(|| panic!("no value in {line:?}"));
-        let value: f64 = match value {
-            "+Inf" => f64::INFINITY,
-            "-Inf" => f64::NEG_INFINITY,
-            other => other
-                .parse()
-                .unwrap_or_else(|_| panic!("bad value in {line:?}")),
+            Line::Help { .. } | Line::Unit { .. } => continue,
+            Line::Sample(sample) => sample,
+            other => panic!("not a HELP, TYPE, UNIT or sample line before # EOF: {other:?}"),
         };
-        let (name, labels) = match series.split_once('{') {
-            None => (series, Vec::new()),
-            Some((name, rest)) => {
-                let body = rest
-                    .strip_suffix('}')
-                    .unwrap_or_else(|| panic!("unclosed labels in {line:?}"));
-                (name, parse_labels(body, line))
-            }
-        };
-        assert!(is_name(name, true), "bad metric name in {line:?}");
         let family = families
             .iter()
             .rev()
@@ -939,7 +901,9 @@ fn parse_exposition(text: &str) -> Vec<Sample> {
                     "histogram" => &["_bucket", "_sum", "_count", "_created"],
                     _ => &[""],
                 };
-                suffixes.iter().any(|s| name == format!("{family}{s}"))
+                suffixes
+                    .iter()
+                    .any(|s| sample.name == format!("{family}{s}"))
             })
             .unwrap_or_else(|| panic!("sample of an undeclared family: {line:?}"));
         assert_eq!(
@@ -947,51 +911,9 @@ fn parse_exposition(text: &str) -> Vec<Sample> {
             Some(&family.0),
             "samples of a family are contiguous, after its TYPE: {line:?}"
         );
-        samples.push(Sample {
-            name: name.to_owned(),
-            labels,
-            value,
-        });
+        samples.push(sample.clone());
     }
     samples
-}
-
-/// `a="1",b="x\"y"`: label names checked, values kept escaped.
-fn parse_labels(body: &str, line: &str) -> Vec<(String, String)> {
-    let mut labels = Vec::new();
-    let mut rest = body;
-    while !rest.is_empty() {
-        let (label, after) = rest
-            .split_once("=\"")
-            .unwrap_or_else(|| panic!("bad label in {line:?}"));
-        let mut chars = label.chars();
-        assert!(
-            chars
-                .next()
-                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_'),
-            "bad label name in {line:?}"
-        );
-        // The value runs to the first unescaped quote.
-        let mut end = None;
-        let mut escaped = false;
-        for (i, c) in after.char_indices() {
-            match (escaped, c) {
-                (true, _) => escaped = false,
-                (false, '\\') => escaped = true,
-                (false, '"') => {
-                    end = Some(i);
-                    break;
-                }
-                _ => {}
-            }
-        }
-        let end = end.unwrap_or_else(|| panic!("unclosed label value in {line:?}"));
-        labels.push((label.to_owned(), after[..end].to_owned()));
-        rest = &after[end + 1..];
-        rest = rest.strip_prefix(',').unwrap_or(rest);
-    }
-    labels
 }
 
 /// The value of the sample `name{labels}`, which must be a whole number; labels in any order.
@@ -1013,13 +935,7 @@ fn int_of(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> i64 {
 fn value_of(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
     samples
         .iter()
-        .find(|s| {
-            s.name == name
-                && s.labels.len() == labels.len()
-                && labels
-                    .iter()
-                    .all(|(k, v)| s.labels.iter().any(|(sk, sv)| sk == k && sv == v))
-        })
+        .find(|s| s.is_series(name, labels))
         .unwrap_or_else(|| panic!("no sample {name}{labels:?}"))
         .value
 }

@@ -370,12 +370,7 @@ async fn raw_get(addr: SocketAddr, path: &str) -> Result<Reply, String> {
 
 /// The value of the unlabelled sample `name` in a Prometheus text exposition.
 pub fn prometheus_value(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .filter(|line| !line.starts_with('#'))
-        .find_map(|line| {
-            let (key, value) = line.split_once(' ')?;
-            (key == name).then(|| value.trim().parse().ok()).flatten()
-        })
+    slotgate_exposition::Samples::parse(text).value(name)
 }
 
 /// A chat body for the engine or the gateway: `max_tokens` tokens, all of them generated

@@ -489,12 +489,10 @@ pub fn run_bounded(
     })
 }
 
-/// The value of one sample line of a `/metrics` text (exact name and labels), if present.
+/// The value of one series of a `/metrics` text (`name{label="value",…}` with exactly these
+/// labels, in any order), if present.
 pub fn sample(metrics: &str, series: &str) -> Option<f64> {
-    metrics.lines().find_map(|line| {
-        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
-        value.parse().ok()
-    })
+    slotgate_exposition::Samples::parse(metrics).value(series)
 }
 
 /// [`sample`] of the `/metrics` that the admin listener at `admin` serves now.

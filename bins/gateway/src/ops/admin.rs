@@ -25,7 +25,7 @@ use http::header::{self, HeaderValue};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::Full;
 use prometheus_client::registry::Registry;
-use serde_json::{Value, json};
+use serde::Serialize;
 
 use crate::ops::reload::{ReloadError, Reloader};
 use crate::proxy::live::{Generation, Live};
@@ -33,7 +33,7 @@ use crate::proxy::problems::{self, Error, GET_ONLY, POST_ONLY, allow, not_found}
 use crate::request_id::{REQUEST_ID, request_id};
 use crate::shutdown::ShutdownSignal;
 use crate::upstreams::state::UpstreamState;
-use crate::upstreams::target::Sizing;
+use crate::upstreams::target::{Sizing, Target};
 
 /// The admin endpoints' state.
 #[derive(Debug)]
@@ -68,11 +68,11 @@ impl Admin {
         match path {
             "/healthz" => {
                 allow(req, GET_ONLY)?;
-                Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
+                json_response(StatusCode::OK, &Liveness { status: "ok" })
             }
             "/readyz" => {
                 allow(req, GET_ONLY)?;
-                Ok(self.readiness(&generation))
+                self.readiness(&generation)
             }
             "/metrics" => {
                 allow(req, GET_ONLY)?;
@@ -101,34 +101,34 @@ impl Admin {
     ) -> Result<Response<Full<Bytes>>, Error> {
         if path == "/admin/upstreams" {
             allow(req, GET_ONLY)?;
-            let upstreams: Vec<Value> = generation
+            let upstreams = generation
                 .upstreams
                 .iter()
                 .map(|u| upstream_status(generation, u))
                 .collect();
-            return Ok(json_response(
+            return json_response(
                 StatusCode::OK,
-                &json!({
-                    "generation": generation.number,
-                    "loaded_at": rfc3339(generation.loaded_at),
-                    "upstreams": upstreams,
-                }),
-            ));
+                &UpstreamsDoc {
+                    generation: generation.number,
+                    loaded_at: rfc3339(generation.loaded_at),
+                    upstreams,
+                },
+            );
         }
         if path == "/admin/reload" {
             allow(req, POST_ONLY)?;
             return match self.reloader.reload().await {
-                Ok(reloaded) => Ok(json_response(
+                Ok(reloaded) => json_response(
                     StatusCode::OK,
-                    &json!({
-                        "reloaded": true,
-                        "generation": reloaded.generation,
-                        "added": reloaded.added,
-                        "removed": reloaded.removed,
-                        "changed": reloaded.changed,
-                        "restart_required": reloaded.restart_required,
-                    }),
-                )),
+                    &ReloadDoc {
+                        reloaded: true,
+                        generation: reloaded.generation,
+                        added: reloaded.added,
+                        removed: reloaded.removed,
+                        changed: reloaded.changed,
+                        restart_required: reloaded.restart_required,
+                    },
+                ),
                 // Refusals are problem documents, built where every error becomes one.
                 Err(ReloadError::NoSource) => Err(Error::ReloadUnavailable {
                     generation: generation.number,
@@ -150,17 +150,14 @@ impl Admin {
             };
             allow(req, POST_ONLY)?;
             upstream.set_draining(action == "drain");
-            return Ok(json_response(
-                StatusCode::OK,
-                &upstream_status(generation, upstream),
-            ));
+            return json_response(StatusCode::OK, &upstream_status(generation, upstream));
         }
         Err(not_found(path))
     }
 
     /// `/readyz`: ready while configured, not shutting down, and some upstream can take
     /// requests.
-    fn readiness(&self, generation: &Generation) -> Response<Full<Bytes>> {
+    fn readiness(&self, generation: &Generation) -> Result<Response<Full<Bytes>>, Error> {
         let shutting_down = self.shutdown.is_fired();
         let available = generation
             .upstreams
@@ -174,21 +171,21 @@ impl Admin {
             } else {
                 StatusCode::SERVICE_UNAVAILABLE
             },
-            &json!({
-                "status": if ready { "ready" } else { "not ready" },
-                "config_generation": generation.number,
-                "shutting_down": shutting_down,
-                "upstreams": generation.upstreams.len(),
-                "available_upstreams": available,
-            }),
-        );
+            &Readiness {
+                status: if ready { "ready" } else { "not ready" },
+                config_generation: generation.number,
+                shutting_down,
+                upstreams: generation.upstreams.len(),
+                available_upstreams: available,
+            },
+        )?;
         if !ready {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
                 HeaderValue::from(self.retry_after.as_secs().max(1)),
             );
         }
-        response
+        Ok(response)
     }
 }
 
@@ -206,10 +203,10 @@ fn authorize(generation: &Generation, headers: &HeaderMap) -> Result<(), Error> 
 }
 
 /// One upstream's status document.
-fn upstream_status(generation: &Generation, upstream: &UpstreamState) -> Value {
+fn upstream_status<'g>(generation: &'g Generation, upstream: &'g UpstreamState) -> UpstreamDoc<'g> {
     let health = upstream.health.view();
     let residency = upstream.residency.view();
-    let models: Vec<Value> = generation
+    let models: Vec<ModelDoc<'g>> = generation
         .routes
         .routes()
         .flat_map(|route| {
@@ -217,100 +214,222 @@ fn upstream_status(generation: &Generation, upstream: &UpstreamState) -> Value {
                 .targets
                 .iter()
                 .filter(|t| t.upstream.name == upstream.name)
-                .map(|t| {
-                    // One reading: the limits and the counts shown together agree.
-                    let reading = t.reading();
-                    let (parallel, capacity) = match &t.sizing {
-                        Sizing::Fixed { capacity } => {
-                            (json!(reading.limits.parallel), json!(capacity))
-                        }
-                        Sizing::Unlimited => (json!("unlimited"), Value::Null),
-                        Sizing::Auto(_) => (json!("auto"), Value::Null),
-                    };
-                    let mut doc = json!({
-                        "name": route.model,
-                        "loaded": t.is_loaded(),
-                        "parallel": parallel,
-                        // The count in force: `parallel`, or the one read for "auto"
-                        // (null while unknown, and for unlimited models).
-                        "slots": t.slots(&reading),
-                        "queue": reading.limits.queue,
-                        "queue_timeout": t.queue_timeout.map_or(Value::Null, duration),
-                        "capacity": capacity,
-                        "in_flight": reading.in_flight,
-                        "queued": reading.queued,
-                    });
-                    let engine = t.engine.view();
-                    if engine.checked.is_some() {
-                        doc["engine"] = json!({
-                            "busy": engine.reading.map(|r| r.busy),
-                            "waiting": engine.reading.and_then(|r| r.waiting),
-                            "gateway_in_flight": engine.reading.map(|r| r.gateway_in_flight),
-                            "unaccounted": engine.reading.map(|r| r.unaccounted()),
-                            "whole_engine": engine.reading.map(|r| r.whole_engine),
-                            "warning": engine.warned,
-                            "last_check": engine.checked.map(rfc3339),
-                            "last_error": engine.error,
-                        });
-                    }
-                    if let Some(auto) = t.auto() {
-                        let view = auto.view();
-                        doc["discovery"] = json!({
-                            "source": "/props total_slots",
-                            "slots": view.found,
-                            "last_check": view.checked.map(rfc3339),
-                            "last_error": view.error,
-                        });
-                    }
-                    doc
-                })
-                .collect::<Vec<_>>()
+                .map(|t| model_status(&route.model, t))
         })
         .collect();
-    let loaded: Vec<&Value> = models
-        .iter()
-        .filter(|m| m["loaded"] == true)
-        .map(|m| &m["name"])
-        .collect();
-    json!({
-        "name": upstream.name,
-        "url": upstream.url.as_str(),
-        "kind": upstream.kind.as_str(),
-        "health": {
-            "status": health.status.as_str(),
-            "since": rfc3339(health.since),
-            "last_check": health.last_check.map(rfc3339),
-            "consecutive_successes": health.successes,
-            "consecutive_failures": health.failures,
-            "last_error": health.last_error,
+    let loaded = models.iter().filter(|m| m.loaded).map(|m| m.name).collect();
+    UpstreamDoc {
+        name: &upstream.name,
+        url: upstream.url.as_str(),
+        kind: upstream.kind.as_str(),
+        health: HealthDoc {
+            status: health.status.as_str(),
+            since: rfc3339(health.since),
+            last_check: health.last_check.map(rfc3339),
+            consecutive_successes: health.successes,
+            consecutive_failures: health.failures,
+            last_error: health.last_error,
         },
-        "draining": upstream.is_draining(),
-        "loaded": loaded,
-        "residency": {
-            "resident": residency.resident.map(|r| r.names()),
-            "last_check": residency.checked.map(rfc3339),
-            "last_error": residency.error,
+        draining: upstream.is_draining(),
+        loaded,
+        residency: ResidencyDoc {
+            resident: residency.resident.map(|r| r.names()),
+            last_check: residency.checked.map(rfc3339),
+            last_error: residency.error,
         },
-        "models": models,
-    })
+        models,
+    }
+}
+
+/// One model's entry in its upstream's status document.
+fn model_status<'g>(model: &'g str, t: &Target) -> ModelDoc<'g> {
+    // One reading: the limits and the counts shown together agree.
+    let reading = t.reading();
+    let (parallel, capacity) = match &t.sizing {
+        Sizing::Fixed { capacity } => (Parallel::Count(reading.limits.parallel), *capacity),
+        Sizing::Unlimited => (Parallel::Word("unlimited"), None),
+        Sizing::Auto(_) => (Parallel::Word("auto"), None),
+    };
+    let engine = t.engine.view();
+    let engine = engine.checked.is_some().then(|| EngineDoc {
+        busy: engine.reading.map(|r| r.busy),
+        waiting: engine.reading.and_then(|r| r.waiting),
+        gateway_in_flight: engine.reading.map(|r| r.gateway_in_flight),
+        unaccounted: engine.reading.map(|r| r.unaccounted()),
+        whole_engine: engine.reading.map(|r| r.whole_engine),
+        warning: engine.warned,
+        last_check: engine.checked.map(rfc3339),
+        last_error: engine.error,
+    });
+    let discovery = t.auto().map(|auto| {
+        let view = auto.view();
+        DiscoveryDoc {
+            source: "/props total_slots",
+            slots: view.found,
+            last_check: view.checked.map(rfc3339),
+            last_error: view.error,
+        }
+    });
+    ModelDoc {
+        name: model,
+        loaded: t.is_loaded(),
+        parallel,
+        slots: t.slots(&reading),
+        queue: reading.limits.queue,
+        queue_timeout: t.queue_timeout.map(duration),
+        capacity,
+        in_flight: reading.in_flight,
+        queued: reading.queued,
+        engine,
+        discovery,
+    }
+}
+
+// === the documents ===
+//
+// Field names are the JSON members. `Option` fields are written as `null` when empty, except
+// `engine` and `discovery`, which are left out when they do not apply.
+
+/// `GET /healthz`.
+#[derive(Debug, Serialize)]
+struct Liveness {
+    status: &'static str,
+}
+
+/// `GET /readyz`.
+#[derive(Debug, Serialize)]
+struct Readiness {
+    status: &'static str,
+    config_generation: u64,
+    shutting_down: bool,
+    upstreams: usize,
+    available_upstreams: usize,
+}
+
+/// `GET /admin/upstreams`.
+#[derive(Debug, Serialize)]
+struct UpstreamsDoc<'g> {
+    generation: u64,
+    loaded_at: String,
+    upstreams: Vec<UpstreamDoc<'g>>,
+}
+
+/// `POST /admin/reload`, when the new configuration is in force.
+#[derive(Debug, Serialize)]
+struct ReloadDoc {
+    reloaded: bool,
+    generation: u64,
+    added: Vec<String>,
+    removed: Vec<String>,
+    changed: Vec<String>,
+    restart_required: Vec<&'static str>,
+}
+
+/// One upstream: `GET /admin/upstreams` lists them, drain and undrain answer one.
+#[derive(Debug, Serialize)]
+struct UpstreamDoc<'g> {
+    name: &'g str,
+    url: &'g str,
+    kind: &'static str,
+    health: HealthDoc,
+    draining: bool,
+    /// The models whose `loaded` is true.
+    loaded: Vec<&'g str>,
+    residency: ResidencyDoc,
+    models: Vec<ModelDoc<'g>>,
+}
+
+#[derive(Debug, Serialize)]
+struct HealthDoc {
+    status: &'static str,
+    since: String,
+    last_check: Option<String>,
+    consecutive_successes: usize,
+    consecutive_failures: usize,
+    last_error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct ResidencyDoc {
+    resident: Option<Vec<String>>,
+    last_check: Option<String>,
+    last_error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct ModelDoc<'g> {
+    name: &'g str,
+    loaded: bool,
+    parallel: Parallel,
+    /// The count in force: `parallel`, or the one read for "auto" (null while unknown, and for
+    /// unlimited models).
+    slots: Option<usize>,
+    queue: usize,
+    /// As the configuration writes it (`30s`).
+    queue_timeout: Option<String>,
+    capacity: Option<usize>,
+    in_flight: usize,
+    queued: usize,
+    /// The engine's own counts, once the reconciliation has looked (see
+    /// [`reconcile`](crate::upstreams::reconcile)).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    engine: Option<EngineDoc>,
+    /// How the slot count of `parallel = "auto"` was found.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    discovery: Option<DiscoveryDoc>,
+}
+
+/// `parallel` as configured: a count, or `"unlimited"` / `"auto"`.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum Parallel {
+    Count(usize),
+    Word(&'static str),
+}
+
+#[derive(Debug, Serialize)]
+struct EngineDoc {
+    busy: Option<usize>,
+    waiting: Option<usize>,
+    gateway_in_flight: Option<usize>,
+    unaccounted: Option<usize>,
+    whole_engine: Option<bool>,
+    warning: bool,
+    last_check: Option<String>,
+    last_error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct DiscoveryDoc {
+    source: &'static str,
+    slots: Option<usize>,
+    last_check: Option<String>,
+    last_error: Option<String>,
 }
 
 /// A configured duration as the configuration writes it (`30s`).
-fn duration(value: Duration) -> Value {
-    json!(humantime::format_duration(value).to_string())
+fn duration(value: Duration) -> String {
+    humantime::format_duration(value).to_string()
 }
 
 fn rfc3339(at: SystemTime) -> String {
     humantime::format_rfc3339_millis(at).to_string()
 }
 
-fn json_response(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
-    let mut response = text("application/json", Bytes::from(body.to_string()));
+fn json_response(
+    status: StatusCode,
+    body: &impl Serialize,
+) -> Result<Response<Full<Bytes>>, Error> {
+    // The documents are structs of strings, numbers and lists, which always serialize; a failure
+    // would be a bug, answered as one.
+    let body = serde_json::to_vec(body)
+        .map_err(|_| Error::Internal("serializing an admin document failed".into()))?;
+    let mut response = text("application/json", Bytes::from(body));
     *response.status_mut() = status;
     response
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    response
+    Ok(response)
 }
 
 fn text(content_type: &'static str, body: Bytes) -> Response<Full<Bytes>> {

@@ -30,6 +30,7 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::Client;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use slotgate_exposition::Samples;
 
 use crate::base::Base;
 use crate::error::BoxError;
@@ -216,7 +217,8 @@ impl Prober {
         }
     }
 
-    /// `GET path`, which must answer 2xx with a Prometheus text exposition.
+    /// `GET path`, which must answer 2xx with a Prometheus text exposition, read leniently (a
+    /// line that is not a sample is skipped; see [`slotgate_exposition`]).
     pub(crate) async fn metrics(
         &self,
         target: ProbeTarget<'_>,
@@ -409,76 +411,6 @@ pub(crate) struct LlamaSlot {
     pub(crate) is_processing: bool,
 }
 
-/// The samples of a Prometheus text exposition (`# HELP`/`# TYPE` lines skipped), enough to
-/// read an engine's gauges. Not a full parser: exemplars and escaped quotes inside label
-/// values are not needed for the engines' own metrics.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Samples {
-    samples: Vec<Sample>,
-}
-
-#[derive(Debug, Clone)]
-struct Sample {
-    name: String,
-    labels: Vec<(String, String)>,
-    value: f64,
-}
-
-impl Samples {
-    /// Reads every `name{labels} value [timestamp]` line; unreadable lines are skipped.
-    pub(crate) fn parse(text: &str) -> Self {
-        let samples = text
-            .lines()
-            .map(str::trim)
-            .filter(|line| !line.is_empty() && !line.starts_with('#'))
-            .filter_map(parse_sample)
-            .collect();
-        Self { samples }
-    }
-
-    /// The sum of every sample named `name` whose labels include all of `labels` (all samples
-    /// of that name when `labels` is empty); `None` when no sample matches.
-    pub(crate) fn sum(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        let mut found = None;
-        for sample in self.samples.iter().filter(|s| s.name == name) {
-            let matches = labels
-                .iter()
-                .all(|(k, v)| sample.labels.iter().any(|(sk, sv)| sk == k && sv == v));
-            if matches {
-                *found.get_or_insert(0.0) += sample.value;
-            }
-        }
-        found
-    }
-}
-
-/// `name{a="x",b="y"} 1.5` or `name 3`.
-fn parse_sample(line: &str) -> Option<Sample> {
-    let (name, labels, rest) = if let Some(open) = line.find('{') {
-        let close = open + line[open..].find('}')?;
-        (&line[..open], &line[open + 1..close], &line[close + 1..])
-    } else {
-        let space = line.find(char::is_whitespace)?;
-        (&line[..space], "", &line[space..])
-    };
-    let value = rest.split_whitespace().next()?.parse().ok()?;
-    let labels = labels
-        .split(',')
-        .filter_map(|pair| {
-            let (key, value) = pair.split_once('=')?;
-            Some((
-                key.trim().to_owned(),
-                value.trim().trim_matches('"').to_owned(),
-            ))
-        })
-        .collect();
-    Some(Sample {
-        name: name.trim().to_owned(),
-        labels,
-        value,
-    })
-}
-
 /// `path?model=NAME&autoload=false`, the name percent-encoded.
 fn model_query(path: &str, model: &str) -> String {
     let name: String = url::form_urlencoded::byte_serialize(model.as_bytes()).collect();
@@ -519,7 +451,7 @@ fn error_message(body: &Bytes) -> Option<String> {
 mod tests {
     use bytes::Bytes;
 
-    use super::{LlamaProps, LlamaSlot, ModelList, OllamaPs, Samples, error_message, model_query};
+    use super::{LlamaProps, LlamaSlot, ModelList, OllamaPs, error_message, model_query};
 
     #[test]
     fn parses_a_router_listing() {
@@ -591,36 +523,6 @@ mod tests {
         assert_eq!(
             model_query("/props", "qwen2.5:7b instruct"),
             "/props?model=qwen2.5%3A7b+instruct&autoload=false"
-        );
-    }
-
-    #[test]
-    fn reads_engine_gauges_out_of_prometheus_text() {
-        let samples = Samples::parse(
-            "# HELP llamacpp:requests_processing Number of requests processing.\n\
-             # TYPE llamacpp:requests_processing gauge\n\
-             llamacpp:requests_processing 2\n\
-             llamacpp:requests_deferred 0\n\
-             vllm:num_requests_running{engine=\"0\",model_name=\"qwen\"} 3.0\n\
-             vllm:num_requests_running{engine=\"1\",model_name=\"qwen\"} 1.0\n\
-             vllm:num_requests_running{engine=\"0\",model_name=\"other\"} 5.0\n\
-             vllm:num_requests_waiting{model_name=\"qwen\"} 4 1700000000000\n\
-             garbage line\n",
-        );
-        assert_eq!(samples.sum("llamacpp:requests_processing", &[]), Some(2.0));
-        assert_eq!(samples.sum("llamacpp:requests_deferred", &[]), Some(0.0));
-        assert_eq!(
-            samples.sum("vllm:num_requests_running", &[("model_name", "qwen")]),
-            Some(4.0)
-        );
-        assert_eq!(samples.sum("vllm:num_requests_running", &[]), Some(9.0));
-        assert_eq!(
-            samples.sum("vllm:num_requests_waiting", &[("model_name", "qwen")]),
-            Some(4.0)
-        );
-        assert_eq!(
-            samples.sum("vllm:num_requests_waiting", &[("model_name", "x")]),
-            None
         );
     }
 
