@@ -1,5 +1,6 @@
 //! TLS end to end, over loopback: `https` upstreams behind a private CA (certificates made here
-//! with `rcgen`), mutual TLS, and what a client sees when the handshake fails.
+//! with `rcgen`), mutual TLS, and what a client sees when the handshake fails; the gateway's own
+//! listeners over TLS (h2 and HTTP/1.1 by ALPN), and a certificate renewed by a reload.
 //!
 //! The fake engines stay plain HTTP; a [`TlsFront`](tls_support::TlsFront) terminates TLS in
 //! front of them.
@@ -10,9 +11,19 @@ mod tls_support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::{Request, StatusCode, Version};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http2::SendRequest;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::Value;
-use support::{PATIENT, chat, fake, gateway, get, server};
-use tls_support::{Leaf, Pki, TlsFront};
+use slotgate_config::Config;
+use slotgate_gateway::Gateway;
+use support::{PATIENT, chat, chat_body, fake, gateway, get, server, upstream};
+use tls_support::{Leaf, Pki, TlsFront, https_client, read_leaf, server_leaf, tls_connect};
 
 /// An `https` upstream table for the fake serving `model` behind `front`, with extra keys.
 fn https_upstream(name: &str, front: &TlsFront, model: &str, tls_keys: &str) -> String {
@@ -182,5 +193,170 @@ async fn mutual_tls_is_refused_without_a_client_certificate_and_accepted_with_on
     with.shutdown().await;
 
     front.shutdown().await;
+    engine.shutdown().await;
+}
+
+/// `[server]` keys that make both listeners speak TLS with `leaf`.
+fn listener_tls_keys(leaf: &Leaf) -> String {
+    format!(
+        "tls_cert = \"{cert}\"\ntls_key = \"{key}\"\nadmin_tls_cert = \"{cert}\"\nadmin_tls_key = \"{key}\"",
+        cert = leaf.cert.display(),
+        key = leaf.key.display()
+    )
+}
+
+/// Sends `req` with `client` and reads the whole answer: status, HTTP version, body.
+async fn exchange(
+    client: &Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    req: Request<Full<Bytes>>,
+) -> (StatusCode, Version, Bytes) {
+    let response = client
+        .request(req)
+        .await
+        .expect("the gateway answers over TLS");
+    let (head, body) = response.into_parts();
+    let body = body.collect().await.expect("the whole body").to_bytes();
+    (head.status, head.version, body)
+}
+
+fn https_chat(addr: SocketAddr, stream: bool) -> Request<Full<Bytes>> {
+    Request::post(format!("https://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(chat_body("qwen", stream))))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_listeners_speak_tls_with_h2_and_http1_by_alpn() {
+    let pki = Pki::new();
+    let engine = fake(2, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(&listener_tls_keys(&pki.server("gateway", &["127.0.0.1"]))),
+        upstream("gpu", &engine.url(), "qwen", 2, 4, "10s")
+    ))
+    .await;
+    let api = gw.api_addr();
+    let admin = gw.admin_addr().unwrap();
+
+    // ALPN picks h2 when the client offers it: plain and streamed chats.
+    let h2 = https_client(&pki, true);
+    let (status, version, body) = exchange(&h2, https_chat(api, false)).await;
+    assert_eq!(
+        (status, version),
+        (StatusCode::OK, Version::HTTP_2),
+        "{body:?}"
+    );
+    let (status, version, body) = exchange(&h2, https_chat(api, true)).await;
+    assert_eq!((status, version), (StatusCode::OK, Version::HTTP_2));
+    assert!(
+        String::from_utf8_lossy(&body).contains("data: [DONE]"),
+        "{body:?}"
+    );
+
+    // A client offering HTTP/1.1 only gets it.
+    let http1 = https_client(&pki, false);
+    let (status, version, _) = exchange(&http1, https_chat(api, false)).await;
+    assert_eq!((status, version), (StatusCode::OK, Version::HTTP_11));
+
+    // The admin listener too.
+    let healthz = Request::get(format!("https://{admin}/healthz"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (status, version, _) = exchange(&h2, healthz).await;
+    assert_eq!((status, version), (StatusCode::OK, Version::HTTP_2));
+
+    // Plain HTTP to a TLS listener gets no answer: the handshake fails and the connection closes.
+    let plain = support::client()
+        .request(
+            Request::get(format!("http://{api}/v1/models"))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await;
+    assert!(
+        plain.is_err(),
+        "plain HTTP answered on a TLS listener: {plain:?}"
+    );
+
+    gw.shutdown().await;
+    engine.shutdown().await;
+}
+
+/// A chat on an open h2 connection; its status once the whole answer arrived.
+async fn h2_chat(sender: &mut SendRequest<Full<Bytes>>, api: SocketAddr) -> StatusCode {
+    sender.ready().await.expect("the connection is open");
+    let response = sender
+        .send_request(https_chat(api, false))
+        .await
+        .expect("an answer");
+    let status = response.status();
+    response
+        .into_body()
+        .collect()
+        .await
+        .expect("the whole body");
+    status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_renews_the_listener_certificate_without_dropping_connections() {
+    let pki = Pki::new();
+    let engine = fake(2, "qwen").await;
+    let first = pki.server("gateway", &["127.0.0.1"]);
+    let toml = format!(
+        "{}{}",
+        server(&listener_tls_keys(&first)),
+        upstream("gpu", &engine.url(), "qwen", 2, 4, "10s")
+    );
+    let path = pki.dir().join("slotgate.toml");
+    std::fs::write(&path, &toml).unwrap();
+    let config = Config::from_toml_str(&toml).unwrap();
+    let gw = Gateway::bind_file(&config, &path)
+        .await
+        .expect("gateway starts");
+    let api = gw.api_addr();
+
+    // An h2 connection opened before the renewal.
+    let tls = tls_connect(&pki, api, &[b"h2"]).await;
+    let before = server_leaf(&tls);
+    assert_eq!(before, read_leaf(&first).0[0]);
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .expect("h2 over TLS");
+    let conn = tokio::spawn(conn);
+    assert_eq!(h2_chat(&mut sender, api).await, StatusCode::OK);
+
+    // The same paths, a new certificate and key; then a reload.
+    let renewed = pki.server("gateway", &["127.0.0.1"]);
+    let reloaded = gw.reload().await.expect("the reload is applied");
+    assert!(reloaded.restart_required.is_empty(), "{reloaded:?}");
+
+    // New connections get the new certificate; the open one still serves.
+    let after = server_leaf(&tls_connect(&pki, api, &[b"h2"]).await);
+    assert_eq!(after, read_leaf(&renewed).0[0]);
+    assert_ne!(after, before);
+    assert_eq!(h2_chat(&mut sender, api).await, StatusCode::OK);
+
+    // A certificate file that is not one refuses the reload; the certificate in force stays.
+    std::fs::write(&renewed.cert, "not a certificate").unwrap();
+    let refused = gw
+        .reload()
+        .await
+        .expect_err("an unusable certificate is refused");
+    assert!(
+        refused
+            .issues()
+            .iter()
+            .any(|issue| issue.starts_with("server.tls_cert: ")),
+        "{refused:?}"
+    );
+    let kept = server_leaf(&tls_connect(&pki, api, &[b"h2"]).await);
+    assert_eq!(kept, after);
+
+    drop(sender);
+    conn.abort();
+    gw.shutdown().await;
     engine.shutdown().await;
 }

@@ -1,20 +1,28 @@
 """The official OpenAI Python SDK against a running slotgate.
 
 Run by tests/openai_sdk.rs, which starts a fake llama-server and the gateway in-process and
-passes the gateway's base URL. Model "qwen" has 1 slot and no queue, so a second request while
-one holds the slot is refused with 503 at once.
+passes the gateway's base URL, and for a gateway that speaks TLS, the file of the private CA
+that signed its certificate (the SDK then trusts that CA only). Model "qwen" has 1 slot and no
+queue, so a second request while one holds the slot is refused with 503 at once.
 
 Exits non-zero with a message on the first failed expectation.
 """
 
+import ssl
 import sys
 import threading
 
 import openai
 
 base_url = sys.argv[1]
+http_client = None
+if len(sys.argv) > 2:
+    tls = ssl.create_default_context(cafile=sys.argv[2])
+    http_client = openai.DefaultHttpxClient(verify=tls)
 # The SDK retries 5xx on its own (honouring Retry-After); the test wants to see the refusal.
-client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=30)
+client = openai.OpenAI(
+    base_url=base_url, api_key="unused", max_retries=0, timeout=30, http_client=http_client
+)
 
 
 def expect(cond, what):

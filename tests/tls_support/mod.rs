@@ -1,6 +1,6 @@
 //! TLS helpers for the end-to-end tests: a private CA made with `rcgen` whose certificates are
 //! written as PEM files, and [`TlsFront`], a TLS-terminating TCP relay in front of a fake engine
-//! (so that the fake itself stays plain HTTP).
+//! (so that the fake itself stays plain HTTP), and TLS clients for the gateway's own listeners.
 
 #![allow(dead_code, unreachable_pub)] // each test binary uses a different subset
 
@@ -8,6 +8,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair,
@@ -15,10 +21,11 @@ use rcgen::{
 use rustls::RootCertStore;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
-use tokio_rustls::TlsAcceptor;
+use tokio_rustls::client::TlsStream as ClientTls;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 /// A private certificate authority whose files live in a temporary directory.
 pub struct Pki {
@@ -173,4 +180,49 @@ impl TlsFront {
         self.task.abort();
         let _ = self.task.await;
     }
+}
+
+/// A TLS client configuration trusting `pki` only, offering `alpn`.
+pub fn client_config(pki: &Pki, alpn: &[&[u8]]) -> rustls::ClientConfig {
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(pki.roots())
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    config
+}
+
+/// A pooled HTTPS client trusting `pki` only, speaking h2 (preferred by ALPN) and HTTP/1.1, or
+/// HTTP/1.1 only.
+pub fn https_client(pki: &Pki, h2: bool) -> Client<HttpsConnector<HttpConnector>, Full<Bytes>> {
+    let builder = HttpsConnectorBuilder::new()
+        .with_tls_config(client_config(pki, &[]))
+        .https_only();
+    let connector = if h2 {
+        builder.enable_all_versions().build()
+    } else {
+        builder.enable_http1().build()
+    };
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
+/// Opens a TLS connection to `addr` (as `127.0.0.1`) trusting `pki` only, offering `alpn`.
+pub async fn tls_connect(pki: &Pki, addr: SocketAddr, alpn: &[&[u8]]) -> ClientTls<TcpStream> {
+    let connector = TlsConnector::from(Arc::new(client_config(pki, alpn)));
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    connector
+        .connect(ServerName::IpAddress(addr.ip().into()), tcp)
+        .await
+        .expect("TLS handshake")
+}
+
+/// The leaf certificate a TLS connection's server presented.
+pub fn server_leaf(tls: &ClientTls<TcpStream>) -> CertificateDer<'static> {
+    tls.get_ref()
+        .1
+        .peer_certificates()
+        .expect("a server certificate")[0]
+        .clone()
+        .into_owned()
 }

@@ -32,14 +32,15 @@
 //! The source is grouped by role: [`proxy`] is the request path, [`upstreams`] what is known
 //! about the engines, [`ops`] the operator's side, and a few leaf modules hold what all of them
 //! share ([`base`]: the upstream URL, [`request_id`], [`error`]: the boxed error and its chain,
-//! [`metrics`]: the metric handles, [`shutdown`]). Each layer imports only the ones below it
+//! [`metrics`]: the metric handles, [`shutdown`], [`tls`]: TLS to the upstreams,
+//! [`listener_tls`]: TLS on the gateway's own listeners). Each layer imports only the ones below it
 //! (`ops` → `proxy` → `upstreams` → leaves), and `scripts/module-cycles.py` fails CI on a circle.
 //!
 //! [`proxy::service`] calls the steps in order; each step has its own module:
 //!
-//! 1. [`proxy::server`]: accept (HTTP/1.1 and h2c), header-read timeout, connection limit,
-//!    graceful shutdown; [`proxy::refusals`] turns hyper's own refusals of a malformed head
-//!    into problem documents.
+//! 1. [`proxy::server`]: accept (HTTP/1.1 and h2c, or TLS with ALPN), header-read timeout,
+//!    connection limit, graceful shutdown; [`proxy::refusals`] turns hyper's own refusals of a
+//!    malformed head into problem documents.
 //! 2. [`proxy::auth`]: the client's API key, when keys are configured.
 //! 3. [`proxy::request`]: the body under a size limit; `model` and `stream` found without
 //!    re-serialising.
@@ -91,12 +92,14 @@ use slotgate_config::Config;
 use slotgate_limiter::Limiter;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
 use tracing::info;
 
 mod base;
 mod error;
 #[cfg(test)]
 mod fixtures;
+mod listener_tls;
 mod metrics;
 mod ops;
 mod proxy;
@@ -110,6 +113,7 @@ pub use crate::proxy::live::ConfigProblems;
 pub use crate::upstreams::auto_slots::SlotCountError;
 pub use crate::upstreams::slot_discovery::{ProbedSlots, probe_config};
 
+use crate::listener_tls::ListenerSlots;
 use crate::ops::admin;
 use crate::ops::reload::Reloader;
 use crate::proxy::live::{Generation, Live};
@@ -205,6 +209,9 @@ impl Gateway {
         .await;
         let upstream_count = generation.upstreams.len();
         let names = generation.routes.names().len();
+        // Each TLS listener presents the certificate in its slot; a reload renews the slots.
+        let slots = ListenerSlots::new(&generation.listener_certs);
+        let (api_tls, admin_tls) = slots.acceptors();
         let live = Arc::new(Live::new(generation));
         let reloader = Arc::new(Reloader::new(
             source,
@@ -212,6 +219,7 @@ impl Gateway {
             limiter.clone(),
             metrics.clone(),
             prober.clone(),
+            slots,
         ));
 
         let (api_trigger, api_signal) = shutdown_pair();
@@ -237,10 +245,11 @@ impl Gateway {
             api_listener,
             settings,
             counters.clone(),
+            api_tls,
             move |req, _peer| Arc::clone(&app).handle(req),
             api_signal.clone(),
         ));
-        info!(%api_addr, upstreams = upstream_count, models = names, "API listening");
+        info!(%api_addr, tls = server.tls.is_some(), upstreams = upstream_count, models = names, "API listening");
 
         let admin_task = admin_listener.map(|listener| {
             let admin = admin::Admin {
@@ -256,10 +265,10 @@ impl Gateway {
                 drain_timeout: Duration::from_secs(1),
                 ..settings
             };
-            spawn_admin(admin, listener, settings, counters, admin_signal)
+            spawn_admin(admin, listener, settings, counters, admin_tls, admin_signal)
         });
         if let Some(addr) = admin_addr {
-            info!(admin_addr = %addr, "admin listening");
+            info!(admin_addr = %addr, tls = server.admin_tls.is_some(), "admin listening");
         }
 
         Ok(Self {
@@ -347,6 +356,7 @@ fn spawn_admin(
     listener: TcpListener,
     settings: ServerSettings,
     counters: ServerCounters,
+    tls: Option<TlsAcceptor>,
     stop: ShutdownSignal,
 ) -> JoinHandle<()> {
     let admin = Arc::new(admin);
@@ -355,6 +365,7 @@ fn spawn_admin(
         listener,
         settings,
         counters,
+        tls,
         move |req, _peer| {
             let admin = Arc::clone(&admin);
             async move { admin.handle(req).await }

@@ -227,7 +227,8 @@ fn read_files(upstream: &Upstream) -> Result<[Vec<u8>; 3], TlsError> {
     ])
 }
 
-fn read_file(path: &Path) -> Result<Vec<u8>, TlsError> {
+/// The bytes of a TLS file, or an error naming it.
+pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|source| TlsError::Read {
         path: path.to_owned(),
         source,
@@ -235,7 +236,10 @@ fn read_file(path: &Path) -> Result<Vec<u8>, TlsError> {
 }
 
 /// Every certificate of a PEM file (at least one).
-fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+pub(crate) fn certificates(
+    path: &Path,
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|source| TlsError::Pem {
@@ -254,7 +258,7 @@ fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>,
 }
 
 /// The private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
-fn private_key(path: &Path, pem: &[u8]) -> Result<PrivateKeyDer<'static>, TlsError> {
+pub(crate) fn private_key(path: &Path, pem: &[u8]) -> Result<PrivateKeyDer<'static>, TlsError> {
     PrivateKeyDer::from_pem_slice(pem).map_err(|source| TlsError::Pem {
         path: path.to_owned(),
         what: "no private key found (expected a PEM `PRIVATE KEY` block)",

@@ -77,8 +77,12 @@ impl Admin {
             "/metrics" => {
                 allow(req, GET_ONLY)?;
                 let mut buffer = String::new();
-                prometheus_client::encoding::text::encode(&mut buffer, &self.registry)
-                    .map_err(|_| Error::Internal("encoding metrics failed".into()))?;
+                prometheus_client::encoding::text::encode(&mut buffer, &self.registry).map_err(
+                    |error| Error::Internal {
+                        what: "encoding the metrics",
+                        source: Box::new(error),
+                    },
+                )?;
                 Ok(text(
                     "application/openmetrics-text; version=1.0.0; charset=utf-8",
                     Bytes::from(buffer),
@@ -422,8 +426,10 @@ fn json_response(
 ) -> Result<Response<Full<Bytes>>, Error> {
     // The documents are structs of strings, numbers and lists, which always serialize; a failure
     // would be a bug, answered as one.
-    let body = serde_json::to_vec(body)
-        .map_err(|_| Error::Internal("serializing an admin document failed".into()))?;
+    let body = serde_json::to_vec(body).map_err(|error| Error::Internal {
+        what: "serializing an admin document",
+        source: Box::new(error),
+    })?;
     let mut response = text("application/json", Bytes::from(body));
     *response.status_mut() = status;
     response

@@ -19,8 +19,11 @@
 //!    them get a `503 upstream-unavailable` problem; requests *running* on them keep their slot
 //!    and finish normally. Their metric series are dropped.
 //!
-//! Keys that only take effect at start (the listeners, connection and client settings) are
-//! reported, and keep their running values until a restart. Reloads are serialised.
+//! The listeners' certificates are read again with the rest: a renewed certificate is presented
+//! from the next TLS handshake on, and open connections are not dropped. Keys that only take
+//! effect at start (the listeners' addresses, turning TLS on or off, connection and client
+//! settings) are reported, and keep their running values until a restart. Reloads are
+//! serialised.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -30,6 +33,7 @@ use slotgate_config::{Config, ConfigError, Server};
 use slotgate_limiter::Limiter;
 use tracing::{error, info, warn};
 
+use crate::listener_tls::ListenerSlots;
 use crate::metrics::Metrics;
 use crate::proxy::live::{Generation, Live};
 use crate::upstreams::monitor;
@@ -44,6 +48,8 @@ pub(crate) struct Reloader {
     limiter: Limiter,
     metrics: Metrics,
     prober: Prober,
+    /// The TLS listeners' certificates, renewed by every reload.
+    slots: ListenerSlots,
     serial: tokio::sync::Mutex<()>,
 }
 
@@ -82,39 +88,48 @@ pub struct Reloaded {
 /// }
 /// # }
 /// ```
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReloadError {
     /// The gateway was started from a configuration in memory, not a file.
     #[error("the gateway was not started from a configuration file; there is nothing to reload")]
     NoSource,
     /// The file could not be read or parsed.
-    #[error("cannot load the configuration: {0}")]
-    Load(String),
+    #[error("cannot load the configuration file")]
+    Load(#[source] ConfigError),
+    /// The task that reads the file off the async workers did not finish (it panicked, or the
+    /// runtime is shutting down).
+    #[error("the task reading the configuration file failed")]
+    Task(#[source] tokio::task::JoinError),
     /// The file parsed but breaks rules; every problem, each `path: message`.
     #[error("the new configuration has {} problem(s)", .0.len())]
     Invalid(Vec<String>),
 }
 
 impl ReloadError {
-    /// Every problem, one per entry (one entry for the errors that are not a list).
+    /// Every problem, one per entry (one entry, with its cause, for the errors that are not a
+    /// list).
     pub fn issues(&self) -> Vec<String> {
         match self {
             ReloadError::Invalid(issues) => issues.clone(),
-            other => vec![other.to_string()],
+            // `ConfigError` already writes its own cause into its message.
+            ReloadError::Load(cause) => vec![format!("{self}: {cause}")],
+            ReloadError::Task(cause) => vec![format!("{self}: {cause}")],
+            ReloadError::NoSource => vec![self.to_string()],
         }
     }
 }
 
 impl Reloader {
     /// A reloader for the gateway whose configuration is in `live`; `source` is the file to
-    /// read again (`None`: reloads are refused).
+    /// read again (`None`: reloads are refused); `slots` are the TLS listeners' certificates.
     pub(crate) fn new(
         source: Option<PathBuf>,
         live: Arc<Live>,
         limiter: Limiter,
         metrics: Metrics,
         prober: Prober,
+        slots: ListenerSlots,
     ) -> Self {
         Self {
             source,
@@ -122,6 +137,7 @@ impl Reloader {
             limiter,
             metrics,
             prober,
+            slots,
             serial: tokio::sync::Mutex::new(()),
         }
     }
@@ -163,12 +179,12 @@ impl Reloader {
         // File I/O: off the async workers.
         let loaded = tokio::task::spawn_blocking(move || Config::load(&path))
             .await
-            .map_err(|e| ReloadError::Load(format!("the loading task failed: {e}")))?;
+            .map_err(ReloadError::Task)?;
         let config = loaded.map_err(|error| match error {
             ConfigError::Invalid(issues) => {
                 ReloadError::Invalid(issues.iter().map(ToString::to_string).collect())
             }
-            other => ReloadError::Load(other.to_string()),
+            other => ReloadError::Load(other),
         })?;
 
         let old = self.live.current();
@@ -199,6 +215,8 @@ impl Reloader {
         let new_series = series(&new);
         let old_models: BTreeSet<&str> = old.routes.routes().map(|r| r.model.as_str()).collect();
         let new_models: BTreeSet<String> = new.routes.routes().map(|r| r.model.clone()).collect();
+        // From the next handshake on; open connections keep the certificate they got.
+        self.slots.renew(&new.listener_certs);
         self.live.replace(new);
 
         for (authority, model) in old_keys.difference(&new_keys) {
@@ -265,6 +283,12 @@ fn restart_required(old: &Server, new: &Server) -> Vec<&'static str> {
     };
     check("server.listen", old.listen != new.listen);
     check("server.admin_listen", old.admin_listen != new.admin_listen);
+    // A renewed certificate is put in force; turning TLS on or off is not.
+    check("server.tls_cert", old.tls.is_some() != new.tls.is_some());
+    check(
+        "server.admin_tls_cert",
+        old.admin_tls.is_some() != new.admin_tls.is_some(),
+    );
     check(
         "server.header_read_timeout",
         old.header_read_timeout != new.header_read_timeout,

@@ -1,5 +1,11 @@
 //! Steps 5 and 6: take a slot on a target, waiting in its queue for at most `queue_timeout`.
 //!
+//! A request takes as many of the target's slots as the engine will run sequences for it (its
+//! *weight*: `n` choices are `n` sequences, see [`Weighed`](crate::proxy::endpoint::Weighed)),
+//! all at once, in the same FIFO queue as everyone else (the limiter's `acquire_many`: a heavy
+//! request at the head is never overtaken by lighter ones behind it). A weight above the
+//! target's `parallel` could never be granted and is refused at once as [`Refused::TooHeavy`].
+//!
 //! [`enter`] joins the target's limiter key at once (the limiter enqueues at call time, so
 //! arrival order is grant order). A full queue is known without waiting and reported as
 //! [`Refused::Full`], so the caller can try the next ranked target. Otherwise the request waits
@@ -35,6 +41,14 @@ use crate::upstreams::target::Target;
 pub(crate) enum Refused {
     /// The queue was full: try elsewhere.
     Full,
+    /// The request needs more slots than the target has at all: try elsewhere, and if no
+    /// target can ever take it, the client must ask for less.
+    TooHeavy {
+        /// The slots asked for.
+        weight: usize,
+        /// The target's `parallel`.
+        parallel: usize,
+    },
     /// Waited `queue_timeout` without a slot.
     Timeout(Duration),
     /// The key was removed while waiting (a reload removed the model from the upstream).
@@ -61,12 +75,17 @@ pub(crate) struct Slot {
     metrics: Arc<TargetMetrics>,
 }
 
-/// Takes a slot on `target`, waiting up to its `queue_timeout`, or until `stop` fires.
-pub(crate) async fn enter(target: &Target, stop: &mut ShutdownSignal) -> Result<Slot, Refused> {
+/// Takes `weight` slots on `target` (one permit for all of them), waiting up to its
+/// `queue_timeout`, or until `stop` fires.
+pub(crate) async fn enter(
+    target: &Target,
+    weight: usize,
+    stop: &mut ShutdownSignal,
+) -> Result<Slot, Refused> {
     if stop.is_fired() {
         return Err(Refused::ShuttingDown);
     }
-    let acquire = target.key.acquire();
+    let acquire = target.key.acquire_many(weight);
     let outcome = match target.queue_timeout {
         Some(limit) if acquire.is_queued() => {
             // Counts the client leaving while queued: this future is then dropped mid-await,
@@ -90,6 +109,7 @@ pub(crate) async fn enter(target: &Target, stop: &mut ShutdownSignal) -> Result<
     };
     let permit = outcome.map_err(|error| match error {
         AcquireError::QueueFull => Refused::Full,
+        AcquireError::TooHeavy { weight, parallel } => Refused::TooHeavy { weight, parallel },
         _ => Refused::Closed,
     })?;
     observe(&target.metrics.queue_wait, permit.waited());
@@ -228,6 +248,11 @@ impl Slot {
         self.hold.record(held);
         observe(&self.metrics.duration, held);
         held
+    }
+
+    /// How long the request waited in the queue for this slot (zero when it was free).
+    pub(crate) fn waited(&self) -> Duration {
+        self.permit.waited()
     }
 
     /// This slot's target metrics.

@@ -23,6 +23,10 @@
 //! | `/tokenize`, `/detokenize` | JSON, optional | no | llama-server, vLLM |
 //! | `/apply-template` | JSON, optional | no | llama-server |
 //!
+//! A request holds one slot per sequence the engine runs for it ([`Weighed`]): `n` on
+//! `/v1/chat/completions`, `max(n, best_of)` on `/v1/completions`, one everywhere else
+//! (embeddings count one whatever their number of inputs).
+//!
 //! A request that names no model on an "optional" route goes to the only model the serving
 //! kinds have (a single-model `llama-server` ignores `model`); with several, it is a 400.
 
@@ -65,6 +69,24 @@ pub(crate) struct Endpoint {
     pub(crate) stream_default: bool,
     /// Whether the route changes an engine's disk (sent only where `allow_model_management`).
     pub(crate) manages_models: bool,
+    /// How many engine slots (sequences) one request takes.
+    pub(crate) weighed: Weighed,
+}
+
+/// How many engine slots one request on a route takes: its weight at the limiter.
+///
+/// An engine runs each generated choice as its own sequence, in its own slot
+/// (`docs/real-engine-notes.md`: llama-server showed `requests_processing 2` for one `"n": 2`
+/// request), so a request with `n` choices holds `n` slots, not one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Weighed {
+    /// One slot, whatever the body says (embeddings, rerank, Ollama's native routes, ...).
+    One,
+    /// `n` slots: the number of choices (chat completions).
+    Choices,
+    /// `max(n, best_of)` slots: the engine generates `best_of` candidates and returns the best
+    /// `n` (legacy completions; `best_of` below `n` is refused by the engines).
+    ChoicesOrBestOf,
 }
 
 impl Endpoint {
@@ -76,7 +98,13 @@ impl Endpoint {
             kinds,
             stream_default: false,
             manages_models: false,
+            weighed: Weighed::One,
         }
+    }
+
+    const fn weighed(mut self, weighed: Weighed) -> Self {
+        self.weighed = weighed;
+        self
     }
 
     const fn streaming_by_default(mut self) -> Self {
@@ -104,8 +132,8 @@ use ModelIn::{Form, Json, JsonOptional};
 
 /// The model-routed routes (see the module documentation).
 static ENDPOINTS: &[Endpoint] = &[
-    Endpoint::new("/v1/chat/completions", Json, true, ALL),
-    Endpoint::new("/v1/completions", Json, true, ALL),
+    Endpoint::new("/v1/chat/completions", Json, true, ALL).weighed(Weighed::Choices),
+    Endpoint::new("/v1/completions", Json, true, ALL).weighed(Weighed::ChoicesOrBestOf),
     Endpoint::new("/v1/embeddings", Json, true, ALL),
     Endpoint::new("/v1/responses", Json, true, ALL),
     Endpoint::new("/v1/messages", Json, true, ALL),

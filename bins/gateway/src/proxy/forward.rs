@@ -86,12 +86,12 @@ impl Forwarder {
         let uri = destination
             .base
             .uri_for(parts.uri.path_and_query())
-            .map_err(|e| ForwardError::Internal(format!("building the upstream URI: {e}")))?;
+            .map_err(ForwardError::Build)?;
         let mut req = Request::builder()
             .method(parts.method.clone())
             .uri(uri)
             .body(Full::new(body))
-            .map_err(|e| ForwardError::Internal(format!("building the upstream request: {e}")))?;
+            .map_err(ForwardError::Build)?;
         let headers = req.headers_mut();
         copy_end_to_end(&parts.headers, headers);
         // The client sets `Host` from the URI, and `Content-Length` from the body (which may
@@ -151,9 +151,10 @@ pub(crate) enum ForwardError {
     /// The exchange failed after the request was (maybe partly) sent.
     #[error("the exchange failed")]
     Failed(#[source] BoxError),
-    /// The request could not even be built (a bug).
-    #[error("{0}")]
-    Internal(String),
+    /// The upstream request (its URI or head) could not even be built: a bug, since the parts
+    /// were checked on the way in.
+    #[error("building the upstream request")]
+    Build(#[source] http::Error),
 }
 
 /// The fields RFC 9110 §7.6.1 (and the `Proxy-*` / `Keep-Alive` conventions it cites) makes

@@ -17,6 +17,7 @@ use slotgate_config::{Config, Secret};
 use slotgate_limiter::Limiter;
 
 use crate::error::chain;
+use crate::listener_tls::{ListenerCerts, ListenerTlsError};
 use crate::metrics::Metrics;
 use crate::proxy::auth::{ApiKeys, ApiKeysError};
 use crate::proxy::route::Routes;
@@ -25,8 +26,8 @@ use crate::upstreams::monitor::Watched;
 use crate::upstreams::state::{UpstreamError, Upstreams};
 
 /// What the gateway itself refuses in a configuration that `slotgate-config` accepted: every
-/// problem found, each naming its key (`upstreams.NAME.url: unsupported scheme https (only
-/// http)`).
+/// problem found, each naming its key (`upstreams.NAME.url: unsupported scheme ftp (http or
+/// https)`, `server.tls_cert: cannot read cert.pem: …`).
 ///
 /// ```no_run
 /// # fn demo(config: &slotgate_config::Config) {
@@ -50,10 +51,9 @@ pub(crate) enum ConfigProblem {
     /// The API keys file.
     #[error(transparent)]
     ApiKeys(#[from] ApiKeysError),
-    /// `tls_cert` / `admin_tls_cert`: the configuration crate reads them, but the listeners do
-    /// not speak TLS yet. Refused rather than serving plain HTTP where TLS was asked for.
-    #[error("server.{0}: TLS on the listeners is not implemented yet (issue #15)")]
-    ListenerTls(&'static str),
+    /// A listener certificate.
+    #[error(transparent)]
+    ListenerTls(#[from] ListenerTlsError),
 }
 
 impl ConfigProblems {
@@ -68,22 +68,16 @@ impl ConfigProblems {
 fn fallible_parts(
     config: &Config,
     previous: Option<&Upstreams>,
-) -> Result<(Upstreams, ApiKeys), ConfigProblems> {
+) -> Result<(Upstreams, ApiKeys, ListenerCerts), ConfigProblems> {
     let upstreams = Upstreams::build(config, previous);
     let api_keys = ApiKeys::load(
         config.server.api_keys.iter().map(Secret::expose),
         config.server.api_keys_file.as_deref(),
     );
-    let listener_tls = [
-        ("tls_cert", config.server.tls.is_some()),
-        ("admin_tls_cert", config.server.admin_tls.is_some()),
-    ]
-    .into_iter()
-    .filter_map(|(key, set)| set.then_some(ConfigProblem::ListenerTls(key)));
-    let listener_tls: Vec<ConfigProblem> = listener_tls.collect();
-    match (upstreams, api_keys) {
-        (Ok(upstreams), Ok(api_keys)) if listener_tls.is_empty() => Ok((upstreams, api_keys)),
-        (upstreams, api_keys) => {
+    let listener_certs = ListenerCerts::load(&config.server);
+    match (upstreams, api_keys, listener_certs) {
+        (Ok(upstreams), Ok(api_keys), Ok(certs)) => Ok((upstreams, api_keys, certs)),
+        (upstreams, api_keys, listener_certs) => {
             let mut problems: Vec<ConfigProblem> = upstreams
                 .err()
                 .unwrap_or_default()
@@ -91,7 +85,13 @@ fn fallible_parts(
                 .map(ConfigProblem::from)
                 .collect();
             problems.extend(api_keys.err().map(ConfigProblem::from));
-            problems.extend(listener_tls);
+            problems.extend(
+                listener_certs
+                    .err()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(ConfigProblem::from),
+            );
             Err(ConfigProblems(problems))
         }
     }
@@ -114,6 +114,8 @@ pub(crate) struct Generation {
     pub(crate) api_keys: ApiKeys,
     /// The health-check settings.
     pub(crate) policy: HealthPolicy,
+    /// The listeners' certificates, as read for this configuration.
+    pub(crate) listener_certs: ListenerCerts,
 }
 
 impl Generation {
@@ -130,7 +132,8 @@ impl Generation {
         limiter: &Limiter,
         metrics: &Metrics,
     ) -> Result<Self, ConfigProblems> {
-        let (upstreams, api_keys) = fallible_parts(&config, previous.map(|p| &p.upstreams))?;
+        let (upstreams, api_keys, listener_certs) =
+            fallible_parts(&config, previous.map(|p| &p.upstreams))?;
         let routes = Routes::build(
             &config,
             &upstreams,
@@ -146,6 +149,7 @@ impl Generation {
             upstreams,
             routes,
             api_keys,
+            listener_certs,
         })
     }
 

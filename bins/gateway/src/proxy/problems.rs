@@ -5,7 +5,7 @@
 //!
 //! | side     | variants | status |
 //! |----------|----------|--------|
-//! | client   | `NotFound`, `MethodNotAllowed`, `ModelNotFound`, `BadRequest`, `BodyRead`, `BodyTooLarge`, `BodyTimeout`, `UnsupportedMediaType`, `Unauthorized` | 404, 405, 404, 400, 400, 413, 408, 415, 401 |
+//! | client   | `NotFound`, `MethodNotAllowed`, `ModelNotFound`, `BadRequest`, `TooHeavy`, `BodyRead`, `BodyTooLarge`, `BodyTimeout`, `UnsupportedMediaType`, `Unauthorized` | 404, 405, 404, 400, 400, 400, 413, 408, 415, 401 |
 //! | capacity | `QueueFull`, `QueueTimeout`, `Overloaded` (the request never ran; retry) | 503 + `Retry-After` |
 //! | upstream | `UpstreamUnavailable` (nothing sent; retry), `UpstreamFailed`, `UpstreamTimeout` (maybe ran; the client decides) | 503 + `Retry-After`, 502, 504 |
 //! | gateway  | `ShuttingDown` (retry), `Internal` (a bug) | 503 + `Retry-After`, 500 |
@@ -121,6 +121,21 @@ pub(crate) enum Error {
         got: Option<String>,
     },
 
+    /// The request needs more engine slots (`n` sequences) than any upstream of the model has.
+    #[error(
+        "{weight} sequences for model {model:?} are more than the {parallel} slots of {upstream}"
+    )]
+    TooHeavy {
+        /// The upstream named in the refusal (the first one tried).
+        upstream: String,
+        /// The model asked for.
+        model: String,
+        /// The slots the request needs.
+        weight: usize,
+        /// That upstream's `parallel`.
+        parallel: usize,
+    },
+
     /// API keys are configured and the request carries none that is accepted.
     #[error("missing or invalid API key")]
     Unauthorized,
@@ -231,8 +246,14 @@ pub(crate) enum Error {
     },
 
     /// A bug: something that should not fail did.
-    #[error("internal error: {0}")]
-    Internal(String),
+    #[error("internal error: {what}")]
+    Internal {
+        /// What failed, for the log.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: BoxError,
+    },
 }
 
 impl Error {
@@ -253,6 +274,19 @@ impl Error {
                 retry_after,
             } => Problem::response_upstream_unavailable(id, upstream, *retry_after),
             Error::BadRequest(detail) => Problem::bad_request(detail.clone()),
+            Error::TooHeavy {
+                upstream,
+                model,
+                weight,
+                parallel,
+            } => Problem::bad_request(format!(
+                "the request runs {weight} sequences (`n`, or `best_of` when larger), but \
+                 model `{model}` on upstream `{upstream}` has only {parallel} slots; ask for \
+                 at most {parallel}"
+            ))
+            .with_param("n")
+            .with_extension("sequences", *weight)
+            .with_extension("parallel", *parallel),
             Error::BodyRead(_) => Problem::bad_request("the request body could not be read"),
             Error::BodyTooLarge { limit } => {
                 Problem::body_too_large(u64::try_from(*limit).unwrap_or(u64::MAX))
@@ -324,7 +358,7 @@ impl Error {
             } => Problem::config_refused(issues)
                 .with_extension("reloaded", false)
                 .with_extension("generation", *generation),
-            Error::Internal(_) => Problem::internal(),
+            Error::Internal { .. } => Problem::internal(),
         }
     }
 
@@ -337,7 +371,7 @@ impl Error {
                 | Error::UpstreamFailed { .. }
                 | Error::UpstreamTls { .. }
                 | Error::UpstreamTimeout { .. }
-                | Error::Internal(_)
+                | Error::Internal { .. }
         )
     }
 }
@@ -561,7 +595,15 @@ mod tests {
                 "config-refused",
                 false,
             ),
-            (Error::Internal("oops".into()), 500, "internal", false),
+            (
+                Error::Internal {
+                    what: "a test",
+                    source: io(),
+                },
+                500,
+                "internal",
+                false,
+            ),
         ]
     }
 

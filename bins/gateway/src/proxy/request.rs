@@ -43,7 +43,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::BoxError;
 use crate::metrics::{Bound, Metrics};
-use crate::proxy::endpoint::{Endpoint, ModelIn};
+use crate::proxy::endpoint::{Endpoint, ModelIn, Weighed};
 use crate::proxy::problems::Error;
 
 /// The request-body bytes the whole gateway may buffer at once (`max_buffered_body_bytes`).
@@ -118,6 +118,9 @@ pub(crate) struct ApiRequest {
     pub(crate) stream: bool,
     /// The `previous_response_id` member (Responses), when a string.
     pub(crate) previous_response_id: Option<String>,
+    /// The engine slots (sequences) the request takes, from `n` and `best_of` where the route
+    /// weighs them ([`Weighed`]); at least 1.
+    pub(crate) sequences: usize,
     /// Where the `model` value (with its quotes, in JSON) sits in `body`.
     model_span: Range<usize>,
     /// Whether the body is a `multipart/form-data` upload (the model value is bare text).
@@ -126,8 +129,9 @@ pub(crate) struct ApiRequest {
     _budget: Option<OwnedSemaphorePermit>,
 }
 
-/// The two members the gateway needs; everything else is skipped by `serde_json` without being
-/// copied. `model` stays raw so its position in the body is known.
+/// The members the gateway needs; everything else is skipped by `serde_json` without being
+/// copied. `model` stays raw so its position in the body is known; `n` and `best_of` stay raw
+/// so that a route that does not weigh them never refuses what its engine may accept.
 #[derive(Deserialize)]
 struct Head<'a> {
     #[serde(borrow, default)]
@@ -137,6 +141,10 @@ struct Head<'a> {
     /// Anything but a string is the engine's to refuse.
     #[serde(default)]
     previous_response_id: Option<serde_json::Value>,
+    #[serde(borrow, default)]
+    n: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    best_of: Option<&'a RawValue>,
 }
 
 /// Reads and checks a request to a model-routed endpoint.
@@ -145,7 +153,8 @@ struct Head<'a> {
 /// `limits.max_bytes` (413, before reading), a declared length the budget cannot hold (503), a
 /// body that grows past the limit (413) or past the budget (503), a body not complete within
 /// `limits.timeout` (408), a body that is not a JSON object, has no string `model` (unless the
-/// endpoint allows that), or has a non-boolean `stream` (400).
+/// endpoint allows that), has a non-boolean `stream`, or, on a route weighed by its choices,
+/// an `n` or `best_of` that is not a positive integer (400).
 pub(crate) async fn read<B>(
     req: Request<B>,
     limits: BodyLimits<'_>,
@@ -170,6 +179,8 @@ where
             Parsed {
                 model: Some(model),
                 stream: false,
+                // Uploads (audio) run one sequence.
+                sequences: 1,
                 span,
                 previous_response_id: None,
             }
@@ -182,6 +193,7 @@ where
         model: parsed.model,
         stream: parsed.stream,
         previous_response_id: parsed.previous_response_id,
+        sequences: parsed.sequences,
         model_span: parsed.span,
         form,
         _budget: held,
@@ -318,6 +330,7 @@ fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, Error> {
 struct Parsed {
     model: Option<String>,
     stream: bool,
+    sequences: usize,
     span: Range<usize>,
     previous_response_id: Option<String>,
 }
@@ -337,11 +350,17 @@ fn parse(body: &[u8], endpoint: &Endpoint) -> Result<Parsed, Error> {
         Some(serde_json::Value::String(id)) => Some(id),
         _ => None,
     };
+    let sequences = match endpoint.weighed {
+        Weighed::One => 1,
+        Weighed::Choices => count(head.n, "n")?,
+        Weighed::ChoicesOrBestOf => count(head.n, "n")?.max(count(head.best_of, "best_of")?),
+    };
     let Some(raw) = head.model else {
         if endpoint.model == ModelIn::JsonOptional {
             return Ok(Parsed {
                 model: None,
                 stream,
+                sequences,
                 span: 0..0,
                 previous_response_id,
             });
@@ -361,9 +380,25 @@ fn parse(body: &[u8], endpoint: &Endpoint) -> Result<Parsed, Error> {
     Ok(Parsed {
         model: Some(model),
         stream,
+        sequences,
         span,
         previous_response_id,
     })
+}
+
+/// The value of a count member (`n`, `best_of`): 1 when absent or `null`, else a positive
+/// integer (a refusal names the member otherwise: the engines refuse it too, but only after
+/// the request has waited for its slots).
+fn count(raw: Option<&RawValue>, name: &str) -> Result<usize, Error> {
+    let Some(raw) = raw else { return Ok(1) };
+    match serde_json::from_str::<Option<u64>>(raw.get()) {
+        Ok(None) => Ok(1),
+        // Above what a `usize` holds is above every `parallel`: refused as too heavy later.
+        Ok(Some(value)) if value >= 1 => Ok(usize::try_from(value).unwrap_or(usize::MAX)),
+        _ => Err(Error::BadRequest(format!(
+            "`{name}` must be a positive integer"
+        ))),
+    }
 }
 
 mod form;

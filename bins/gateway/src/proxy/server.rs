@@ -1,6 +1,10 @@
 //! Step 1: accept connections and serve them, until shutdown.
 //!
 //! - HTTP/1.1 and h2c (prior knowledge) on the same port, via hyper-util's `auto::Builder`.
+//! - TLS when the listener has a certificate ([`listener_tls`](crate::listener_tls)): the
+//!   handshake (ALPN `h2` or `http/1.1`) must end within the header-read timeout (a timed-out
+//!   one counts as `bound="header_timeout"`), then the decrypted connection is served exactly
+//!   like a plain one, under every bound below.
 //! - A header-read timeout: a connection that sends no bytes at all within it is closed before
 //!   the protocol is even sniffed, and an HTTP/1 request head must be complete within it. hyper
 //!   also starts that timer while a keep-alive connection waits for its next request, so idle
@@ -62,6 +66,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::either::Either;
 use tracing::{debug, info, warn};
 
 use crate::error::BoxError;
@@ -109,7 +115,8 @@ impl ServerCounters {
     }
 }
 
-/// Serves `listener` with `handler` until `shutdown` fires, then drains.
+/// Serves `listener` with `handler` until `shutdown` fires, then drains; speaks TLS through
+/// `tls` when given.
 ///
 /// `handler` is called once per request with the peer's address; it must answer every request
 /// itself (it cannot fail).
@@ -118,6 +125,7 @@ pub(crate) async fn serve<H, Fut, B>(
     listener: TcpListener,
     settings: ServerSettings,
     counters: ServerCounters,
+    tls: Option<TlsAcceptor>,
     handler: H,
     mut shutdown: ShutdownSignal,
 ) where
@@ -188,6 +196,7 @@ pub(crate) async fn serve<H, Fut, B>(
             name,
             Arc::clone(&builder),
             (stream, peer),
+            tls.clone(),
             service,
             activity,
             settings,
@@ -216,8 +225,8 @@ pub(crate) async fn serve<H, Fut, B>(
     connections.shutdown().await;
 }
 
-/// Serves one accepted connection until it ends, is idle for too long, or the server stops;
-/// `permit` is its place under the connection limit.
+/// Serves one accepted connection (after the TLS handshake, with `tls`) until it ends, is idle
+/// for too long, or the server stops; `permit` is its place under the connection limit.
 #[expect(
     clippy::too_many_arguments,
     reason = "one connection's parts, handed over once from the accept loop"
@@ -226,6 +235,7 @@ async fn serve_connection<S, B>(
     name: &'static str,
     builder: Arc<auto::Builder<TokioExecutor>>,
     (stream, peer): (TcpStream, SocketAddr),
+    tls: Option<TlsAcceptor>,
     service: S,
     activity: Activity,
     settings: ServerSettings,
@@ -256,9 +266,34 @@ async fn serve_connection<S, B>(
         debug!(listener = name, %peer, "no request within the header-read timeout");
         return;
     }
+    // On a TLS listener the handshake comes first, under the same bound as a request head.
+    let io = match tls {
+        None => Either::Left(stream),
+        Some(acceptor) => {
+            let handshake =
+                tokio::time::timeout(settings.header_read_timeout, acceptor.accept(stream));
+            let done = tokio::select! {
+                biased;
+                () = stopping.fired() => return,
+                done = handshake => done,
+            };
+            match done {
+                Ok(Ok(stream)) => Either::Right(stream),
+                Ok(Err(error)) => {
+                    debug!(listener = name, %peer, %error, "TLS handshake failed");
+                    return;
+                }
+                Err(_elapsed) => {
+                    counters.header_timeout.inc();
+                    debug!(listener = name, %peer, "TLS handshake not done within the header-read timeout");
+                    return;
+                }
+            }
+        }
+    };
     let mut conn = pin!(
         builder
-            .serve_connection(Refusals::new(TokioIo::new(stream)), service)
+            .serve_connection(Refusals::new(TokioIo::new(io)), service)
             .into_owned()
     );
     let mut closing = false;

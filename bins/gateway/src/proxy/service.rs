@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{Either, Full};
@@ -251,6 +251,8 @@ impl App {
         // With client keys on, the client's `Authorization` is its key to this gateway.
         let client_keys = generation.api_keys.is_enabled();
         let mut full_on: Option<(&str, Duration)> = None;
+        // The first upstream with fewer slots than the request needs: (name, weight, parallel).
+        let mut too_heavy: Option<(&str, usize, usize)> = None;
         let mut connect_error: Option<BoxError> = None;
         let mut stopping = self.shutdown.clone();
         for target in ranked {
@@ -258,7 +260,8 @@ impl App {
             // A shutdown ends the wait: only requests already running get the grace period.
             // A metadata route takes none.
             let admitted = if endpoint.slot {
-                admit::enter(target, &mut stopping).await.map(Some)
+                let weight = weight(&api, target);
+                admit::enter(target, weight, &mut stopping).await.map(Some)
             } else {
                 Ok(None)
             };
@@ -286,6 +289,11 @@ impl App {
                     });
                     continue;
                 }
+                Err(Refused::TooHeavy { weight, parallel }) => {
+                    // Never servable here; another upstream may have more slots.
+                    too_heavy.get_or_insert((target.upstream.name.as_str(), weight, parallel));
+                    continue;
+                }
                 Err(Refused::Timeout(waited)) => {
                     route.rejections.queue_timeout.inc();
                     return Err(Error::QueueTimeout {
@@ -304,10 +312,12 @@ impl App {
                 .forward(target, slot, &api, request_id, client_keys)
                 .await;
             match outcome {
-                Ok(response) => {
+                Ok(mut response) => {
                     if let Some(slot) = &slot {
                         observe(&slot.metrics().first_byte, sent.elapsed());
                     }
+                    let waited = slot.as_ref().map_or(Duration::ZERO, Slot::waited);
+                    mark_routed(response.headers_mut(), target, waited);
                     target.upstream.health.record_answer();
                     // A Responses answer: its id is recorded on the way to the client.
                     let recorder = (endpoint.path == RESPONSES && response.status().is_success())
@@ -348,6 +358,16 @@ impl App {
                 upstream: upstream.to_owned(),
                 model: model.to_owned(),
                 retry_after,
+            });
+        }
+        // Too heavy for every upstream that was tried, and none failed otherwise: no retry can
+        // help, the client must ask for fewer sequences.
+        if let (Some((upstream, weight, parallel)), None) = (too_heavy, &connect_error) {
+            return Err(Error::TooHeavy {
+                upstream: upstream.to_owned(),
+                model: model.to_owned(),
+                weight,
+                parallel,
             });
         }
         Err(Error::UpstreamUnavailable {
@@ -485,7 +505,12 @@ impl App {
                     source,
                 });
             }
-            Err(ForwardError::Internal(detail)) => return Err(Error::Internal(detail)),
+            Err(ForwardError::Build(error)) => {
+                return Err(Error::Internal {
+                    what: "the upstream request could not be built",
+                    source: Box::new(error),
+                });
+            }
         };
         if deleting && response.status().is_success() {
             self.affinity.forget(&id);
@@ -609,6 +634,34 @@ impl App {
 /// The targets of `route` to try for `endpoint`, best first: those of a kind that serves it
 /// (and, for a disk-changing route, whose upstream allows it). A problem when no configured
 /// upstream of the model could ever take it; an empty list when the ones that could are down.
+/// The upstream that answered, by its configured name.
+const UPSTREAM_HEADER: HeaderName = HeaderName::from_static("x-slotgate-upstream");
+/// How long the request waited in the queue for its slot, in whole milliseconds.
+const QUEUE_WAIT_HEADER: HeaderName = HeaderName::from_static("x-slotgate-queue-wait-ms");
+
+/// Tells the client where its answer came from and how long it queued: set on every response
+/// an upstream gave (replacing any such header the upstream sent, so an engine cannot speak
+/// for the gateway). The wait is 0 on routes that take no slot.
+fn mark_routed(headers: &mut http::HeaderMap, target: &Target, waited: Duration) {
+    // A name with control characters (a quoted TOML key may hold any) cannot be a header
+    // value: then the header is left out rather than the answer refused.
+    match HeaderValue::from_str(&target.upstream.name) {
+        Ok(name) => headers.insert(UPSTREAM_HEADER, name),
+        Err(_) => headers.remove(UPSTREAM_HEADER),
+    };
+    let millis = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
+    headers.insert(QUEUE_WAIT_HEADER, HeaderValue::from(millis));
+}
+
+/// The engine slots `api` takes on `target`: its sequences ([`Weighed`](crate::proxy::endpoint::Weighed)), except on
+/// Ollama, which ignores `n` and runs one sequence per request.
+fn weight(api: &request::ApiRequest, target: &Target) -> usize {
+    match target.upstream.kind {
+        Kind::Ollama => 1,
+        _ => api.sequences,
+    }
+}
+
 fn eligible<'r>(route: &'r Route, endpoint: &Endpoint) -> Result<Vec<&'r Target>, Error> {
     let serves = |t: &Target| endpoint.is_served_by(t.upstream.kind);
     let allowed = |t: &Target| serves(t) && (!endpoint.manages_models || t.model_management);
@@ -687,10 +740,14 @@ fn failed_after_connect(
                 model,
                 source,
             },
-            ForwardError::Internal(detail) => Error::Internal(detail),
-            ForwardError::Connect(error) => {
-                Error::Internal(format!("unhandled connect error: {error}"))
-            }
+            ForwardError::Build(error) => Error::Internal {
+                what: "the upstream request could not be built",
+                source: Box::new(error),
+            },
+            ForwardError::Connect(source) => Error::Internal {
+                what: "a connect error was not handled",
+                source,
+            },
         };
     };
     match failure {
@@ -719,14 +776,20 @@ fn failed_after_connect(
                 source,
             }
         }
-        ForwardError::Internal(detail) => {
+        ForwardError::Build(error) => {
             slot.abandon();
-            Error::Internal(detail)
+            Error::Internal {
+                what: "the upstream request could not be built",
+                source: Box::new(error),
+            }
         }
         // `Connect` is handled by the caller (it may fail over); counted like a bug if not.
-        ForwardError::Connect(error) => {
+        ForwardError::Connect(source) => {
             slot.abandon();
-            Error::Internal(format!("unhandled connect error: {error}"))
+            Error::Internal {
+                what: "a connect error was not handled",
+                source,
+            }
         }
     }
 }

@@ -204,7 +204,8 @@ mod properties {
         fn renaming_the_model_keeps_every_other_member(
             model in "[a-zA-Z0-9:._/-]{1,20}",
             upstream in "\\PC{0,20}",
-            extra in proptest::collection::btree_map("[a-z]{1,8}", any::<i64>(), 0..5),
+            // Two letters at least: `n` is a count the gateway checks (any integer is no `n`).
+            extra in proptest::collection::btree_map("[a-z]{2,8}", any::<i64>(), 0..5),
             spaces in "[ \n\t]{0,3}",
         ) {
             let mut object = serde_json::Map::new();
@@ -348,4 +349,65 @@ async fn ollama_chat_and_generate_stream_unless_told_not_to() {
         .await
         .unwrap();
     assert!(!req.stream);
+}
+
+#[tokio::test]
+async fn weighs_n_on_chat_max_of_n_and_best_of_on_completions_and_one_elsewhere() {
+    let json = Some("application/json");
+    let sequences = |endpoint: &'static str, body: &'static str| async move {
+        read_for(post(json, body), 1024, Endpoint::find(endpoint).unwrap())
+            .await
+            .map(|req| req.sequences)
+    };
+    let chat = "/v1/chat/completions";
+    let completions = "/v1/completions";
+    assert_eq!(sequences(chat, r#"{"model":"m"}"#).await.unwrap(), 1);
+    assert_eq!(
+        sequences(chat, r#"{"model":"m","n":null}"#).await.unwrap(),
+        1
+    );
+    assert_eq!(sequences(chat, r#"{"model":"m","n":3}"#).await.unwrap(), 3);
+    // `best_of` is not a chat member: left to the engine.
+    assert_eq!(
+        sequences(chat, r#"{"model":"m","best_of":5}"#)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        sequences(completions, r#"{"model":"m","n":2,"best_of":5}"#)
+            .await
+            .unwrap(),
+        5
+    );
+    assert_eq!(
+        sequences(completions, r#"{"model":"m","n":4,"best_of":1}"#)
+            .await
+            .unwrap(),
+        4
+    );
+    // Embeddings count one, whatever they carry.
+    assert_eq!(
+        sequences(
+            "/v1/embeddings",
+            r#"{"model":"m","input":["a","b"],"n":"x"}"#
+        )
+        .await
+        .unwrap(),
+        1
+    );
+    for bad in [
+        r#"{"model":"m","n":0}"#,
+        r#"{"model":"m","n":"2"}"#,
+        r#"{"model":"m","n":2.5}"#,
+    ] {
+        assert!(
+            matches!(sequences(chat, bad).await, Err(Error::BadRequest(ref d)) if d.contains("`n`")),
+            "{bad}"
+        );
+    }
+    assert!(matches!(
+        sequences(completions, r#"{"model":"m","best_of":-1}"#).await,
+        Err(Error::BadRequest(ref d)) if d.contains("`best_of`")
+    ));
 }

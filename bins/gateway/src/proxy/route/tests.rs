@@ -82,8 +82,8 @@ async fn ranking_follows_free_slots_times_weight_and_leaves_out_what_cannot_serv
     // b busy on both slots: a has free slots and goes first.
     let b = built.target("m", "b");
     let (_trigger, mut stop) = shutdown_pair();
-    let _one = enter(&b, &mut stop).await.expect("b slot 1");
-    let _two = enter(&b, &mut stop).await.expect("b slot 2");
+    let _one = enter(&b, 1, &mut stop).await.expect("b slot 1");
+    let _two = enter(&b, 1, &mut stop).await.expect("b slot 2");
     assert_eq!(names(&route.ranked()), ["a", "b"]);
 
     // Draining a: only b (busy, but it may queue) remains.
@@ -102,7 +102,7 @@ async fn a_request_in_flight_keeps_its_slot_across_a_reload_and_counts_in_the_ne
     let built = Built::new(TABLE);
     let old = built.target("m", "a");
     let (_trigger, mut stop) = shutdown_pair();
-    let slot = enter(&old, &mut stop).await.expect("a slot");
+    let slot = enter(&old, 1, &mut stop).await.expect("a slot");
 
     // The reload grows a's `parallel` to 3.
     let next = built.next(&TABLE.replacen("parallel = 2", "parallel = 3", 1));
