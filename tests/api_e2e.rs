@@ -11,7 +11,10 @@ mod support;
 
 use std::net::SocketAddr;
 
+use bytes::Bytes;
 use fake_upstream::{FakeConfig, FakeUpstream};
+use http::Request;
+use http_body_util::Full;
 use support::{SOON, eventually, gateway, get, open, post, send, server};
 
 /// An `[upstreams.NAME]` table of `kind` with one model, `parallel` slots and a queue of 16,
@@ -325,4 +328,436 @@ async fn a_model_less_native_request_needs_a_single_model() {
     let reply = send(post(addr, "/completion", body(Some("b")), &[])).await;
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert_eq!(two.observer().inference_requests().len(), 1);
+}
+
+/// A transcription upload as the OpenAI SDK sends it: the file first, then `model`.
+fn transcription(
+    addr: SocketAddr,
+    path: &str,
+    model: &str,
+    headers: &[(&str, &str)],
+) -> Request<Full<Bytes>> {
+    let mut body = Vec::new();
+    body.extend_from_slice(
+        b"--b0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\
+          Content-Type: audio/wav\r\n\r\nRIFF\x00\x01\x02 name=\"model\"\r\n",
+    );
+    body.extend_from_slice(
+        format!(
+            "--b0undary\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n{model}\r\n\
+             --b0undary--\r\n"
+        )
+        .as_bytes(),
+    );
+    let mut builder = Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "multipart/form-data; boundary=b0undary");
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    builder.body(Full::new(Bytes::from(body))).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_is_routed_by_its_model_field_capped_and_renamed_for_an_alias() {
+    let fake = start(FakeConfig::vllm(8).model("m")).await;
+    let gw = gateway(&format!(
+        "{}{}\n[aliases]\nwhisper = \"m\"\n",
+        server("max_upload_bytes = 4096"),
+        upstream_of("vllm", "engine", &fake.url(), "m", 2, "")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    for path in ["/v1/audio/transcriptions", "/v1/audio/translations"] {
+        fake.observer().reset_peak();
+        let tasks: Vec<_> = (0..5)
+            .map(|i| {
+                let id = format!("upload{}-{i}", path.replace('/', "_"));
+                tokio::spawn(async move {
+                    // Through the alias: the engine must get its own name.
+                    send(transcription(
+                        addr,
+                        path,
+                        "whisper",
+                        &[("x-fake-hold-ms", "300"), ("x-request-id", &id)],
+                    ))
+                    .await
+                })
+            })
+            .collect();
+        for task in tasks {
+            let reply = task.await.unwrap();
+            assert_eq!(reply.status, 200, "{path}: {}", reply.text());
+            assert!(reply.json()["text"].is_string(), "{}", reply.text());
+        }
+        assert_eq!(fake.observer().peak_in_flight(), 2, "{path}");
+    }
+    let renamed = fake
+        .observer()
+        .request("upload_v1_audio_transcriptions-0")
+        .expect("recorded");
+    assert_eq!(renamed.model.as_deref(), Some("m"));
+
+    // Its own limit, and a form is what it takes.
+    let mut big = transcription(addr, "/v1/audio/transcriptions", "m", &[]);
+    *big.body_mut() = Full::new(Bytes::from(vec![b'x'; 5000]));
+    send(big).await.assert_problem(413, "body-too-large");
+    send(post(addr, "/v1/audio/transcriptions", body(Some("m")), &[]))
+        .await
+        .assert_problem(400, "bad-request");
+    // Ollama serves transcriptions but not translations.
+    let ollama = start(FakeConfig::ollama(2).model("o")).await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream_of("ollama", "ollama", &ollama.url(), "o", 2, "")
+    ))
+    .await;
+    let reply = send(transcription(
+        gw.api_addr(),
+        "/v1/audio/transcriptions",
+        "o",
+        &[],
+    ))
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    send(transcription(
+        gw.api_addr(),
+        "/v1/audio/translations",
+        "o",
+        &[],
+    ))
+    .await
+    .assert_problem(404, "route-not-served");
+}
+
+/// The `id` of a Responses answer, JSON or SSE (the first `"id"` member is the response's).
+fn response_id(text: &str) -> String {
+    let at = text.find("\"id\":\"").expect("an id in the answer") + 6;
+    text[at..].split('"').next().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_follow_ups_go_to_the_upstream_that_holds_the_response() {
+    // Each fake remembers only its own responses: a follow-up anywhere else is a 404.
+    let a = start(FakeConfig::vllm(4).model("m")).await;
+    let b = start(FakeConfig::vllm(4).model("m")).await;
+    let gw = gateway(&format!(
+        "{}{}{}",
+        server(""),
+        upstream_of("vllm", "a", &a.url(), "m", 4, ""),
+        upstream_of("vllm", "b", &b.url(), "m", 4, "")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let create = move |stream: bool, previous: Option<&str>| {
+        let mut body = serde_json::json!({"model": "m", "input": "hello", "stream": stream});
+        if let Some(previous) = previous {
+            body["previous_response_id"] = previous.into();
+        }
+        post(
+            addr,
+            "/v1/responses",
+            body.to_string(),
+            &[("x-fake-hold-ms", "300")],
+        )
+    };
+    // At once, so that both upstreams make some (the one with more free slots is chosen).
+    let tasks: Vec<_> = [false, true, false, true, false, true, false, true]
+        .into_iter()
+        .map(|stream| tokio::spawn(send(create(stream, None))))
+        .collect();
+    let mut ids = Vec::new();
+    for task in tasks {
+        let reply = task.await.unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        ids.push(response_id(&reply.text()));
+    }
+    let made = |fake: &FakeUpstream| fake.observer().inference_requests().len();
+    assert!(
+        made(&a) > 0 && made(&b) > 0,
+        "both upstreams made responses"
+    );
+    for id in &ids {
+        for stream in [false, true] {
+            let reply = send(create(stream, Some(id))).await;
+            assert_eq!(reply.status, 200, "follow-up of {id}: {}", reply.text());
+        }
+        let reply = get(addr, &format!("/v1/responses/{id}")).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(reply.json()["id"], id.as_str());
+        let reply = get(addr, &format!("/v1/responses/{id}/input_items")).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+
+    // Unknown and deleted ids are the gateway's 404, not another host's guess.
+    send(create(false, Some("resp_unknown")))
+        .await
+        .assert_problem(404, "response-not-found");
+    let gone = &ids[0];
+    let delete = http::Request::delete(format!("http://{addr}/v1/responses/{gone}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(send(delete).await.status, 200);
+    get(addr, &format!("/v1/responses/{gone}"))
+        .await
+        .assert_problem(404, "response-not-found");
+
+    // Drained, the holder keeps its conversations: a clear 503, never the other host.
+    let admin = gw.admin_addr().unwrap();
+    let drain = http::Request::post(format!("http://{admin}/admin/upstreams/a/drain"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(send(drain).await.status, 200);
+    let before_b = made(&b);
+    let mut refused = 0;
+    for id in ids.iter().skip(1) {
+        let reply = send(create(false, Some(id))).await;
+        match reply.status.as_u16() {
+            200 => {}
+            503 => {
+                let problem = reply.assert_problem(503, "response-upstream-unavailable");
+                assert_eq!(problem["upstream"], "a");
+                refused += 1;
+            }
+            other => panic!("{other}: {}", reply.text()),
+        }
+    }
+    assert!(refused > 0, "some ids were a's");
+    assert_eq!(
+        made(&b) - before_b,
+        ids.len() - 1 - refused,
+        "b got only its own"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_name_reaches_each_engine_under_its_own_engine_model() {
+    // The same model, called differently by each engine (#14, `engine_model`).
+    let ollama = start(FakeConfig::ollama(4).model("qwen2.5:7b-instruct")).await;
+    let vllm = start(FakeConfig::vllm(4).model("Qwen/Qwen2.5-7B-Instruct")).await;
+    let with_engine_model = |kind: &str, name: &str, url: &str, engine: &str| {
+        format!(
+            "[upstreams.{name}]\nurl = \"{url}\"\nkind = \"{kind}\"\n\n\
+             [upstreams.{name}.models.qwen]\nengine_model = \"{engine}\"\n\
+             parallel = 2\nqueue = 16\nqueue_timeout = \"30s\"\n"
+        )
+    };
+    let gw = gateway(&format!(
+        "{}{}{}\n[aliases]\nchat = \"qwen\"\n",
+        server("health_check_interval = \"100ms\""),
+        with_engine_model("ollama", "o", &ollama.url(), "qwen2.5:7b-instruct"),
+        with_engine_model("vllm", "v", &vllm.url(), "Qwen/Qwen2.5-7B-Instruct"),
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let seen = |fake: &FakeUpstream, id: &str| fake.observer().request(id).and_then(|r| r.model);
+
+    // A route only one kind serves lands there, under that engine's name.
+    let reply = send(post(
+        addr,
+        "/api/chat",
+        body(Some("qwen")),
+        &[("x-request-id", "em-ollama")],
+    ))
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(
+        seen(&ollama, "em-ollama").as_deref(),
+        Some("qwen2.5:7b-instruct")
+    );
+    let reply = send(post(
+        addr,
+        "/v1/score",
+        body(Some("qwen")),
+        &[("x-request-id", "em-vllm")],
+    ))
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(
+        seen(&vllm, "em-vllm").as_deref(),
+        Some("Qwen/Qwen2.5-7B-Instruct")
+    );
+    // A shared route, through an alias: whichever engine got each, it got its own name.
+    for i in 0..6 {
+        let id = format!("em-chat-{i}");
+        let reply = send(post(
+            addr,
+            "/v1/chat/completions",
+            body(Some("chat")),
+            &[("x-request-id", &id)],
+        ))
+        .await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let names = (seen(&ollama, &id), seen(&vllm, &id));
+        assert!(
+            matches!(
+                (names.0.as_deref(), names.1.as_deref()),
+                (Some("qwen2.5:7b-instruct"), None) | (None, Some("Qwen/Qwen2.5-7B-Instruct"))
+            ),
+            "{id}: {names:?}"
+        );
+    }
+
+    // Clients see their own name; residency is asked by the engine's (Ollama lists
+    // `qwen2.5:7b-instruct` as running, and that makes `qwen` running here).
+    let models = get(addr, "/v1/models").await.json();
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["chat", "qwen"], "{models}");
+    let deadline = tokio::time::Instant::now() + SOON;
+    loop {
+        let ps = get(addr, "/api/ps").await.json();
+        if ps["models"]
+            == serde_json::json!([{"name": "chat", "model": "chat"}, {"name": "qwen", "model": "qwen"}])
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "qwen never showed as running: {ps}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    gw.shutdown().await;
+    ollama.shutdown().await;
+    vllm.shutdown().await;
+}
+
+/// Sends only a request head declaring a `Content-Length` of `declared` bytes to `path`, and
+/// reads the answer the gateway gives before any of the body is sent: (head, body).
+async fn declared_only(
+    addr: SocketAddr,
+    path: &str,
+    content_type: &str,
+    declared: usize,
+) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: {content_type}\r\n\
+         content-length: {declared}\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let read = async {
+        let mut chunk = [0_u8; 4096];
+        loop {
+            let n = stream.read(&mut chunk).await.unwrap();
+            got.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&got);
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let length = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length: ")
+                            .map(str::to_owned)
+                    })
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .expect("a content-length on the answer");
+                if body.len() >= length {
+                    return (head.to_owned(), body[..length].to_owned());
+                }
+            }
+            assert!(n > 0, "closed before a whole answer: {text}");
+        }
+    };
+    tokio::time::timeout(SOON, read)
+        .await
+        .expect("an answer before the body")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_bodies_may_be_32_mib_and_larger_ones_get_a_413_problem() {
+    let fake = start(FakeConfig::llama_server(4).model("m")).await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream_of("llama-server", "llama", &fake.url(), "m", 2, "")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    // A vision request above the old 4 MiB default: 6 MiB of base64 "image" goes through.
+    let image = "A".repeat(6 << 20);
+    let vision = serde_json::json!({
+        "model": "m",
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{image}")}},
+        ]}],
+    })
+    .to_string();
+    let reply = send(post(
+        addr,
+        "/v1/chat/completions",
+        vision,
+        &[("x-request-id", "vision")],
+    ))
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert!(fake.observer().request("vision").is_some());
+
+    // Past the limit, on every kind of route: refused from the declared length, before a byte
+    // of the body, as a problem document naming the limit in force.
+    for (path, content_type, limit) in [
+        ("/v1/chat/completions", "application/json", 32 << 20),
+        ("/completion", "application/json", 32 << 20),
+        (
+            "/v1/audio/transcriptions",
+            "multipart/form-data; boundary=x",
+            25 << 20,
+        ),
+    ] {
+        let (head, body) = declared_only(addr, path, content_type, limit + 1).await;
+        assert!(head.starts_with("HTTP/1.1 413"), "{path}: {head}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-type: application/problem+json"),
+            "{path}: {head}"
+        );
+        let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            doc["type"], "https://slotgate.dev/problems/body-too-large",
+            "{doc}"
+        );
+        assert_eq!(doc["limit_bytes"], limit, "{path}: {doc}");
+    }
+    // None of the refused ones reached the engine.
+    assert_eq!(fake.observer().inference_requests().len(), 1);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_draws_on_the_shared_body_budget() {
+    let fake = start(FakeConfig::vllm(4).model("m")).await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server("max_upload_bytes = 8192\nmax_buffered_body_bytes = 1024"),
+        upstream_of("vllm", "engine", &fake.url(), "m", 2, "")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    // Under the budget: through.
+    let reply = send(transcription(addr, "/v1/audio/transcriptions", "m", &[])).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    // Within the upload limit but past the budget: refused, the engine never asked.
+    let mut big = transcription(addr, "/v1/audio/transcriptions", "m", &[]);
+    let mut bytes =
+        b"--b0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\n"
+            .to_vec();
+    bytes.extend_from_slice(&[b'x'; 2000]);
+    bytes.extend_from_slice(
+        b"\r\n--b0undary\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--b0undary--\r\n",
+    );
+    *big.body_mut() = Full::new(Bytes::from(bytes));
+    send(big).await.assert_problem(503, "overloaded");
+    assert_eq!(fake.observer().inference_requests().len(), 1);
+    gw.shutdown().await;
+    fake.shutdown().await;
 }

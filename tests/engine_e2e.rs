@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use engine_support::{Engine, EngineOptions, capture_logs, long_chat, spawn_long_chats};
 use serde_json::Value;
 use support::{
-    SOON, admin_sample, authority, eventually, gateway, get, open, openai_python, post, send,
-    server, upstream,
+    SCRIPT_LIMIT, SOON, admin_sample, authority, eventually, gateway, get, open, openai_python,
+    post, run_bounded, send, server, upstream,
 };
 
 /// Long enough for anything on a loaded 2-core machine; only reached when a test fails.
@@ -314,10 +314,10 @@ async fn the_openai_python_sdk_streams_from_the_real_engine_through_the_gateway(
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/engine/sdk_stream.py");
     let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python)
-            .arg(script)
-            .arg(base_url)
-            .output()
+        run_bounded(
+            std::process::Command::new(python).arg(script).arg(base_url),
+            SCRIPT_LIMIT,
+        )
     })
     .await
     .unwrap()
@@ -571,4 +571,155 @@ async fn requests_straight_to_the_engine_show_in_its_busy_count_and_are_warned_a
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     gw.shutdown().await;
+}
+
+/// A native `/completion` body: `n_predict` tokens, all generated (`ignore_eos`), no `model`
+/// (a single-model llama-server needs none, and the gateway routes it to the only model).
+fn long_completion(n_predict: usize) -> String {
+    serde_json::json!({"prompt": "Hello", "n_predict": n_predict, "ignore_eos": true}).to_string()
+}
+
+/// An Anthropic Messages body for `tiny`.
+fn anthropic_messages(max_tokens: usize, stream: bool) -> String {
+    serde_json::json!({
+        "model": "tiny",
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "Hello"}],
+        "ignore_eos": true,
+        "stream": stream,
+    })
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_native_and_anthropic_routes_reach_the_real_engine_and_hold_its_slots() {
+    let engine = Engine::start(EngineOptions::default()).await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("engine", &engine.url(), "tiny", 2, 8, "300s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+
+    // llama-server's own `/completion` shape (PROTOCOLS §11), with and without `model`.
+    for body in [
+        long_completion(8),
+        serde_json::json!({"model": "tiny", "prompt": "Hello", "n_predict": 8}).to_string(),
+    ] {
+        let reply = send(post(addr, "/completion", body, &[])).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let doc = reply.json();
+        assert!(doc["content"].is_string(), "{doc}");
+        assert_eq!(doc["stop"], true, "{doc}");
+    }
+    // Tokens round-trip through `/tokenize` and `/detokenize`.
+    let reply = send(post(
+        addr,
+        "/tokenize",
+        r#"{"content":"Hello world"}"#.into(),
+        &[],
+    ))
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let tokens = reply.json()["tokens"].clone();
+    assert!(
+        tokens
+            .as_array()
+            .is_some_and(|t| !t.is_empty() && t.iter().all(Value::is_u64)),
+        "{tokens}"
+    );
+    let reply = send(post(
+        addr,
+        "/detokenize",
+        serde_json::json!({ "tokens": tokens }).to_string(),
+        &[],
+    ))
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert!(
+        reply.json()["content"]
+            .as_str()
+            .is_some_and(|text| text.contains("Hello world")),
+        "{}",
+        reply.text()
+    );
+    // `/infill` needs FIM tokens, which the tiny model's SPM vocabulary lacks: the engine's own
+    // 501 comes back through the gateway, and the slot it held goes back (checked below).
+    let reply = send(post(
+        addr,
+        "/infill",
+        r#"{"input_prefix":"fn main() {","input_suffix":"}","n_predict":8}"#.into(),
+        &[],
+    ))
+    .await;
+    assert_eq!(reply.status, 501, "{}", reply.text());
+    assert!(
+        reply.text().contains("Infill is not supported"),
+        "{}",
+        reply.text()
+    );
+    // Anthropic Messages, plain and streamed (PROTOCOLS §9).
+    let reply = send(post(
+        addr,
+        "/v1/messages",
+        anthropic_messages(8, false),
+        &[],
+    ))
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let doc = reply.json();
+    assert_eq!(doc["type"], "message", "{doc}");
+    assert_eq!(doc["content"][0]["type"], "text", "{doc}");
+    let reply = send(post(addr, "/v1/messages", anthropic_messages(8, true), &[])).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let text = reply.text();
+    let start = text.find("message_start").expect("a message_start event");
+    let stop = text.rfind("message_stop").expect("a message_stop event");
+    assert!(start < stop, "{text}");
+    let key = authority(engine.addr);
+    eventually("every slot went back", SOON, || {
+        gw.limiter().in_flight(&key, "tiny") == 0
+    })
+    .await;
+
+    mixed_burst_keeps_two_engine_slots_busy(addr, &engine).await;
+    gw.shutdown().await;
+}
+
+/// 3 long `/completion`s and 3 long `/v1/messages` at once through the gateway at `addr`, on 2
+/// slots: the engine runs 2 and never defers one; `/tokenize` answers meanwhile, without a slot.
+async fn mixed_burst_keeps_two_engine_slots_busy(addr: std::net::SocketAddr, engine: &Engine) {
+    let api = engine.api();
+    let tasks: Vec<_> = (0..6)
+        .map(|i| {
+            let (path, body) = if i % 2 == 0 {
+                ("/completion", long_completion(600))
+            } else {
+                ("/v1/messages", anthropic_messages(600, false))
+            };
+            tokio::spawn(async move { send(post(addr, path, body, &[])).await })
+        })
+        .collect();
+    let mut peak_busy = 0;
+    let mut peak_deferred = 0.0_f64;
+    let mut tokenized_while_full = false;
+    while !tasks.iter().all(tokio::task::JoinHandle::is_finished) {
+        let busy = api.busy_slots().await;
+        peak_busy = peak_busy.max(busy);
+        peak_deferred = peak_deferred.max(api.metric("requests_deferred").await);
+        if busy == 2 && !tokenized_while_full {
+            let reply = send(post(addr, "/tokenize", r#"{"content":"hi"}"#.into(), &[])).await;
+            assert_eq!(reply.status, 200, "{}", reply.text());
+            tokenized_while_full = true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for task in tasks {
+        let reply = task.await.unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    assert_eq!(peak_busy, 2, "both engine slots used, never more");
+    assert!(peak_deferred == 0.0, "the engine deferred {peak_deferred}");
+    assert!(tokenized_while_full, "never saw both slots busy");
 }

@@ -2,8 +2,9 @@
 //! and a 404 and a 503 surfacing as the SDK's own error types; over plain HTTP, then over TLS
 //! with a private CA (certificates made here with `rcgen`) that the SDK is told to trust.
 //!
-//! The test makes a virtualenv under Cargo's target tmp dir and `pip install`s a pinned `openai`
-//! into it (once; later runs reuse it), then runs `tests/openai_sdk/check.py` against a gateway
+//! The test makes a virtualenv in the cache outside the repository (`support::venv_cache`) and
+//! `pip install`s a pinned `openai` into it (once; later runs reuse it; pip and the script are
+//! each bounded in time), then runs `tests/openai_sdk/check.py` against a gateway
 //! and a fake llama-server started in-process. It needs `python3` with `venv` and access to
 //! the Python Package Index. Set `SKIP_OPENAI_SDK_TEST=1` to skip it where neither is available.
 
@@ -13,18 +14,17 @@ mod tls_support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use support::{fake, gateway, openai_python, server, upstream};
+use support::{SCRIPT_LIMIT, fake, gateway, openai_python, run_bounded, server, upstream};
 use tls_support::Pki;
 
 /// Runs the SDK script against `base_url` (trusting `ca_file` only, when given).
 async fn check(python: PathBuf, base_url: String, ca_file: Option<PathBuf>) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_sdk/check.py");
     let output = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .arg(script)
-            .arg(base_url)
-            .args(ca_file)
-            .output()
+        run_bounded(
+            Command::new(python).arg(script).arg(base_url).args(ca_file),
+            SCRIPT_LIMIT,
+        )
     })
     .await
     .unwrap()

@@ -334,38 +334,159 @@ impl H2 {
 /// The OpenAI Python SDK version the SDK tests pin.
 pub const OPENAI_SDK: &str = "openai==3.57.0";
 
-/// A virtualenv called `name` under Cargo's target tmp dir with the pinned OpenAI SDK, made once
-/// (later runs reuse it); returns its `python`. Each test binary passes its own `name`: test
-/// binaries may run at the same time, and `venv --clear` under a running interpreter would break
-/// the other one. Needs `python3` with `venv` and the Python Package Index.
+/// How long making one virtualenv with its pinned packages may take before the test fails; pip's
+/// own socket timeout is 30 s per request, so a stalled index fails well inside it.
+pub const VENV_INSTALL_LIMIT: Duration = Duration::from_secs(600);
+
+/// How long one client script (`tests/*/check.py`) may run before it is killed and the test fails.
+pub const SCRIPT_LIMIT: Duration = Duration::from_secs(180);
+
+/// A virtualenv with the pinned OpenAI SDK, made once and cached outside the repository (see
+/// [`python_with`]); returns its `python`.
 pub fn openai_python(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    python_with(name, &[OPENAI_SDK])
+}
+
+/// The directory that holds the cached virtualenvs: `$SLOTGATE_TEST_VENVS`, else
+/// `$XDG_CACHE_HOME/slotgate-test-venvs`, else `~/.cache/slotgate-test-venvs`. It lives outside
+/// every worktree so that `cargo clean` and fresh checkouts do not pay for pip again.
+pub fn venv_cache() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SLOTGATE_TEST_VENVS") {
+        return PathBuf::from(dir);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("slotgate-test-venvs")
+}
+
+/// A virtualenv with the pinned `packages`, cached in [`venv_cache`] under `name` plus the pins
+/// (so a new pin makes a new venv); returns its `python`. Needs `python3` with `venv` and the
+/// Python Package Index the first time. The venv is built in a private directory and renamed
+/// into place only once pip succeeded, so test binaries and worktrees that run at the same time
+/// never see (or clear) a half-made one. pip is bounded by [`VENV_INSTALL_LIMIT`].
+pub fn python_with(name: &str, packages: &[&str]) -> PathBuf {
+    let pins: String = packages
+        .join("+")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '+' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let cache = venv_cache();
+    let dir = cache.join(format!("{name}-{pins}"));
     let python = dir.join("bin/python");
-    let marker = dir.join(format!("{OPENAI_SDK}.installed"));
-    if marker.exists() {
+    if python.exists() {
         return python;
     }
-    let status = Command::new("python3")
-        .args(["-m", "venv", "--clear"])
-        .arg(&dir)
-        .status()
-        .expect("python3 runs (install python3 and python3-venv)");
-    assert!(status.success(), "python3 -m venv failed");
-    let status = Command::new(dir.join("bin/pip"))
-        .args([
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            OPENAI_SDK,
-        ])
-        .status()
-        .expect("pip runs");
+    std::fs::create_dir_all(&cache).expect("create the venv cache directory");
+    let building = cache.join(format!(".{name}-{pins}.{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&building);
+    let status = run_bounded(
+        Command::new("python3").args(["-m", "venv"]).arg(&building),
+        VENV_INSTALL_LIMIT,
+    )
+    .expect("python3 runs (install python3 and python3-venv)");
     assert!(
-        status.success(),
-        "pip install {OPENAI_SDK} failed (needs the Python Package Index)"
+        status.status.success(),
+        "python3 -m venv failed: {status:?}"
     );
-    std::fs::write(&marker, "").expect("write the venv marker");
+    // `python -m pip`, not `bin/pip`: the scripts' shebangs name the private directory, which
+    // is renamed below; the interpreter itself finds its packages from wherever it is.
+    let status = run_bounded(
+        Command::new(building.join("bin/python"))
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+            ])
+            .args(["--timeout", "30", "--retries", "2"])
+            .args(packages),
+        VENV_INSTALL_LIMIT,
+    )
+    .expect("pip runs");
+    assert!(
+        status.status.success(),
+        "pip install {packages:?} failed (needs the Python Package Index)\n{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    if std::fs::rename(&building, &dir).is_err() {
+        // Another process finished the same venv first; use that one.
+        let _ = std::fs::remove_dir_all(&building);
+        assert!(
+            python.exists(),
+            "the venv {} could not be put in place",
+            dir.display()
+        );
+    }
     python
+}
+
+/// Runs `command` to completion with its output captured, killing it once `limit` has passed.
+/// `Err` if it cannot start; a run past `limit` panics with what it printed so far.
+pub fn run_bounded(
+    command: &mut Command,
+    limit: Duration,
+) -> std::io::Result<std::process::Output> {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    // Drain both pipes on threads so a chatty child never blocks on a full pipe.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let out = stdout.join().unwrap_or_default();
+            let err = stderr.join().unwrap_or_default();
+            panic!(
+                "{command:?} ran past {limit:?} and was killed\n--- stdout\n{}\n--- stderr\n{}",
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&err)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    Ok(std::process::Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    })
 }
 
 /// The value of one series of a `/metrics` text (`name{label="value",…}` with exactly these

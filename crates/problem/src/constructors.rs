@@ -156,6 +156,62 @@ impl Problem {
         .ext("route", route)
     }
 
+    /// [`Kind::ResponseNotFound`] (404): the gateway knows no upstream for response `id`.
+    ///
+    /// Sets the extension member `response_id`.
+    ///
+    /// ```
+    /// use slotgate_problem::Problem;
+    ///
+    /// assert_eq!(Problem::response_not_found("resp_1").status(), 404);
+    /// ```
+    #[must_use]
+    pub fn response_not_found(id: &str) -> Self {
+        Self::new(
+            Kind::ResponseNotFound,
+            format!(
+                "Response `{id}` is not known here: it did not pass through this gateway, it was \
+                 deleted, or it is too old. Start a new conversation without \
+                 `previous_response_id`."
+            ),
+        )
+        .with_detail(format!("No upstream is recorded for response `{id}`."))
+        .ext("response_id", id)
+        .with_param("previous_response_id")
+    }
+
+    /// [`Kind::ResponseUpstreamUnavailable`] (503): `upstream`, which holds response `id`, is
+    /// down, draining or no longer serves the model.
+    ///
+    /// Sets `Retry-After` from `retry_after`, and the extension members `response_id` and
+    /// `upstream`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use slotgate_problem::Problem;
+    ///
+    /// let p = Problem::response_upstream_unavailable("resp_1", "gpu-a", Duration::from_secs(5));
+    /// assert_eq!(p.retry_after_secs(), Some(5));
+    /// ```
+    #[must_use]
+    pub fn response_upstream_unavailable(id: &str, upstream: &str, retry_after: Duration) -> Self {
+        let secs = retry_secs(retry_after);
+        Self::new(
+            Kind::ResponseUpstreamUnavailable,
+            format!(
+                "The server holding response `{id}` cannot take requests now. Retry in {secs} s, \
+                 or start a new conversation without `previous_response_id`."
+            ),
+        )
+        .with_detail(format!(
+            "Upstream `{upstream}`, which holds response `{id}`, is down, draining or no longer \
+             serves the model; no other host has the conversation."
+        ))
+        .ext("response_id", id)
+        .ext("upstream", upstream)
+        .with_retry_after(retry_after)
+    }
+
     /// [`Kind::NotFound`] (404): `path` is not a route of the gateway.
     ///
     /// Sets the extension member `path`, clipped to [`ECHO_LIMIT`] characters like any echoed

@@ -155,6 +155,26 @@ kinds! {
         code: "route_disabled",
         openai_type: "invalid_request_error",
     }
+    /// A Responses follow-up (`previous_response_id`, or a look-up by id) names a response this
+    /// gateway did not pass on, or has forgotten (`response_affinity_ttl`,
+    /// `response_affinity_entries`), or that was deleted (404).
+    ResponseNotFound {
+        slug: RESPONSE_NOT_FOUND = "response-not-found",
+        status: NOT_FOUND,
+        title: "Response not found",
+        code: "response_not_found",
+        openai_type: "invalid_request_error",
+    }
+    /// The upstream that holds the response a follow-up names is down, draining or no longer
+    /// serves the model; the follow-up is not sent to another host, which would not know the
+    /// conversation (503, with `Retry-After`).
+    ResponseUpstreamUnavailable {
+        slug: RESPONSE_UPSTREAM_UNAVAILABLE = "response-upstream-unavailable",
+        status: SERVICE_UNAVAILABLE,
+        title: "Upstream of the response unavailable",
+        code: "response_upstream_unavailable",
+        openai_type: "server_error",
+    }
     /// The request body is not what the endpoint needs: not JSON, not an object, or `model`
     /// missing or not a string (400).
     BadRequest {

@@ -21,6 +21,10 @@ fn sample(kind: Kind) -> Problem {
         }
         Kind::ModelNotFound => Problem::model_not_found("nope"),
         Kind::NotFound => Problem::not_found("/v2/chat"),
+        Kind::ResponseNotFound => Problem::response_not_found("resp_1"),
+        Kind::ResponseUpstreamUnavailable => {
+            Problem::response_upstream_unavailable("resp_1", "gpu-a", RETRY)
+        }
         Kind::RouteNotServed => Problem::route_not_served("llama", "/api/chat"),
         Kind::RouteDisabled => Problem::route_disabled("llama", "/api/pull"),
         Kind::MethodNotAllowed => Problem::method_not_allowed(&Method::GET, &[Method::POST]),

@@ -76,6 +76,9 @@ struct ServerView {
     #[serde(skip_serializing_if = "Option::is_none")]
     admin_listen: Option<String>,
     max_body_bytes: usize,
+    max_upload_bytes: usize,
+    response_affinity_entries: usize,
+    response_affinity_ttl: String,
     header_read_timeout: String,
     connect_timeout: String,
     first_byte_timeout: String,
@@ -129,7 +132,15 @@ struct UpstreamView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     parallel: Option<usize>,
     // Tables last: TOML cannot put a plain key after a sub-table.
-    models: BTreeMap<&'a str, ModelView>,
+    models: BTreeMap<&'a str, ModelEntryView<'a>>,
+}
+
+#[derive(Serialize)]
+struct ModelEntryView<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    engine_model: Option<&'a str>,
+    #[serde(flatten)]
+    limits: ModelView,
 }
 
 #[derive(Serialize)]
@@ -172,6 +183,9 @@ impl From<&Server> for ServerView {
             listen: server.listen.to_string(),
             admin_listen: server.admin_listen.map(|addr| addr.to_string()),
             max_body_bytes: server.max_body_bytes,
+            max_upload_bytes: server.max_upload_bytes,
+            response_affinity_entries: server.response_affinity_entries,
+            response_affinity_ttl: human(server.response_affinity_ttl),
             header_read_timeout: human(server.header_read_timeout),
             connect_timeout: human(server.connect_timeout),
             first_byte_timeout: human(server.first_byte_timeout),
@@ -226,7 +240,13 @@ impl<'a> From<&'a Upstream> for UpstreamView<'a> {
             models: upstream
                 .models
                 .iter()
-                .map(|(name, limits)| (name.as_str(), ModelView::from(*limits)))
+                .map(|(name, limits)| {
+                    let entry = ModelEntryView {
+                        engine_model: upstream.engine_models.get(name).map(String::as_str),
+                        limits: ModelView::from(*limits),
+                    };
+                    (name.as_str(), entry)
+                })
                 .collect(),
         }
     }

@@ -118,6 +118,14 @@ pub struct Server {
     pub admin_listen: Option<SocketAddr>,
     /// Largest request body accepted, in bytes (default [`Server::DEFAULT_MAX_BODY_BYTES`]).
     pub max_body_bytes: usize,
+    /// Largest upload (`multipart/form-data`: audio transcription and translation) accepted, in
+    /// bytes (default [`Server::DEFAULT_MAX_UPLOAD_BYTES`]).
+    pub max_upload_bytes: usize,
+    /// Most Responses ids whose upstream is remembered for follow-ups (default
+    /// [`Server::DEFAULT_RESPONSE_AFFINITY_ENTRIES`]); the oldest is forgotten first.
+    pub response_affinity_entries: usize,
+    /// How long a Responses id's upstream is remembered (default 24h).
+    pub response_affinity_ttl: Duration,
     /// Time allowed for a client to send the request head (default 10s).
     pub header_read_timeout: Duration,
     /// Time allowed to open a TCP connection to an upstream (default 5s).
@@ -215,8 +223,15 @@ pub struct CertAndKey {
 }
 
 impl Server {
-    /// Default [`Server::max_body_bytes`]: 4 MiB, room for long chat histories.
-    pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+    /// Default [`Server::max_body_bytes`]: 32 MiB. Vision requests carry their images as
+    /// base64 (a 3 MB photo is 4 MB of it), so a few photos and a long history need room.
+    pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+    /// Default [`Server::max_upload_bytes`]: 25 MiB, OpenAI's own limit for audio files.
+    pub const DEFAULT_MAX_UPLOAD_BYTES: usize = 25 * 1024 * 1024;
+    /// Default [`Server::response_affinity_entries`]: 100 000 (some 10 MB).
+    pub const DEFAULT_RESPONSE_AFFINITY_ENTRIES: usize = 100_000;
+    /// Default [`Server::response_affinity_ttl`].
+    pub const DEFAULT_RESPONSE_AFFINITY_TTL: Duration = Duration::from_secs(24 * 3600);
     /// Default [`Server::header_read_timeout`].
     pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
     /// Default [`Server::connect_timeout`].
@@ -308,6 +323,9 @@ pub struct Upstream {
     pub parallel: Option<usize>,
     /// The models served here and their limits, by model name. At least one.
     pub models: BTreeMap<String, ModelLimits>,
+    /// The models whose engine knows them by another name (`engine_model`), by model name;
+    /// a model not listed is known by its own name. See [`Upstream::engine_model`].
+    pub engine_models: BTreeMap<String, String>,
 }
 
 impl Upstream {
@@ -333,6 +351,39 @@ impl Upstream {
     /// `"/openai"` for `http://h:80/openai/`. The gateway prepends it to the client's path.
     pub fn path_prefix(&self) -> &str {
         self.url.path().trim_end_matches('/')
+    }
+
+    /// What this upstream's engine calls the configured `model`: its `engine_model`, or the
+    /// name itself. The gateway writes it into the `model` member of requests sent here, and
+    /// asks the engine about it (residency, slot counts) by it.
+    ///
+    /// ```
+    /// let config = slotgate_config::Config::from_toml_str(r#"
+    ///     [server]
+    ///     listen = "127.0.0.1:8080"
+    ///
+    ///     [upstreams.ollama]
+    ///     url = "http://127.0.0.1:11434"
+    ///     kind = "ollama"
+    ///
+    ///     [upstreams.ollama.models.qwen]
+    ///     engine_model = "qwen2.5:7b-instruct"
+    ///     parallel = 2
+    ///     queue = 8
+    ///     queue_timeout = "30s"
+    ///
+    ///     [upstreams.ollama.models.llama]
+    ///     parallel = 2
+    ///     queue = 8
+    ///     queue_timeout = "30s"
+    /// "#)?;
+    /// let upstream = &config.upstreams["ollama"];
+    /// assert_eq!(upstream.engine_model("qwen"), "qwen2.5:7b-instruct");
+    /// assert_eq!(upstream.engine_model("llama"), "llama");
+    /// # Ok::<(), slotgate_config::ConfigError>(())
+    /// ```
+    pub fn engine_model<'a>(&'a self, model: &'a str) -> &'a str {
+        self.engine_models.get(model).map_or(model, String::as_str)
     }
 
     /// The limits of `model` here, if this upstream configures it.

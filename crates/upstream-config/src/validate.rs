@@ -24,6 +24,9 @@ const SERVER_KEYS: &[&str] = &[
     "listen",
     "admin_listen",
     "max_body_bytes",
+    "max_upload_bytes",
+    "response_affinity_entries",
+    "response_affinity_ttl",
     "header_read_timeout",
     "connect_timeout",
     "first_byte_timeout",
@@ -65,7 +68,13 @@ const UPSTREAM_KEYS: &[&str] = &[
     "parallel",
     "models",
 ];
-const MODEL_KEYS: &[&str] = &["parallel", "queue", "queue_timeout", "capacity"];
+const MODEL_KEYS: &[&str] = &[
+    "parallel",
+    "queue",
+    "queue_timeout",
+    "capacity",
+    "engine_model",
+];
 
 const UNLIMITED: &str = "unlimited";
 const AUTO: &str = "auto";
@@ -124,6 +133,10 @@ fn optional<'f, 'v, T>(
 
 // ===== [server] =====
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one read per key of the table, in the table's order, then one assembly"
+)]
 fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<Server> {
     let Some(value) = value else {
         r.missing(
@@ -179,6 +192,18 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
     };
     let max_body_bytes = at_least_one("max_body_bytes", Server::DEFAULT_MAX_BODY_BYTES, r);
     let max_connections = at_least_one("max_connections", Server::DEFAULT_MAX_CONNECTIONS, r);
+    let max_upload_bytes = at_least_one("max_upload_bytes", Server::DEFAULT_MAX_UPLOAD_BYTES, r);
+    let response_affinity_entries = at_least_one(
+        "response_affinity_entries",
+        Server::DEFAULT_RESPONSE_AFFINITY_ENTRIES,
+        r,
+    );
+    let response_affinity_ttl = duration(
+        "response_affinity_ttl",
+        Server::DEFAULT_RESPONSE_AFFINITY_TTL,
+        false,
+        r,
+    );
 
     let bounds = bound_keys(r, t, path);
 
@@ -195,6 +220,9 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         listen: listen?,
         admin_listen: admin_listen?,
         max_body_bytes: max_body_bytes?,
+        max_upload_bytes: max_upload_bytes?,
+        response_affinity_entries: response_affinity_entries?,
+        response_affinity_ttl: response_affinity_ttl?,
         header_read_timeout: header_read_timeout?,
         connect_timeout: connect_timeout?,
         first_byte_timeout: first_byte_timeout?,
@@ -642,6 +670,7 @@ fn upstream<'v>(
             models(r, p, v, dict, kind)
         },
     );
+    let (models, engine_models) = models.map_or((None, None), |(m, e)| (Some(m), Some(e)));
 
     if let (
         true,
@@ -656,6 +685,7 @@ fn upstream<'v>(
         Some(tls),
         Some(parallel),
         Some(models),
+        Some(engine_models),
     ) = (
         name_ok,
         url,
@@ -669,6 +699,7 @@ fn upstream<'v>(
         tls,
         parallel,
         models,
+        engine_models,
     ) {
         out.built = Some(Upstream {
             name: name.to_owned(),
@@ -684,6 +715,7 @@ fn upstream<'v>(
             client_identity: tls.client_identity,
             parallel,
             models,
+            engine_models,
         });
     }
     out
@@ -797,6 +829,9 @@ fn upstream_url(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Url
     }
 }
 
+/// The models of one upstream and the names their engine knows them by.
+type Models = (BTreeMap<String, ModelLimits>, BTreeMap<String, String>);
+
 /// `kind` is the upstream's, when it could be read (`parallel = "auto"` depends on it).
 fn models(
     r: &mut Reader<'_>,
@@ -804,26 +839,83 @@ fn models(
     value: &Value,
     dict: &Dict,
     kind: Option<Kind>,
-) -> Option<BTreeMap<String, ModelLimits>> {
+) -> Option<Models> {
     if dict.is_empty() {
         r.invalid(path, value, "at least one model is required");
         return None;
     }
-    let mut built = Some(BTreeMap::new());
+    let mut built = Some((BTreeMap::new(), BTreeMap::new()));
+    // Engine name → the configured model that uses it: two models that send the same name to
+    // one engine would be one model there, counted against two limits.
+    let mut engine_names: BTreeMap<String, &str> = BTreeMap::new();
     for (name, value) in dict {
         let model_path = path.key(name);
         if name.is_empty() {
             r.issue(&model_path, "a model name must not be empty");
             built = None;
         }
-        match (built.as_mut(), model_limits(r, &model_path, value, kind)) {
-            (Some(map), Some(limits)) => {
-                map.insert(name.clone(), limits);
+        let engine_model = engine_model(r, &model_path, value);
+        let engine_name = match &engine_model {
+            EngineModel::Named(engine) => engine.as_str(),
+            EngineModel::Absent | EngineModel::Invalid => name.as_str(),
+        };
+        if let Some(first) = engine_names.insert(engine_name.to_owned(), name) {
+            let message = format!(
+                "models {first:?} and {name:?} both reach this engine as {engine_name:?}; \
+                 configure the engine's model once (use [aliases] for a second client name)"
+            );
+            r.issue(&model_path, message);
+            built = None;
+        }
+        match (
+            built.as_mut(),
+            model_limits(r, &model_path, value, kind),
+            engine_model,
+        ) {
+            (_, _, EngineModel::Invalid) | (None, _, _) | (_, None, _) => built = None,
+            (Some((limits_map, engines)), Some(limits), engine) => {
+                limits_map.insert(name.clone(), limits);
+                if let EngineModel::Named(engine) = engine {
+                    engines.insert(name.clone(), engine);
+                }
             }
-            _ => built = None,
         }
     }
     built
+}
+
+/// What a model table's `engine_model` said.
+enum EngineModel {
+    /// Absent: the engine knows the model by its own name.
+    Absent,
+    /// The engine's name for the model.
+    Named(String),
+    /// Not a non-empty string (already reported).
+    Invalid,
+}
+
+/// The model table's `engine_model`.
+fn engine_model(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> EngineModel {
+    // Not a table: `model_limits` reports it.
+    let Value::Dict(_, table) = value else {
+        return EngineModel::Absent;
+    };
+    let Some(v) = table.get("engine_model") else {
+        return EngineModel::Absent;
+    };
+    let key = path.key("engine_model");
+    let Some(text) = r.string(&key, v) else {
+        return EngineModel::Invalid;
+    };
+    if text.is_empty() {
+        r.invalid(
+            &key,
+            v,
+            "must not be empty; leave it out to send the model's own name",
+        );
+        return EngineModel::Invalid;
+    }
+    EngineModel::Named(text.to_owned())
 }
 
 /// What `parallel` said.

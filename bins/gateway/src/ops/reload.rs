@@ -335,5 +335,14 @@ fn restart_required(old: &Server, new: &Server) -> Vec<&'static str> {
         "server.client_write_timeout",
         old.client_write_timeout != new.client_write_timeout,
     );
+    // The Responses affinity record is made once, with its bounds, at start.
+    check(
+        "server.response_affinity_entries",
+        old.response_affinity_entries != new.response_affinity_entries,
+    );
+    check(
+        "server.response_affinity_ttl",
+        old.response_affinity_ttl != new.response_affinity_ttl,
+    );
     keys
 }

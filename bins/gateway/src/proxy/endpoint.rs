@@ -13,6 +13,8 @@
 //! | `/v1/rerank`, `/rerank` | JSON | yes | llama-server, vLLM |
 //! | `/v1/reranking`, `/reranking` | JSON | yes | llama-server |
 //! | `/v2/rerank`, `/v1/score`, `/score` | JSON | yes | vLLM |
+//! | `/v1/audio/transcriptions` | form field | yes | all |
+//! | `/v1/audio/translations` | form field | yes | vLLM, openai |
 //! | `/v1/audio/speech`, `/v1/images/generations` | JSON | yes | vLLM, openai |
 //! | `/api/chat`, `/api/generate`, `/api/embed`, `/api/embeddings` | JSON | yes | Ollama |
 //! | `/api/show` | JSON | no | Ollama |
@@ -47,6 +49,9 @@ pub(crate) enum ModelIn {
     Json,
     /// The JSON body's `model` member, or, when absent, the only model the serving kinds have.
     JsonOptional,
+    /// The `model` field of a `multipart/form-data` body (an upload), required; the body limit
+    /// is `max_upload_bytes`.
+    Form,
 }
 
 /// One route of the engines' APIs.
@@ -123,7 +128,7 @@ impl Endpoint {
     }
 }
 
-use ModelIn::{Json, JsonOptional};
+use ModelIn::{Form, Json, JsonOptional};
 
 /// The model-routed routes (see the module documentation).
 static ENDPOINTS: &[Endpoint] = &[
@@ -140,6 +145,8 @@ static ENDPOINTS: &[Endpoint] = &[
     Endpoint::new("/v2/rerank", Json, true, VLLM),
     Endpoint::new("/v1/score", Json, true, VLLM),
     Endpoint::new("/score", Json, true, VLLM),
+    Endpoint::new("/v1/audio/transcriptions", Form, true, ALL),
+    Endpoint::new("/v1/audio/translations", Form, true, VLLM_OPENAI),
     Endpoint::new("/v1/audio/speech", Json, true, VLLM_OPENAI),
     Endpoint::new("/v1/images/generations", Json, true, VLLM_OPENAI),
     Endpoint::new("/api/chat", Json, true, OLLAMA).streaming_by_default(),

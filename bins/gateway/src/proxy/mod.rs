@@ -6,6 +6,7 @@
 //! [`ops`](crate::ops), which swaps the live configuration and reports on it.
 
 pub(crate) mod admit;
+pub(crate) mod affinity;
 pub(crate) mod auth;
 pub(crate) mod body;
 pub(crate) mod endpoint;

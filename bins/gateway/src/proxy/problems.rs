@@ -80,6 +80,22 @@ pub(crate) enum Error {
         /// The route asked for.
         route: &'static str,
     },
+    /// A Responses follow-up names a response with no recorded upstream.
+    #[error("no upstream is recorded for response {id:?}")]
+    ResponseNotFound {
+        /// The response id.
+        id: String,
+    },
+    /// The upstream holding the response a follow-up names cannot take it.
+    #[error("upstream {upstream} holding response {id:?} is unavailable")]
+    ResponseUpstreamUnavailable {
+        /// The response id.
+        id: String,
+        /// The upstream that holds it.
+        upstream: String,
+        /// When to try again.
+        retry_after: Duration,
+    },
     /// The body is not a usable request.
     #[error("{0}")]
     BadRequest(String),
@@ -252,6 +268,12 @@ impl Error {
             Error::ModelNotFound { model } => Problem::model_not_found(model),
             Error::RouteNotServed { model, route } => Problem::route_not_served(model, route),
             Error::RouteDisabled { model, route } => Problem::route_disabled(model, route),
+            Error::ResponseNotFound { id } => Problem::response_not_found(id),
+            Error::ResponseUpstreamUnavailable {
+                id,
+                upstream,
+                retry_after,
+            } => Problem::response_upstream_unavailable(id, upstream, *retry_after),
             Error::BadRequest(detail) => Problem::bad_request(detail.clone()),
             Error::TooHeavy {
                 upstream,
@@ -439,6 +461,22 @@ mod tests {
                 403,
                 "route-disabled",
                 false,
+            ),
+            (
+                Error::ResponseNotFound { id: "r".into() },
+                404,
+                "response-not-found",
+                false,
+            ),
+            (
+                Error::ResponseUpstreamUnavailable {
+                    id: "r".into(),
+                    upstream: "u".into(),
+                    retry_after: Duration::from_secs(5),
+                },
+                503,
+                "response-upstream-unavailable",
+                true,
             ),
             (
                 Error::ModelNotFound { model: "m".into() },

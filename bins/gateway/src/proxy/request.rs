@@ -1,9 +1,13 @@
 //! Step 3: read the request body under a size limit and find out which model it asks for.
 //!
+//! An upload (`multipart/form-data`, the audio routes) is read the same way under its own limit,
+//! and its model found by [`form`], which stops at the `model` field.
+//!
 //! The body is read whole (inference requests are small next to their answers, and the model
 //! must be known before a host can be chosen), under the configured limit: a `Content-Length`
-//! above the limit is refused before a byte is read, and a chunked body is cut off by
-//! [`http_body_util::Limited`] the moment it passes the limit.
+//! above the limit is refused before a byte is read, and a chunked body is refused the moment it
+//! passes the limit. The limit is `max_body_bytes` (32 MiB by default: vision requests carry
+//! images as base64), or `max_upload_bytes` for an upload.
 //!
 //! Two more bounds keep slow or many bodies from holding the gateway (a body cannot be
 //! forwarded before it is whole, so it has to be buffered):
@@ -18,8 +22,9 @@
 //! `model` and `stream` are read with `serde_json` into a small borrowed struct; every other
 //! member is skipped, not copied. The original bytes are what goes upstream: nothing is
 //! re-serialised, so numbers, key order and unknown fields reach the engine exactly as the
-//! client wrote them. The one exception is an alias whose upstream model has another name: then
-//! the bytes of the `model` value (and only those) are replaced, see [`ApiRequest::body_for`].
+//! client wrote them. The one exception is a model the engine knows by another name than the
+//! client sent (an alias, or the upstream's `engine_model`): then the bytes of the `model` value
+//! (and only those) are replaced, see [`ApiRequest::body_for`].
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -92,7 +97,7 @@ impl BodyBudget {
 /// What bounds the reading of one body.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct BodyLimits<'a> {
-    /// Largest body, in bytes (`max_body_bytes`).
+    /// Largest body, in bytes (`max_body_bytes`, or `max_upload_bytes` for an upload).
     pub(crate) max_bytes: usize,
     /// Time for the whole body (`body_read_timeout`).
     pub(crate) timeout: Duration,
@@ -111,11 +116,15 @@ pub(crate) struct ApiRequest {
     pub(crate) model: Option<String>,
     /// The `stream` member (the route's default when absent or `null`).
     pub(crate) stream: bool,
+    /// The `previous_response_id` member (Responses), when a string.
+    pub(crate) previous_response_id: Option<String>,
     /// The engine slots (sequences) the request takes, from `n` and `best_of` where the route
     /// weighs them ([`Weighed`]); at least 1.
     pub(crate) sequences: usize,
-    /// Where the `model` value (with its quotes) sits in `body`.
+    /// Where the `model` value (with its quotes, in JSON) sits in `body`.
     model_span: Range<usize>,
+    /// Whether the body is a `multipart/form-data` upload (the model value is bare text).
+    form: bool,
     /// The body's bytes taken from the [`BodyBudget`], given back when the request is dropped.
     _budget: Option<OwnedSemaphorePermit>,
 }
@@ -129,18 +138,13 @@ struct Head<'a> {
     model: Option<&'a RawValue>,
     #[serde(default)]
     stream: Option<bool>,
+    /// Anything but a string is the engine's to refuse.
+    #[serde(default)]
+    previous_response_id: Option<serde_json::Value>,
     #[serde(borrow, default)]
     n: Option<&'a RawValue>,
     #[serde(borrow, default)]
     best_of: Option<&'a RawValue>,
-}
-
-/// What [`parse`] finds in a body.
-struct Parsed {
-    model: Option<String>,
-    stream: bool,
-    sequences: usize,
-    model_span: Range<usize>,
 }
 
 /// Reads and checks a request to a model-routed endpoint.
@@ -161,10 +165,57 @@ where
     B::Error: Into<BoxError>,
 {
     let (parts, body) = req.into_parts();
-    check_content_type(&parts.headers)?;
+    let form = endpoint.model == ModelIn::Form;
+    let boundary = if form {
+        Some(form::boundary(&parts.headers)?)
+    } else {
+        check_content_type(&parts.headers)?;
+        None
+    };
+    let (body, held) = read_body(&parts.headers, body, limits).await?;
+    let parsed = match boundary {
+        Some(boundary) => {
+            let (model, span) = form::model(boundary, &body).await?;
+            Parsed {
+                model: Some(model),
+                stream: false,
+                // Uploads (audio) run one sequence.
+                sequences: 1,
+                span,
+                previous_response_id: None,
+            }
+        }
+        None => parse(&body, endpoint)?,
+    };
+    Ok(ApiRequest {
+        parts,
+        body,
+        model: parsed.model,
+        stream: parsed.stream,
+        previous_response_id: parsed.previous_response_id,
+        sequences: parsed.sequences,
+        model_span: parsed.span,
+        form,
+        _budget: held,
+    })
+}
+
+/// Reads `body` whole under `limits`: a declared `Content-Length` above the limit is refused
+/// before a byte is read (413), one the budget cannot hold at once (503); a body that grows
+/// past either as soon as it does, one not complete in time with 408. Returns the bytes and
+/// what they hold of the budget, which goes back when the permit is dropped.
+pub(crate) async fn read_body<B>(
+    headers: &HeaderMap,
+    body: B,
+    limits: BodyLimits<'_>,
+) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Error>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     let limit = limits.max_bytes;
     let mut held = None;
-    if let Some(declared) = declared_length(&parts.headers)? {
+    if let Some(declared) = declared_length(headers)? {
         if declared > limit as u64 {
             return Err(Error::BodyTooLarge { limit });
         }
@@ -175,30 +226,15 @@ where
     }
     let declared = held.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
     let collect = collect(body, limit, limits.budget, declared, &mut held);
-    let body = match tokio::time::timeout(limits.timeout, collect).await {
-        Ok(body) => body?,
+    match tokio::time::timeout(limits.timeout, collect).await {
+        Ok(body) => Ok((body?, held)),
         Err(_elapsed) => {
             limits.budget.timed_out.inc();
-            return Err(Error::BodyTimeout {
+            Err(Error::BodyTimeout {
                 after: limits.timeout,
-            });
+            })
         }
-    };
-    let Parsed {
-        model,
-        stream,
-        sequences,
-        model_span,
-    } = parse(&body, endpoint)?;
-    Ok(ApiRequest {
-        parts,
-        body,
-        model,
-        stream,
-        sequences,
-        model_span,
-        _budget: held,
-    })
+    }
 }
 
 /// Reads `body` whole, under `limit`, taking from `budget` what goes past the `prepaid` bytes.
@@ -247,8 +283,12 @@ impl ApiRequest {
         {
             return self.body.clone();
         }
-        // `to_string` of a `&str` cannot fail: it only escapes.
-        let literal = serde_json::to_string(upstream_model).unwrap_or_default();
+        // `to_string` of a `&str` cannot fail: it only escapes. A form field is bare text.
+        let literal = if self.form {
+            upstream_model.to_owned()
+        } else {
+            serde_json::to_string(upstream_model).unwrap_or_default()
+        };
         let mut out =
             BytesMut::with_capacity(self.body.len() - self.model_span.len() + literal.len());
         out.extend_from_slice(&self.body[..self.model_span.start]);
@@ -286,6 +326,15 @@ fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, Error> {
         .ok_or_else(|| Error::BadRequest("invalid Content-Length header".into()))
 }
 
+/// What [`parse`] found in a JSON body.
+struct Parsed {
+    model: Option<String>,
+    stream: bool,
+    sequences: usize,
+    span: Range<usize>,
+    previous_response_id: Option<String>,
+}
+
 fn parse(body: &[u8], endpoint: &Endpoint) -> Result<Parsed, Error> {
     // serde's derived struct visitor would also accept a JSON array (`["m", true]`); the
     // OpenAI endpoints take objects only.
@@ -297,6 +346,10 @@ fn parse(body: &[u8], endpoint: &Endpoint) -> Result<Parsed, Error> {
     let head: Head<'_> = serde_json::from_slice(body)
         .map_err(|e| Error::BadRequest(format!("the request body is not valid JSON: {e}")))?;
     let stream = head.stream.unwrap_or(endpoint.stream_default);
+    let previous_response_id = match head.previous_response_id {
+        Some(serde_json::Value::String(id)) => Some(id),
+        _ => None,
+    };
     let sequences = match endpoint.weighed {
         Weighed::One => 1,
         Weighed::Choices => count(head.n, "n")?,
@@ -308,7 +361,8 @@ fn parse(body: &[u8], endpoint: &Endpoint) -> Result<Parsed, Error> {
                 model: None,
                 stream,
                 sequences,
-                model_span: 0..0,
+                span: 0..0,
+                previous_response_id,
             });
         }
         return Err(Error::BadRequest(
@@ -327,7 +381,8 @@ fn parse(body: &[u8], endpoint: &Endpoint) -> Result<Parsed, Error> {
         model: Some(model),
         stream,
         sequences,
-        model_span: span,
+        span,
+        previous_response_id,
     })
 }
 
@@ -345,6 +400,8 @@ fn count(raw: Option<&RawValue>, name: &str) -> Result<usize, Error> {
         ))),
     }
 }
+
+mod form;
 
 #[cfg(test)]
 mod tests;

@@ -127,11 +127,13 @@ impl Routes {
                         (Sizing::Auto(Arc::new(auto)), Some(queue_timeout))
                     }
                 };
+                let engine_model = upstream.engine_model(model);
                 let target = Target {
                     upstream: Arc::clone(state),
                     model: model.clone(),
+                    engine_model: engine_model.to_owned(),
                     key: limiter.handle(authority, model.as_str()),
-                    tagged_name: residency::tagged_name(state.kind, model),
+                    tagged_name: residency::tagged_name(state.kind, engine_model),
                     sizing,
                     queue_timeout,
                     weight: upstream.weight,

@@ -22,8 +22,9 @@ use tracing::{debug, warn};
 use crate::error::{BoxError, chain};
 use crate::metrics::{Bound, Metrics, observe};
 use crate::proxy::admit::{self, Refused, Slot};
+use crate::proxy::affinity::{LocalAffinity, Recorder, ResponseAffinity, Sniff};
 use crate::proxy::body::{SlotBody, Watch};
-use crate::proxy::endpoint::Endpoint;
+use crate::proxy::endpoint::{Endpoint, ModelIn};
 use crate::proxy::forward::{Authorization, Destination, ForwardError, Forwarder};
 use crate::proxy::live::{Generation, Live};
 use crate::proxy::ollama;
@@ -38,8 +39,12 @@ use slotgate_config::Kind;
 
 /// The body of every API response: a buffered document (a problem, the model list), or an
 /// upstream's answer streamed through with its slot.
-/// A route that takes no slot streams through the same body, holding `None`.
-pub(crate) type ResponseBody = Either<Full<Bytes>, SlotBody<Incoming, Option<admit::Slot>>>;
+/// A route that takes no slot streams through the same body, holding `None`; a Responses answer
+/// is searched for its id on the way ([`Sniff`]).
+pub(crate) type ResponseBody = Either<Full<Bytes>, SlotBody<Sniff<Incoming>, Option<admit::Slot>>>;
+
+/// The Responses API, whose follow-ups have affinity.
+const RESPONSES: &str = "/v1/responses";
 
 /// What the request path needs, shared by every connection.
 #[derive(Debug)]
@@ -64,6 +69,8 @@ pub(crate) struct App {
     /// The request-body bytes all requests together may buffer (`max_buffered_body_bytes`, read
     /// at start).
     pub(crate) body_budget: request::BodyBudget,
+    /// Which upstream holds each Responses id.
+    pub(crate) affinity: Arc<dyn ResponseAffinity>,
 }
 
 impl App {
@@ -83,6 +90,10 @@ impl App {
             shutdown,
             started: SystemTime::now(),
             body_budget: request::BodyBudget::new(server.max_buffered_body_bytes, metrics),
+            affinity: Arc::new(LocalAffinity::new(
+                server.response_affinity_entries,
+                server.response_affinity_ttl,
+            )),
             stalled: metrics.bound(Bound::StreamIdle),
             cut: metrics.bound(Bound::UpstreamCut),
             too_long: metrics.bound(Bound::StreamTimeout),
@@ -125,6 +136,18 @@ impl App {
             allow(&req, GET_ONLY)?;
             generation.api_keys.verify(req.headers())?;
             return Ok(self.models(generation));
+        }
+        if let Some(rest) = path.strip_prefix("/v1/responses/") {
+            let (id, methods) = match rest.split_once('/') {
+                None => (rest, GET_OR_DELETE),
+                Some((id, "cancel")) => (id, POST_ONLY),
+                Some((id, "input_items")) => (id, GET_ONLY),
+                Some(_) => return Err(problems::not_found(path)),
+            };
+            allow(&req, methods)?;
+            generation.api_keys.verify(req.headers())?;
+            let id = id.to_owned();
+            return self.by_response_id(req, generation, request_id, id).await;
         }
         if let Some(id) = path.strip_prefix("/v1/models/") {
             allow(&req, GET_ONLY)?;
@@ -171,8 +194,14 @@ impl App {
         // Step 3: the body, under the limit, the deadline and the gateway's budget; `model` and
         // `stream` without re-serialising.
         let server = &generation.config.server;
+        // An upload (`multipart/form-data`) has its own, larger limit.
+        let max_bytes = if endpoint.model == ModelIn::Form {
+            server.max_upload_bytes
+        } else {
+            server.max_body_bytes
+        };
         let limits = request::BodyLimits {
-            max_bytes: server.max_body_bytes,
+            max_bytes,
             timeout: server.body_read_timeout,
             budget: &self.body_budget,
         };
@@ -195,7 +224,21 @@ impl App {
             })?,
         };
         let model = route.model.as_str();
-        let ranked = eligible(route, endpoint)?;
+        let mut ranked = eligible(route, endpoint)?;
+        // A Responses follow-up goes to the host that has the conversation, or nowhere.
+        if endpoint.path == RESPONSES
+            && let Some(id) = &api.previous_response_id
+        {
+            let holder = self.holder(id, generation)?.name.clone();
+            ranked.retain(|target| target.upstream.name == holder);
+            if ranked.is_empty() {
+                return Err(Error::ResponseUpstreamUnavailable {
+                    id: id.clone(),
+                    upstream: holder,
+                    retry_after: server.health_check_interval,
+                });
+            }
+        }
         debug!(
             request_id = request_id.to_str().unwrap_or_default(),
             model = %model,
@@ -262,10 +305,11 @@ impl App {
                 }
             };
 
-            // Step 7: forward the original bytes (the model renamed only for an alias).
+            // Step 7: forward the original bytes (the model renamed only where the client's name
+            // is not the engine's: an alias, or an `engine_model`).
             let sent = Instant::now();
             let (outcome, slot) = self
-                .forward(target, slot, &api, model, request_id, client_keys)
+                .forward(target, slot, &api, request_id, client_keys)
                 .await;
             match outcome {
                 Ok(mut response) => {
@@ -275,11 +319,19 @@ impl App {
                     let waited = slot.as_ref().map_or(Duration::ZERO, Slot::waited);
                     mark_routed(response.headers_mut(), target, waited);
                     target.upstream.health.record_answer();
+                    // A Responses answer: its id is recorded on the way to the client.
+                    let recorder = (endpoint.path == RESPONSES && response.status().is_success())
+                        .then(|| {
+                            Recorder::new(Arc::clone(&self.affinity), target.upstream.name.clone())
+                        });
                     // Step 8: the slot rides in the body until the answer is over, and the body
                     // bounds the upstream's silences.
                     let watch = self.watch(target, model, request_id, response.headers(), sent);
-                    return Ok(response
-                        .map(|body| Either::Right(SlotBody::new(body, slot).watched(watch))));
+                    return Ok(response.map(|body| {
+                        Either::Right(
+                            SlotBody::new(Sniff::new(body, recorder), slot).watched(watch),
+                        )
+                    }));
                 }
                 Err(ForwardError::Connect(error)) => {
                     // Nothing was sent: safe to try the next host. Enough of these in a row
@@ -335,7 +387,6 @@ impl App {
         target: &Target,
         slot: Option<Slot>,
         api: &request::ApiRequest,
-        model: &str,
         request_id: &HeaderValue,
         client_keys: bool,
     ) -> (Result<Response<Incoming>, ForwardError>, Option<Slot>) {
@@ -349,7 +400,8 @@ impl App {
                 },
                 authorization(&target.upstream, client_keys),
                 &api.parts,
-                api.body_for(model),
+                // The name this upstream's engine knows the model by (`engine_model`).
+                api.body_for(&target.engine_model),
                 request_id,
             )
             .await;
@@ -370,6 +422,100 @@ impl App {
         }
         let body = self.model_entry(id).to_string();
         Ok(json_response(StatusCode::OK, body))
+    }
+
+    /// The upstream recorded for response `id`, if it exists in this configuration.
+    fn holder<'g>(
+        &self,
+        id: &str,
+        generation: &'g Generation,
+    ) -> Result<&'g Arc<UpstreamState>, Error> {
+        let not_found = || Error::ResponseNotFound {
+            id: id.chars().take(200).collect(),
+        };
+        let name = self.affinity.lookup(id).ok_or_else(not_found)?;
+        // Removed by a reload: as gone as a deleted response.
+        generation.upstreams.get(&name).ok_or_else(not_found)
+    }
+
+    /// `GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`, `GET
+    /// /v1/responses/{id}/input_items`: to the upstream that made the response, without a slot.
+    async fn by_response_id<B>(
+        &self,
+        req: Request<B>,
+        generation: &Generation,
+        request_id: &HeaderValue,
+        id: String,
+    ) -> Result<Response<ResponseBody>, Error>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let server = &generation.config.server;
+        let upstream = self.holder(&id, generation)?;
+        let unavailable = || Error::ResponseUpstreamUnavailable {
+            id: id.clone(),
+            upstream: upstream.name.clone(),
+            retry_after: server.health_check_interval,
+        };
+        if !upstream.is_available() {
+            return Err(unavailable());
+        }
+        let deleting = req.method() == http::Method::DELETE;
+        let (parts, body) = req.into_parts();
+        let limits = request::BodyLimits {
+            max_bytes: server.max_body_bytes,
+            timeout: server.body_read_timeout,
+            budget: &self.body_budget,
+        };
+        // The budget's share is held until the engine has the body.
+        let (body, _held) = request::read_body(&parts.headers, body, limits).await?;
+        let client_keys = generation.api_keys.is_enabled();
+        let sent = self.forwarder.send(
+            Destination {
+                client: &upstream.client,
+                base: &upstream.base,
+            },
+            authorization(upstream, client_keys),
+            &parts,
+            body,
+            request_id,
+        );
+        let response = match sent.await {
+            Ok(response) => response,
+            Err(ForwardError::Connect(_)) => return Err(unavailable()),
+            Err(ForwardError::Tls(source)) => {
+                return Err(Error::UpstreamTls {
+                    upstream: upstream.name.clone(),
+                    model: String::new(),
+                    source,
+                });
+            }
+            Err(ForwardError::Timeout(after)) => {
+                return Err(Error::UpstreamTimeout {
+                    upstream: upstream.name.clone(),
+                    model: String::new(),
+                    after,
+                });
+            }
+            Err(ForwardError::Failed(source)) => {
+                return Err(Error::UpstreamFailed {
+                    upstream: upstream.name.clone(),
+                    model: String::new(),
+                    source,
+                });
+            }
+            Err(ForwardError::Build(error)) => {
+                return Err(Error::Internal {
+                    what: "the upstream request could not be built",
+                    source: Box::new(error),
+                });
+            }
+        };
+        if deleting && response.status().is_success() {
+            self.affinity.forget(&id);
+        }
+        Ok(passed_through(response))
     }
 
     /// One entry of `/v1/models`.
@@ -413,9 +559,7 @@ impl App {
                 request_id,
             );
             match sent.await {
-                Ok(response) => {
-                    return Ok(response.map(|body| Either::Right(SlotBody::new(body, None))));
-                }
+                Ok(response) => return Ok(passed_through(response)),
                 Err(ForwardError::Connect(error)) => connect_error = Some(error),
                 Err(ForwardError::Tls(source)) => {
                     return Err(Error::UpstreamTls {
@@ -535,6 +679,15 @@ fn eligible<'r>(route: &'r Route, endpoint: &Endpoint) -> Result<Vec<&'r Target>
     }
     Ok(route.ranked().into_iter().filter(|t| allowed(t)).collect())
 }
+
+/// An upstream's answer to a route that holds no slot, passed through as it comes.
+fn passed_through(response: Response<Incoming>) -> Response<ResponseBody> {
+    response.map(|body| Either::Right(SlotBody::new(Sniff::new(body, None), None)))
+}
+
+/// `GET` and `DELETE`, for a stored response.
+const GET_OR_DELETE: &[http::Method] =
+    &[http::Method::GET, http::Method::HEAD, http::Method::DELETE];
 
 /// What the upstream request carries as `Authorization` (see [`Authorization`]).
 fn authorization(upstream: &UpstreamState, client_keys: bool) -> Authorization<'_> {

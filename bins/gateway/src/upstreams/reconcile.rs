@@ -93,7 +93,7 @@ async fn read_upstream(targets: &[Arc<Target>], prober: &Prober) {
     for scope in scopes {
         let in_flight = || scope.iter().map(|t| t.key.in_flight()).sum::<usize>();
         let before = in_flight();
-        let model = scope[0].model.as_str();
+        let model = scope[0].engine_model.as_str();
         let count = match upstream.kind {
             Kind::LlamaServer => read_llama(prober, upstream.probe_target(), model).await,
             Kind::Vllm => read_vllm(prober, upstream.probe_target()).await,

@@ -74,7 +74,7 @@ pub(crate) async fn read_slot_counts(
         let prober = prober.clone();
         async move {
             let upstream = &target.upstream;
-            let result = read(&prober, upstream.probe_target(), &target.model).await;
+            let result = read(&prober, upstream.probe_target(), &target.engine_model).await;
             if let Some(auto) = target.auto() {
                 auto.record(result.as_ref().copied(), upstream);
             }
@@ -123,7 +123,9 @@ pub async fn probe_config(config: &Config) -> Vec<ProbedSlots> {
                 continue;
             }
             let slots = match UpstreamState::from_config(upstream, &config.server) {
-                Ok(state) => read(&prober, state.probe_target(), model).await,
+                Ok(state) => {
+                    read(&prober, state.probe_target(), upstream.engine_model(model)).await
+                }
                 Err(problem) => Err(SlotCountFailure::Upstream(problem).into()),
             };
             found.push(ProbedSlots {

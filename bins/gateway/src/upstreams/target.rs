@@ -23,8 +23,11 @@ use crate::upstreams::state::UpstreamState;
 pub(crate) struct Target {
     /// The upstream: where it is, and its health, draining and residency.
     pub(crate) upstream: Arc<UpstreamState>,
-    /// The configured model name (what the upstream calls it).
+    /// The configured model name (what clients call it, after aliases).
     pub(crate) model: String,
+    /// What this upstream's engine calls the model (`engine_model`, else [`Target::model`]):
+    /// the name written into requests sent here and asked about in probes.
+    pub(crate) engine_model: String,
     /// The model's limiter key on this upstream. Its `Limits` are the one home of `parallel`
     /// (the count in force, configured or read from the engine) and `queue`.
     pub(crate) key: KeyHandle,
@@ -106,7 +109,7 @@ impl Target {
     pub(crate) fn is_loaded(&self) -> bool {
         self.upstream
             .residency
-            .is_loaded_as(&self.model, self.tagged_name.as_deref())
+            .is_loaded_as(&self.engine_model, self.tagged_name.as_deref())
     }
 
     /// What `slotgate-choose` needs to know about this target now.

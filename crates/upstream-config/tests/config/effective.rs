@@ -9,7 +9,11 @@ fn defaults_are_written_out() {
     let text = ok(VALID).to_effective_toml();
     for line in [
         "listen = \"127.0.0.1:8080\"",
-        "max_body_bytes = 4194304",
+        "max_body_bytes = 33554432",
+        "max_upload_bytes = 26214400",
+        "response_affinity_entries = 100000",
+        "response_affinity_ttl = \"1day\"",
+        "allow_model_management = false",
         "header_read_timeout = \"10s\"",
         "connect_timeout = \"5s\"",
         "first_byte_timeout = \"5m\"",
@@ -63,12 +67,15 @@ fn it_loads_back_to_the_same_config() {
         queue_timeout = "2m"
         capacity = 4
         [upstreams.a.models.big]
+        engine_model = "Org/Big-70B"
         parallel = "unlimited"
     "#);
     let text = config.to_effective_toml();
     let again = Config::from_toml_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
     assert_eq!(again, config, "{text}");
     assert!(text.contains("parallel = \"unlimited\""), "{text}");
+    assert!(text.contains("engine_model = \"Org/Big-70B\""), "{text}");
+    assert_eq!(again.upstreams["a"].engine_model("big"), "Org/Big-70B");
     assert!(text.contains("stream_timeout = \"none\""), "{text}");
     assert!(
         text.contains("[upstreams.a.models.\"llama3.1:8b\"]"),

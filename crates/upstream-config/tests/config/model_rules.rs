@@ -1,10 +1,13 @@
-//! `[upstreams.NAME.models.MODEL]`: `parallel`, `queue`, `queue_timeout`, `capacity`, unlimited.
+//! `[upstreams.NAME.models.MODEL]`: `parallel`, `queue`, `queue_timeout`, `capacity`, unlimited,
+//! `engine_model`.
 
 use std::time::Duration;
 
 use slotgate_config::ModelLimits;
 
 use crate::support::{assert_only_issue, issues, ok, with_model};
+
+const LIMITS: &str = "parallel = 2\nqueue = 4\nqueue_timeout = \"10s\"";
 
 const P: &str = "upstreams.a.models.m.parallel";
 const Q: &str = "upstreams.a.models.m.queue";
@@ -225,7 +228,7 @@ fn unknown_model_keys_are_reported() {
     assert_only_issue(
         &with_model("parallel = 1\nqueue = 1\nqueue_timeout = \"1s\"\nqueue_timout = \"2s\""),
         "upstreams.a.models.m.queue_timout",
-        "unknown key (expected one of: parallel, queue, queue_timeout, capacity)",
+        "unknown key (expected one of: parallel, queue, queue_timeout, capacity, engine_model)",
     );
 }
 
@@ -244,4 +247,67 @@ fn a_model_is_a_table() {
         "upstreams.a.models.m",
         "expected a table, found an integer (4)",
     );
+}
+
+#[test]
+fn engine_model_names_the_model_for_this_upstream_only() {
+    let config = ok(&format!(
+        "{}\nengine_model = \"Qwen/Qwen2.5-7B-Instruct\"\n\n\
+         [upstreams.o]\nurl = \"http://10.0.0.2:11434\"\nkind = \"ollama\"\n\
+         [upstreams.o.models.m]\nengine_model = \"qwen2.5:7b-instruct\"\n{LIMITS}\n\
+         [upstreams.o.models.other]\n{LIMITS}\n",
+        with_model(LIMITS)
+    ));
+    assert_eq!(
+        config.upstreams["a"].engine_model("m"),
+        "Qwen/Qwen2.5-7B-Instruct"
+    );
+    assert_eq!(
+        config.upstreams["o"].engine_model("m"),
+        "qwen2.5:7b-instruct"
+    );
+    // Unset: the model's own name. The client-facing name is the key either way.
+    assert_eq!(config.upstreams["o"].engine_model("other"), "other");
+    assert_eq!(config.resolve_model("m"), Some("m"));
+    assert_eq!(config.resolve_model("qwen2.5:7b-instruct"), None);
+}
+
+#[test]
+fn engine_model_is_a_non_empty_string() {
+    const E: &str = "upstreams.a.models.m.engine_model";
+    assert_only_issue(
+        &with_model(&format!("{LIMITS}\nengine_model = \"\"")),
+        E,
+        "must not be empty",
+    );
+    assert_only_issue(
+        &with_model(&format!("{LIMITS}\nengine_model = 3")),
+        E,
+        "expected a string",
+    );
+}
+
+#[test]
+fn two_models_may_not_reach_one_engine_under_one_name() {
+    // `m` sent as "x", next to a model really called "x": one model there, two limits.
+    let toml = format!(
+        "{}\nengine_model = \"x\"\n\n[upstreams.a.models.x]\n{LIMITS}\n",
+        with_model(LIMITS)
+    );
+    let found = issues(&toml);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(
+        found[0].path.starts_with("upstreams.a.models."),
+        "{found:#?}"
+    );
+    assert!(
+        found[0].message.contains("both reach this engine as \"x\""),
+        "{found:#?}"
+    );
+    // On two different upstreams the same engine name is fine.
+    ok(&format!(
+        "{}\nengine_model = \"x\"\n\n[upstreams.b]\nurl = \"http://10.0.0.2:8000\"\n\
+         kind = \"vllm\"\n[upstreams.b.models.m]\nengine_model = \"x\"\n{LIMITS}\n",
+        with_model(LIMITS)
+    ));
 }

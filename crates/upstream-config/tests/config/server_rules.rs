@@ -12,7 +12,7 @@ fn defaults_fill_every_optional_key() {
     let server = ok(VALID).server;
     assert_eq!(server.listen, "127.0.0.1:8080".parse().unwrap());
     assert_eq!(server.admin_listen, None);
-    assert_eq!(server.max_body_bytes, 4 * 1024 * 1024);
+    assert_eq!(server.max_body_bytes, 32 * 1024 * 1024);
     assert_eq!(server.header_read_timeout, Duration::from_secs(10));
     assert_eq!(server.connect_timeout, Duration::from_secs(5));
     assert_eq!(server.first_byte_timeout, Duration::from_secs(300));
@@ -192,6 +192,7 @@ fn limits_must_be_positive_integers() {
     let base = r#"listen = "127.0.0.1:8080""#;
     for key in [
         "max_body_bytes",
+        "max_upload_bytes",
         "max_connections",
         "eject_after_failures",
         "restore_after_successes",

@@ -1,0 +1,127 @@
+"""The official clients of the APIs past chat, against a running slotgate.
+
+Run by tests/api_sdk.rs with the gateway's base URL. Behind the gateway: two vLLM fakes "a" and
+"b" serving model "m" (each remembering only the Responses it made), and an Ollama fake serving
+model "o".
+
+- OpenAI SDK: `responses.create` plain and streamed; `previous_response_id` follow-ups, which
+  only the upstream that made the response can answer; a multipart transcription.
+- anthropic SDK: `messages.create` plain and streamed.
+- ollama client: `chat` and `generate`, streamed (its default), and `list`.
+
+Exits non-zero with a message on the first failed expectation.
+"""
+
+import io
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import anthropic
+import ollama
+import openai
+
+gateway = sys.argv[1]
+# The SDKs retry 5xx on their own; the test wants to see what the gateway answers.
+client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0, timeout=30)
+# Held a little, so that requests at once spread over both upstreams.
+HOLD = {"x-fake-hold-ms": "300"}
+
+
+def expect(cond, what):
+    if not cond:
+        print(f"FAILED: {what}", file=sys.stderr)
+        sys.exit(1)
+    print(f"ok: {what}")
+
+
+# --- OpenAI Responses ---
+plain = client.responses.create(model="m", input="hello")
+expect(plain.output_text.startswith("tok0"), "responses.create answers")
+expect(plain.id.startswith("resp"), "the response has an id")
+
+events = list(client.responses.create(model="m", input="hello", stream=True))
+types = [event.type for event in events]
+expect(types[0] == "response.created", "a streamed response starts with response.created")
+expect(types[-1] == "response.completed", "and ends with response.completed")
+expect(
+    "".join(e.delta for e in events if e.type == "response.output_text.delta").startswith("tok0"),
+    "the deltas carry the text",
+)
+streamed_id = events[-1].response.id
+
+
+def create(stream):
+    if not stream:
+        return client.responses.create(model="m", input="hello", extra_headers=HOLD).id
+    done = [
+        e
+        for e in client.responses.create(model="m", input="hello", stream=True, extra_headers=HOLD)
+        if e.type == "response.completed"
+    ]
+    return done[0].response.id
+
+
+with ThreadPoolExecutor(max_workers=6) as pool:
+    ids = list(pool.map(create, [False, True, False, True, False, True]))
+ids += [plain.id, streamed_id]
+
+# Each follow-up succeeds only on the upstream that made its predecessor.
+for previous in ids:
+    follow = client.responses.create(model="m", input="and then?", previous_response_id=previous)
+    expect(follow.previous_response_id == previous, f"follow-up of {previous} answered")
+    chained = [
+        e
+        for e in client.responses.create(
+            model="m", input="and then?", previous_response_id=follow.id, stream=True
+        )
+        if e.type == "response.completed"
+    ]
+    expect(len(chained) == 1, f"streamed follow-up of {follow.id} answered")
+    expect(client.responses.retrieve(previous).id == previous, f"retrieve {previous}")
+
+try:
+    client.responses.create(model="m", input="x", previous_response_id="resp_nowhere")
+    expect(False, "an unknown previous_response_id is refused")
+except openai.NotFoundError as error:
+    expect(error.status_code == 404, "an unknown previous_response_id is a 404")
+
+# --- OpenAI audio (multipart) ---
+audio = io.BytesIO(b"RIFF\x24\x00\x00\x00WAVEfmt " + bytes(64))
+audio.name = "hello.wav"
+transcript = client.audio.transcriptions.create(model="m", file=audio)
+expect(isinstance(transcript.text, str) and transcript.text, "a transcription answers")
+
+# --- Anthropic Messages ---
+claude = anthropic.Anthropic(base_url=gateway, api_key="unused", max_retries=0, timeout=30)
+message = claude.messages.create(
+    model="m", max_tokens=16, messages=[{"role": "user", "content": "hello"}]
+)
+expect(message.content[0].text.startswith("tok0"), "messages.create answers")
+expect(message.stop_reason in ("end_turn", "max_tokens"), "with a stop reason")
+with claude.messages.stream(
+    model="m", max_tokens=16, messages=[{"role": "user", "content": "hello"}]
+) as stream:
+    text = "".join(stream.text_stream)
+    final = stream.get_final_message()
+expect(text.startswith("tok0"), "a streamed message carries the text")
+expect(final.usage.output_tokens > 0, "and its usage")
+raw = list(
+    claude.messages.create(
+        model="m", max_tokens=16, messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+)
+expect(raw[0].type == "message_start" and raw[-1].type == "message_stop", "raw events in order")
+
+# --- Ollama ---
+local = ollama.Client(host=gateway, timeout=30)
+parts = list(local.chat(model="o", messages=[{"role": "user", "content": "hello"}], stream=True))
+expect(len(parts) > 1, "ollama chat streams line by line")
+expect(parts[-1].done and not parts[0].done, "the last line is done")
+expect("".join(p.message.content for p in parts).startswith("tok0"), "chat carries the text")
+parts = list(local.generate(model="o", prompt="hello", stream=True))
+expect(len(parts) > 1 and parts[-1].done, "ollama generate streams")
+expect("".join(p.response for p in parts).startswith("tok0"), "generate carries the text")
+names = [m.model for m in local.list().models]
+expect(names == ["o"], f"ollama list shows the Ollama models: {names}")
+
+print("all API client checks passed")
