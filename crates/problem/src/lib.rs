@@ -12,14 +12,27 @@
 //! | [`Problem::model_not_found`] | 404 | `model-not-found` | |
 //! | [`Problem::not_found`] | 404 | `not-found` | |
 //! | [`Problem::method_not_allowed`] | 405 | `method-not-allowed` | |
+//! | [`Problem::route_not_served`] | 404 | `route-not-served` | |
+//! | [`Problem::route_disabled`] | 403 | `route-disabled` | |
+//! | [`Problem::response_not_found`] | 404 | `response-not-found` | |
+//! | [`Problem::response_upstream_unavailable`] | 503 | `response-upstream-unavailable` | yes |
 //! | [`Problem::bad_request`] | 400 | `bad-request` | |
 //! | [`Problem::body_too_large`] | 413 | `body-too-large` | |
 //! | [`Problem::unsupported_media_type`] | 415 | `unsupported-media-type` | |
+//! | [`Problem::body_timeout`] | 408 | `body-timeout` | |
 //! | [`Problem::unauthorized`] | 401 | `unauthorized` | |
 //! | [`Problem::upstream_unavailable`] | 503 | `upstream-unavailable` | yes |
 //! | [`Problem::upstream_timeout`] | 504 | `upstream-timeout` | |
 //! | [`Problem::upstream_bad_response`] | 502 | `upstream-bad-response` | |
+//! | [`Problem::overloaded`] | 503 | `overloaded` | yes |
+//! | [`Problem::upstream_stalled`] | 504 | `upstream-stalled` | |
+//! | [`Problem::stream_timeout`] | 504 | `stream-timeout` | |
+//! | [`Problem::malformed_request`] | 400 | `malformed-request` | |
+//! | [`Problem::uri_too_long`] | 414 | `uri-too-long` | |
+//! | [`Problem::headers_too_large`] | 431 | `headers-too-large` | |
 //! | [`Problem::shutting_down`] | 503 | `shutting-down` | yes |
+//! | [`Problem::reload_unavailable`] | 409 | `reload-unavailable` | |
+//! | [`Problem::config_refused`] | 422 | `config-refused` | |
 //! | [`Problem::internal`] | 500 | `internal` | |
 //!
 //! `docs/problems.md` in the repository is the reference for clients: when each problem happens

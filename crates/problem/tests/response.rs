@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::{Method, Response, StatusCode, header};
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use slotgate_problem::{CONTENT_TYPE, Problem, is_valid_extension_name};
+use slotgate_problem::{CONTENT_TYPE, Kind, Problem, is_valid_extension_name};
 
 fn body(response: &Response<Bytes>) -> Value {
     serde_json::from_slice(response.body()).expect("the body is JSON")
@@ -259,5 +259,19 @@ proptest! {
             prop_assert_eq!(&doc["status"], &Value::from(problem.status().as_u16()));
             prop_assert!(doc["error"]["message"].is_string());
         }
+    }
+}
+
+/// The constructor table in the crate docs lists every kind with its status: a kind added
+/// without a row (as happened five times) fails here.
+#[test]
+fn the_crate_docs_list_every_kind_with_its_status() {
+    let docs = include_str!("../src/lib.rs");
+    for kind in Kind::ALL {
+        let row = format!("| {} | `{}` |", kind.status().as_u16(), kind.slug());
+        assert!(
+            docs.contains(&row),
+            "lib.rs's table lacks a row with `{row}`"
+        );
     }
 }
