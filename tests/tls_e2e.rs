@@ -169,8 +169,15 @@ async fn mutual_tls_is_refused_without_a_client_certificate_and_accepted_with_on
     ))
     .await;
     let entry = wait_for_health(without.admin_addr().unwrap(), "gpu", "unhealthy").await;
+    // Under TLS 1.3 the engine refuses a missing client certificate after the client's side of
+    // the handshake has finished, so the refusal reaches the gateway either as a TLS alert or,
+    // when the engine's close wins the race, as a connection closed before any answer. Both
+    // must leave the upstream unhealthy and the engine untouched, which is what is checked.
     let last_error = entry["health"]["last_error"].as_str().unwrap_or_default();
-    assert!(last_error.contains("TLS handshake failed"), "{entry}");
+    assert!(
+        last_error.contains("TLS handshake failed") || last_error.contains("not ready"),
+        "{entry}"
+    );
     let refused = chat(without.api_addr(), "qwen", false, &[]).await;
     refused.assert_problem(503, "upstream-unavailable");
     assert_eq!(engine.observer().snapshot().received, 0);
