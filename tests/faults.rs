@@ -739,6 +739,16 @@ impl Row {
         last
     }
 
+    /// [`Row::error_event`], checked to be an `upstream-stalled` problem.
+    fn stalled_event(&self) -> serde_json::Value {
+        let last = self.error_event();
+        assert_eq!(
+            last["type"],
+            "https://slotgate.dev/problems/upstream-stalled"
+        );
+        last
+    }
+
     /// That the engine saw the gateway close its connection.
     async fn engine_saw_the_close(&self, id: &str) {
         let record = self
@@ -777,11 +787,7 @@ impl Row {
 #[tokio::test]
 async fn row_stall_after_chunks() {
     let row = Row::run("stall-after-chunks=2", true, "r-stall").await;
-    let last = row.error_event();
-    assert_eq!(
-        last["type"],
-        "https://slotgate.dev/problems/upstream-stalled"
-    );
+    row.stalled_event();
     assert_eq!(bound(row.admin, "stream_idle").await, 1);
     row.engine_saw_the_close("r-stall").await;
     row.done().await;
@@ -791,11 +797,7 @@ async fn row_stall_after_chunks() {
 #[tokio::test]
 async fn row_reset_after_chunks() {
     let row = Row::run("reset-after-chunks=2", true, "r-reset").await;
-    let last = row.error_event();
-    assert_eq!(
-        last["type"],
-        "https://slotgate.dev/problems/upstream-stalled"
-    );
+    let last = row.stalled_event();
     assert!(
         last["detail"]
             .as_str()
@@ -839,11 +841,7 @@ async fn row_hang_before_head() {
 #[tokio::test]
 async fn row_first_token_later_than_the_idle_timeout() {
     let row = Row::run("first-token-delay-ms=60000", true, "r-prefill").await;
-    let last = row.error_event();
-    assert_eq!(
-        last["type"],
-        "https://slotgate.dev/problems/upstream-stalled"
-    );
+    row.stalled_event();
     assert_eq!(bound(row.admin, "stream_idle").await, 1);
     row.engine_saw_the_close("r-prefill").await;
     row.done().await;

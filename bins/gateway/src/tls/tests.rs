@@ -38,6 +38,24 @@ fn load_error(upstream: &Upstream) -> String {
     chain(&UpstreamTls::load(upstream).expect_err("the TLS files are bad"))
 }
 
+/// The load error for an upstream with this client certificate and key, checked to name the
+/// key's file (the one at fault in every caller).
+fn client_identity_error(cert: &[u8], key: &[u8]) -> String {
+    let cert_file = file(cert);
+    let key_file = file(key);
+    let upstream = upstream_with(&format!(
+        "client_cert = \"{}\"\nclient_key = \"{}\"",
+        cert_file.path().display(),
+        key_file.path().display()
+    ));
+    let error = load_error(&upstream);
+    assert!(
+        error.contains(&key_file.path().display().to_string()),
+        "{error}"
+    );
+    error
+}
+
 #[test]
 fn an_http_upstream_needs_no_tls() {
     let mut upstream = upstream_with("");
@@ -74,19 +92,8 @@ fn a_ca_file_without_certificates_says_so() {
 #[test]
 fn a_client_key_file_without_a_key_says_so() {
     let cert = rcgen::generate_simple_self_signed(vec!["client".to_owned()]).unwrap();
-    let cert_file = file(cert.cert.pem().as_bytes());
     // A certificate where the key should be.
-    let key_file = file(cert.cert.pem().as_bytes());
-    let upstream = upstream_with(&format!(
-        "client_cert = \"{}\"\nclient_key = \"{}\"",
-        cert_file.path().display(),
-        key_file.path().display()
-    ));
-    let error = load_error(&upstream);
-    assert!(
-        error.contains(&key_file.path().display().to_string()),
-        "{error}"
-    );
+    let error = client_identity_error(cert.cert.pem().as_bytes(), cert.cert.pem().as_bytes());
     assert!(error.contains("no private key found"), "{error}");
 }
 
@@ -94,17 +101,9 @@ fn a_client_key_file_without_a_key_says_so() {
 fn a_client_key_that_does_not_match_its_certificate_is_refused() {
     let one = rcgen::generate_simple_self_signed(vec!["one".to_owned()]).unwrap();
     let other = rcgen::generate_simple_self_signed(vec!["other".to_owned()]).unwrap();
-    let cert_file = file(one.cert.pem().as_bytes());
-    let key_file = file(other.signing_key.serialize_pem().as_bytes());
-    let upstream = upstream_with(&format!(
-        "client_cert = \"{}\"\nclient_key = \"{}\"",
-        cert_file.path().display(),
-        key_file.path().display()
-    ));
-    let error = load_error(&upstream);
-    assert!(
-        error.contains(&key_file.path().display().to_string()),
-        "{error}"
+    let error = client_identity_error(
+        one.cert.pem().as_bytes(),
+        other.signing_key.serialize_pem().as_bytes(),
     );
     assert!(error.contains("not a usable client key"), "{error}");
 }
