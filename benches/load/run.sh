@@ -1,147 +1,173 @@
 #!/usr/bin/env bash
-# Load benchmark: a bounded load against a fast upstream, three ways —
-#   1. directly,
-#   2. through slotgate (parallel = CAP, queue = QUEUE),
-#   3. through HAProxy with the same cap and queue (server maxconn = CAP, maxqueue = QUEUE,
-#      timeout queue = the same queue_timeout),
-# and prints throughput and latency percentiles as a Markdown table (also written to $OUT).
+# Load benchmark: the cost of the proxy itself, slotgate against HAProxy with the same cap and
+# queue, in front of an upstream faster than either (so the upstream is never what is measured).
 #
-#   benches/load/run.sh                       # defaults below
-#   DURATION=30s CONNS=128 benches/load/run.sh
+#   benches/load/run.sh                          # every scenario, defaults below
+#   SCENARIOS=static ROUNDS=5 benches/load/run.sh
+#   SCENARIOS=hold HOLD_COUNTS="1000" benches/load/run.sh
 #
-# It installs what it needs: wrk and HAProxy from Debian's packages (apt-get; run as root or with
-# sudo available), and builds slotgate and fake-upstream in release mode.
+# Scenarios:
+#   static  nginx (one worker) answering /health, /v1/models and the chat path with fixed bodies;
+#           wrk against it directly, through slotgate and through HAProxy, runs alternating
+#           (direct, slotgate, HAProxy, direct, …), ROUNDS times; medians reported.
+#   fake    the same three paths in front of fake-upstream --kind vllm (16 tokens, no pacing).
+#           The fake is slower than both proxies, so this one mostly measures the fake; kept as a
+#           second scenario because it answers like a real engine (SSE framing, usage).
+#   hold    RSS per held stream: HOLD_COUNTS streamed requests kept open at once through each
+#           proxy to a fake upstream that streams one token a second; (RSS with N open − RSS
+#           idle) / N.
+#
+# Figures: requests/s, p50, p99 (wrk), and CPU µs per request of each process (utime + stime
+# from /proc/PID/stat over the measured run, divided by the requests wrk completed). CPU per
+# request is what a shared machine distorts least; requests/s and p99 need a quiet machine.
+#
+# It installs what it needs from Debian's packages (nginx, haproxy, wrk; as root or via sudo),
+# builds slotgate and fake-upstream in release mode, raises `ulimit -n`, stops every process it
+# started, and writes the tables to $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-DURATION=${DURATION:-15s}   # per run
-CONNS=${CONNS:-64}          # concurrent client connections
-THREADS=${THREADS:-2}       # wrk threads
-CAP=${CAP:-32}              # slots (slotgate parallel / HAProxy maxconn)
-QUEUE=${QUEUE:-256}         # queue places (slotgate queue / HAProxy maxqueue)
-TOKENS=${TOKENS:-16}        # tokens per answer from the fake upstream (instant pacing)
+SCENARIOS=${SCENARIOS:-"static fake hold"}
+ROUNDS=${ROUNDS:-3}          # alternating rounds per scenario (medians over these)
+DURATION=${DURATION:-10s}    # per measured wrk run
+CONNS=${CONNS:-32}           # wrk connections
+THREADS=${THREADS:-1}        # wrk threads
+CAP=${CAP:-64}               # slotgate parallel / HAProxy maxconn
+QUEUE=${QUEUE:-64}           # slotgate queue / HAProxy maxqueue
+PROXY_THREADS=${PROXY_THREADS:-1}  # HAProxy nbthread and slotgate TOKIO_WORKER_THREADS alike
+TOKENS=${TOKENS:-16}         # tokens per answer from the fake upstream
+HOLD_COUNTS=${HOLD_COUNTS:-"1000 10000"}
 OUT=${OUT:-target/load/results.md}
-UPSTREAM_PORT=18190
-SLOTGATE_PORT=18191
-HAPROXY_PORT=18192
 
-step() { printf '\n==> %s\n' "$*" >&2; }
-as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+# shellcheck source=benches/load/common.sh
+source benches/load/common.sh
 
-step "tools"
-missing=()
-command -v wrk >/dev/null 2>&1 || missing+=(wrk)
-command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
-if [ ${#missing[@]} -gt 0 ]; then
-  as_root apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
-fi
-# Build first so the compile does not compete with the measurement.
-cargo build --release --locked -p slotgate-gateway -p fake-upstream
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-wait_port() {
-  for _ in $(seq 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.1
-  done
-  echo "nothing listens on port $1" >&2
-  return 1
-}
-
-step "fake upstream on :$UPSTREAM_PORT (vLLM-like, effectively unlimited, instant answers)"
-target/release/fake-upstream --kind vllm --parallel 100000 --port "$UPSTREAM_PORT" \
-  --model bench --tokens "$TOKENS" >"$work/fake.log" 2>&1 &
-pids+=($!)
-wait_port "$UPSTREAM_PORT"
-
-step "slotgate on :$SLOTGATE_PORT (parallel $CAP, queue $QUEUE)"
-cat >"$work/slotgate.toml" <<TOML
-[server]
-listen = "127.0.0.1:$SLOTGATE_PORT"
-max_connections = 4096
-
-[upstreams.bench]
-url = "http://127.0.0.1:$UPSTREAM_PORT"
-kind = "vllm"
-
-[upstreams.bench.models.bench]
-parallel = $CAP
-queue = $QUEUE
-queue_timeout = "30s"
-TOML
-RUST_LOG=warn target/release/slotgate serve --config "$work/slotgate.toml" >"$work/slotgate.log" 2>&1 &
-pids+=($!)
-wait_port "$SLOTGATE_PORT"
-
-step "HAProxy on :$HAPROXY_PORT (maxconn $CAP, maxqueue $QUEUE)"
-cat >"$work/haproxy.cfg" <<CFG
-global
-  maxconn 4096
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 60s
-  timeout server 60s
-  timeout queue 30s
-  option http-keep-alive
-  http-reuse always
-frontend bench
-  bind 127.0.0.1:$HAPROXY_PORT
-  default_backend upstream
-backend upstream
-  server fake 127.0.0.1:$UPSTREAM_PORT maxconn $CAP maxqueue $QUEUE
-CFG
-haproxy -f "$work/haproxy.cfg" -db >"$work/haproxy.log" 2>&1 &
-pids+=($!)
-wait_port "$HAPROXY_PORT"
-
-cat >"$work/post.lua" <<'LUA'
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{"model":"bench","messages":[{"role":"user","content":"hello"}],"max_tokens":16}'
-LUA
-
-# Runs wrk against a port; prints "req/s p50 p99 non2xx".
+# $1: port; $2: the proxy's pid (or "" for direct). Prints
+# "req/s p50_ms p99_ms non2xx proxy_cpu_us_per_req upstream_cpu_us_per_req".
 measure() {
-  local port=$1 out
-  # A short warm-up fills connection pools on every path.
+  local port=$1 proxy=$2 out
   wrk -t"$THREADS" -c"$CONNS" -d2s -s "$work/post.lua" "http://127.0.0.1:$port/v1/chat/completions" >/dev/null
+  local p0 u0 p1 u1
+  p0=$([ -n "$proxy" ] && ticks "$proxy" || echo 0)
+  # shellcheck disable=SC2086
+  u0=$(ticks_all $upstream_pids)
   out=$(wrk -t"$THREADS" -c"$CONNS" -d"$DURATION" --latency -s "$work/post.lua" \
     "http://127.0.0.1:$port/v1/chat/completions")
+  p1=$([ -n "$proxy" ] && ticks "$proxy" || echo 0)
+  # shellcheck disable=SC2086
+  u1=$(ticks_all $upstream_pids)
   echo "$out" >&2
-  local rps p50 p99 non2xx
-  rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
-  p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
-  p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
-  non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
-  echo "$rps $p50 $p99 ${non2xx:-0}"
+  awk -v p="$((p1 - p0))" -v u="$((u1 - u0))" -v hz="$CLK_TCK" '
+    function ms(v) { if (v ~ /us$/) return v / 1000; if (v ~ /ms$/) return v + 0; if (v ~ /s$/) return v * 1000; return v }
+    / requests in / { n = $1 }
+    /^Requests\/sec:/ { rps = $2 }
+    $1 == "50%" { p50 = ms($2) }
+    $1 == "99%" { p99 = ms($2) }
+    /Non-2xx or 3xx responses:/ { bad = $5 }
+    END {
+      printf "%.0f %.3f %.3f %d %.1f %.1f\n", rps, p50, p99, bad + 0,
+        (n > 0 ? p * 1e6 / hz / n : 0), (n > 0 ? u * 1e6 / hz / n : 0)
+    }' <<<"$out"
 }
 
-step "direct"
-read -r d_rps d_p50 d_p99 d_bad < <(measure "$UPSTREAM_PORT")
-step "through slotgate"
-read -r s_rps s_p50 s_p99 s_bad < <(measure "$SLOTGATE_PORT")
-step "through HAProxy"
-read -r h_rps h_p50 h_p99 h_bad < <(measure "$HAPROXY_PORT")
+# Runs one throughput scenario: ROUNDS alternating rounds of direct, slotgate, HAProxy.
+# $1: scenario name; $2: slotgate's kind for the upstream.
+throughput() {
+  local name=$1 kind=$2 round
+  start_slotgate "$kind" "$CAP" "$QUEUE" 4096
+  start_haproxy "$CAP" "$QUEUE" 4096
+  declare -A col
+  for round in $(seq "$ROUNDS"); do
+    for path in direct slotgate haproxy; do
+      step "$name round $round/$ROUNDS: $path"
+      case $path in
+        direct) read -r rps p50 p99 bad pcpu ucpu < <(measure "$UPSTREAM_PORT" "") ;;
+        slotgate) read -r rps p50 p99 bad pcpu ucpu < <(measure "$SLOTGATE_PORT" "$slotgate_pid") ;;
+        haproxy) read -r rps p50 p99 bad pcpu ucpu < <(measure "$HAPROXY_PORT" "$haproxy_pid") ;;
+      esac
+      col[$path.rps]+=" $rps"; col[$path.p50]+=" $p50"; col[$path.p99]+=" $p99"
+      col[$path.bad]+=" $bad"; col[$path.pcpu]+=" $pcpu"; col[$path.ucpu]+=" $ucpu"
+    done
+  done
+  stop_all
+  {
+    echo
+    echo "### $name: medians of $ROUNDS alternating rounds"
+    echo
+    echo "| path | requests/s | p50 ms | p99 ms | non-2xx | proxy CPU µs/req | upstream CPU µs/req | all rounds (req/s) |"
+    echo "|---|---:|---:|---:|---:|---:|---:|---|"
+    for path in direct slotgate haproxy; do
+      local label=$path
+      [ "$path" = haproxy ] && label="HAProxy $("$HAPROXY" -v | awk 'NR==1 {print $3}')"
+      local pc
+      pc=$(median <<<"${col[$path.pcpu]}")
+      [ "$path" = direct ] && pc="—"
+      printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$label" \
+        "$(median <<<"${col[$path.rps]}")" "$(median <<<"${col[$path.p50]}")" \
+        "$(median <<<"${col[$path.p99]}")" "$(median <<<"${col[$path.bad]}")" "$pc" \
+        "$(median <<<"${col[$path.ucpu]}")" "${col[$path.rps]# }"
+    done
+  } >>"$OUT"
+}
+
+# RSS per held stream through one proxy. $1: label; $2: port; $3: pid; $4: count.
+hold_one() {
+  local label=$1 port=$2 pid=$3 count=$4 before after
+  sleep 1
+  before=$(rss_kib "$pid")
+  coproc HOLD { python3 benches/load/hold.py --port "$port" --count "$count"; }
+  local line
+  if ! read -r -t 300 line <&"${HOLD[0]}" || [ "${line%% *}" != ready ]; then
+    echo "holding $count streams through $label failed: ${line:-timeout}" >&2
+    kill "$HOLD_PID" 2>/dev/null || true
+    return 1
+  fi
+  sleep 2
+  after=$(rss_kib "$pid")
+  local fd=${HOLD[1]}
+  exec {fd}>&-
+  wait "$HOLD_PID" || true
+  awk -v l="$label" -v n="$count" -v b="$before" -v a="$after" \
+    'BEGIN { printf "| %s | %d | %.1f | %.1f | %.2f |\n", l, n, b / 1024, a / 1024, (a - b) / n }' >>"$OUT"
+  sleep 2
+}
+
+hold() {
+  {
+    echo
+    echo "### hold: RSS per held stream (fake vLLM streaming one token a second)"
+    echo
+    echo "| proxy | streams held | RSS idle MiB | RSS held MiB | KiB per stream |"
+    echo "|---|---:|---:|---:|---:|"
+  } >>"$OUT"
+  local count
+  for count in $HOLD_COUNTS; do
+    start_fake --tokens 300 --chunk-interval-ms 1000
+    start_slotgate vllm $((count + 100)) 0 $((count + 100))
+    start_haproxy $((count + 100)) 0 $((count + 100))
+    step "hold $count streams through slotgate"
+    hold_one slotgate "$SLOTGATE_PORT" "$slotgate_pid" "$count"
+    step "hold $count streams through HAProxy"
+    hold_one "HAProxy" "$HAPROXY_PORT" "$haproxy_pid" "$count"
+    stop_all
+  done
+}
 
 mkdir -p "$(dirname "$OUT")"
 {
-  echo "Load: wrk, $THREADS threads, $CONNS connections, $DURATION per run; POST /v1/chat/completions"
-  echo "to a fake vLLM answering $TOKENS tokens at once; cap $CAP, queue $QUEUE. $(nproc) CPUs,"
-  echo "$(date -u +%Y-%m-%d). Command: \`DURATION=$DURATION CONNS=$CONNS CAP=$CAP QUEUE=$QUEUE benches/load/run.sh\`"
-  echo
-  echo "| path | requests/s | p50 | p99 | non-2xx |"
-  echo "|---|---:|---:|---:|---:|"
-  echo "| direct | $d_rps | $d_p50 | $d_p99 | $d_bad |"
-  echo "| slotgate | $s_rps | $s_p50 | $s_p99 | $s_bad |"
-  echo "| HAProxy $(haproxy -v | awk 'NR==1 {print $3}') | $h_rps | $h_p50 | $h_p99 | $h_bad |"
-} | tee "$OUT"
+  echo "Load benchmark, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, load average before: $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo "wrk $THREADS thread(s), $CONNS connections, $DURATION per run, POST /v1/chat/completions;"
+  echo "cap $CAP, queue $QUEUE; HAProxy nbthread and slotgate worker threads: $PROXY_THREADS."
+  echo "Command: \`SCENARIOS=\"$SCENARIOS\" ROUNDS=$ROUNDS DURATION=$DURATION CONNS=$CONNS THREADS=$THREADS CAP=$CAP QUEUE=$QUEUE PROXY_THREADS=$PROXY_THREADS HOLD_COUNTS=\"$HOLD_COUNTS\" benches/load/run.sh\`"
+} >"$OUT"
+for scenario in $SCENARIOS; do
+  case $scenario in
+    static) start_nginx; throughput static openai ;;
+    fake) start_fake --tokens "$TOKENS"; throughput fake vllm ;;
+    hold) hold ;;
+    *) echo "unknown scenario $scenario (static, fake, hold)" >&2; exit 2 ;;
+  esac
+done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$OUT"
+cat "$OUT"

@@ -4,7 +4,7 @@ use http::HeaderMap;
 use http::header::HeaderValue;
 use http::uri::PathAndQuery;
 
-use super::strip_hop_by_hop;
+use super::{copy_end_to_end, strip_hop_by_hop};
 use crate::base::Base;
 use crate::request_id::{REQUEST_ID, request_id};
 
@@ -56,6 +56,46 @@ fn strips_hop_by_hop_fields_and_those_connection_names() {
     let mut left: Vec<_> = headers.keys().map(http::HeaderName::as_str).collect();
     left.sort_unstable();
     assert_eq!(left, ["authorization", "content-type"]);
+}
+
+#[test]
+fn leaves_a_head_without_hop_by_hop_fields_alone() {
+    let mut headers = HeaderMap::new();
+    headers.append("content-type", HeaderValue::from_static("application/json"));
+    headers.append("x-custom", HeaderValue::from_static("1"));
+    headers.append("x-custom", HeaderValue::from_static("2"));
+    let before = headers.clone();
+    strip_hop_by_hop(&mut headers);
+    assert_eq!(headers, before);
+}
+
+#[test]
+fn copies_only_end_to_end_fields() {
+    let mut from = HeaderMap::new();
+    for (name, value) in [
+        ("connection", "close, x-secret"),
+        ("keep-alive", "timeout=5"),
+        ("proxy-connection", "keep-alive"),
+        ("x-secret", "1"),
+        ("te", "trailers"),
+        ("trailer", "x-checksum"),
+        ("accept", "text/event-stream"),
+        ("x-repeated", "a"),
+        ("x-repeated", "b"),
+    ] {
+        from.append(name, HeaderValue::from_static(value));
+    }
+    let mut to = HeaderMap::new();
+    copy_end_to_end(&from, &mut to);
+    let mut left: Vec<_> = to.keys().map(http::HeaderName::as_str).collect();
+    left.sort_unstable();
+    assert_eq!(left, ["accept", "x-repeated"]);
+    let repeated: Vec<_> = to.get_all("x-repeated").iter().collect();
+    assert_eq!(
+        repeated,
+        ["a", "b"],
+        "repeated fields keep every value, in order"
+    );
 }
 
 #[test]
