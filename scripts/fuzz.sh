@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the fuzz targets in fuzz/ and runs each for a bounded time; fails on the first crash,
-# leak, timeout or out-of-memory. CI (`scripts/test.sh`) runs it with the default 30 s; run it by
+# leak, timeout or out-of-memory. CI (`scripts/test.sh`) runs it with 20 s per target; run it by
 # hand for longer (`docs/fuzzing.md`).
 #
-#   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]      default: 30, every target
+#   scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]      default: 20, every target
 #
 # Toolchain: cargo-fuzz needs nightly-only flags (-Zsanitizer, -Cllvm-args, --cfg fuzzing). The
 # machines reach no rustup server, so it runs on the installed stable toolchain with
@@ -16,7 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 
-seconds=${1:-30}
+seconds=${1:-20}
 shift || true
 if ! [[ $seconds =~ ^[0-9]+$ ]] || ((seconds == 0)); then
   echo "fuzz.sh: SECONDS_PER_TARGET must be a positive whole number, got '$seconds'" >&2
@@ -24,10 +24,17 @@ if ! [[ $seconds =~ ^[0-9]+$ ]] || ((seconds == 0)); then
 fi
 
 export RUSTC_BOOTSTRAP=1
+# The instrumented build is a second build of every dependency (sanitizer and coverage flags):
+# kept outside the clone, so that a later run on the same machine (CI runs in a fresh clone each
+# time) rebuilds only the workspace crates. Override with SLOTGATE_FUZZ_TARGET_DIR.
+export CARGO_TARGET_DIR=${SLOTGATE_FUZZ_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/slotgate/fuzz-target}
 
 if ! command -v cargo-fuzz >/dev/null 2>&1; then
   # Pinned: the flags below and the stable-with-RUSTC_BOOTSTRAP path were checked with 0.13.
+  # Timed: its cold cost is part of what the CI step costs (docs/fuzzing.md).
+  install_start=$SECONDS
   cargo install --locked cargo-fuzz --version '^0.13'
+  echo "fuzz.sh: cargo-fuzz installed in $((SECONDS - install_start)) s"
 fi
 
 targets=("$@")
@@ -37,7 +44,9 @@ fi
 
 cargo fmt --check
 # Every target in one cargo invocation: they share their dependencies.
+build_start=$SECONDS
 cargo fuzz build
+echo "fuzz.sh: targets built in $((SECONDS - build_start)) s"
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT

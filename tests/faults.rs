@@ -963,7 +963,10 @@ async fn row_health_flapping_under_load() {
         replies
     };
     let (saw_unhealthy, replies) = tokio::join!(flap, load);
-    assert!(saw_unhealthy, "the gateway never saw the upstream unhealthy");
+    assert!(
+        saw_unhealthy,
+        "the gateway never saw the upstream unhealthy"
+    );
 
     // What the clients got: a whole answer or a problem, never a cut or an empty one.
     let mut served = 0_u32;
@@ -1018,13 +1021,16 @@ async fn row_health_flapping_under_load() {
 }
 
 /// HTTP/2 rapid reset (CVE-2023-44487): one client opens stream after stream, each a whole
-/// streamed request, and resets it at once, as fast as it can. The work stays bounded: h2's own
-/// protection (`max_pending_accept_reset_streams`, `max_concurrent_streams`) throttles or ends the
-/// connection, at most a bounded number of the requests reach the engine (and each that did sees
-/// its connection closed), every slot comes back, and another client is served meanwhile.
+/// streamed request, and resets it at once, as fast as it can. h2's own protection (too many
+/// streams reset before the server took them: `GOAWAY` with `ENHANCE_YOUR_CALM`) ends the
+/// connection long before the client is done; only a few of the requests reach the engine (each
+/// is counted as a client that left, or as completed if the engine was quicker, never as an
+/// engine failure); every slot comes back; and another client is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn row_h2_rapid_reset() {
-    const STREAMS: usize = 2_000;
+    const STREAMS: usize = 5_000;
+    // Far below what the client attempts (runs here showed 0 to 3): a bound on work, not a speed.
+    const AT_MOST_REACHED: u32 = 32;
     let (fake, gw) = setup("h2_max_concurrent_streams = 8").await;
     let admin = gw.admin_addr().unwrap();
     let addr = gw.api_addr();
@@ -1034,7 +1040,7 @@ async fn row_h2_rapid_reset() {
     let (client, connection) = h2::client::handshake(tcp).await.unwrap();
     let connection = tokio::spawn(connection);
     let body = Bytes::from(chat_body("m", true));
-    let attack = tokio::time::timeout(PATIENT, async move {
+    let reset = tokio::time::timeout(PATIENT, async move {
         let mut reset = 0_usize;
         for i in 0..STREAMS {
             // `ready` waits for a free stream under the server's cap; it fails once the server
@@ -1062,23 +1068,38 @@ async fn row_h2_rapid_reset() {
     .await
     .expect("the attack loop is bounded");
 
-    // Another client is served while the attacker's connection is open or just closed.
+    // Cut: the server ended the connection before the client was done.
+    let ended = tokio::time::timeout(SOON, connection).await;
+    assert!(
+        matches!(ended, Ok(Ok(Err(_)))),
+        "the connection was not ended by the server: {ended:?}"
+    );
+    assert!(
+        reset < STREAMS,
+        "all {STREAMS} streams were opened and reset"
+    );
+
+    // Another client is served.
     let other = tokio::time::timeout(SOON, chat(addr, "m", false, &[])).await;
     assert_eq!(other.expect("another client is answered").status, 200);
 
-    // Bounded work: of the streams opened, only those accepted before their reset reach the
-    // engine, and each of those is cancelled there.
-    let reached = fake.observer().inference_requests();
+    // Bounded work, nothing held, and what reached the engine ended there and was counted.
+    let reached: Vec<_> = fake
+        .observer()
+        .inference_requests()
+        .into_iter()
+        .filter(|r| r.id.starts_with("rr-"))
+        .collect();
     assert!(
-        reached.len() < reset_bound(attack),
-        "{} of {attack} reset streams reached the engine",
+        reached.len() <= AT_MOST_REACHED as usize,
+        "{} of {reset} reset streams reached the engine",
         reached.len()
     );
     support::eventually("slots and queue back to 0", SOON, || {
         gw.limiter().in_flight(&key, "m") == 0 && gw.limiter().queued(&key, "m") == 0
     })
     .await;
-    for record in reached.iter().filter(|r| r.id.starts_with("rr-")) {
+    for record in &reached {
         let record = fake
             .observer()
             .wait_for_outcome(&record.id, SOON)
@@ -1096,23 +1117,24 @@ async fn row_h2_rapid_reset() {
             "{record:?}"
         );
     }
-    // Counted: each forwarded request the client abandoned is a client disconnect or, if the
-    // engine was quicker than the reset, a completion; nothing is an upstream error.
-    assert_eq!(
+    let outcome = |outcome: &'static str| async move {
         support::admin_sample(
             admin,
-            r#"slotgate_requests_total{upstream="a",model="m",outcome="upstream_error"}"#
+            &format!("slotgate_requests_total{{upstream=\"a\",model=\"m\",outcome=\"{outcome}\"}}"),
         )
         .await
-        .unwrap_or(0.0),
-        0.0
+        .unwrap_or(0.0)
+    };
+    // Every request forwarded is counted (the other client's too), and few were: a request can
+    // be forwarded and cancelled before the engine read it, so this may exceed `reached`.
+    let counted = outcome("client_gone").await + outcome("completed").await;
+    let reached = f64::from(u32::try_from(reached.len()).unwrap());
+    let bound = f64::from(AT_MOST_REACHED);
+    assert!(
+        (reached + 1.0..=bound + 1.0).contains(&counted),
+        "{counted} forwarded requests counted, {reached} reached the engine"
     );
-    connection.abort();
+    assert_eq!(outcome("upstream_error").await, 0.0);
     gw.shutdown().await;
     fake.shutdown().await;
-}
-
-/// At most this many of `reset` reset streams may reach the engine: fewer than all of them.
-fn reset_bound(reset: usize) -> usize {
-    reset.max(1)
 }

@@ -30,8 +30,8 @@ use crate::metrics::Metrics;
 use crate::proxy::affinity::{Recorder, ResponseAffinity, Sniff};
 use crate::proxy::body::{SlotBody, Watch};
 use crate::proxy::endpoint::Endpoint;
-use crate::proxy::request::{self, BodyBudget, BodyLimits};
 use crate::proxy::problems;
+use crate::proxy::request::{self, BodyBudget, BodyLimits};
 use crate::upstreams::probe::{self, LlamaProps, LlamaSlot, ModelList, OllamaPs, ProbeError};
 
 /// Runs `future` to its end on a runtime of this thread's own, with a clock: the request
@@ -157,13 +157,25 @@ pub struct StreamOutcome {
 /// through ([`SlotBody`] with a [`Watch`], around the response-id [`Sniff`]), as an answer of
 /// `upstream` for `model`; the upstream's body fails after the last chunk when `cut`, and the
 /// answer is `text/event-stream` when `sse`.
-pub fn stream(chunks: &[&[u8]], cut: bool, sse: bool, upstream: &str, model: &str) -> StreamOutcome {
+pub fn stream(
+    chunks: &[&[u8]],
+    cut: bool,
+    sse: bool,
+    upstream: &str,
+    model: &str,
+) -> StreamOutcome {
     let store = Arc::new(FirstRecord::default());
     let inner = Frames {
-        chunks: chunks.iter().map(|chunk| Bytes::copy_from_slice(chunk)).collect(),
+        chunks: chunks
+            .iter()
+            .map(|chunk| Bytes::copy_from_slice(chunk))
+            .collect(),
         cut,
     };
-    let recorder = Recorder::new(Arc::clone(&store) as Arc<dyn ResponseAffinity>, upstream.to_owned());
+    let recorder = Recorder::new(
+        Arc::clone(&store) as Arc<dyn ResponseAffinity>,
+        upstream.to_owned(),
+    );
     let (frames, failed) = block_on(async {
         let watch = Watch {
             idle_timeout: Duration::from_secs(3600),
@@ -360,7 +372,10 @@ mod tests {
         assert_eq!(whole.recorded.as_deref(), Some("resp_1"));
 
         let cut = stream(&chunks, true, true, "gpu-a", "m");
-        assert!(!cut.failed, "an SSE answer ends cleanly after its error event");
+        assert!(
+            !cut.failed,
+            "an SSE answer ends cleanly after its error event"
+        );
         let last = cut.frames.last().expect("the error event");
         assert!(last.starts_with(b"data: {") && last.ends_with(b"\n\n"));
         assert!(stream(&chunks, true, false, "gpu-a", "m").failed);

@@ -122,7 +122,13 @@ fn address(line: &str, field: &str) -> SocketAddr {
 
 /// One HTTP/1.1 exchange on a new connection: the status and the body (de-chunked well enough
 /// for assertions: the raw text after the head).
-fn exchange(addr: SocketAddr, method: &str, path: &str, body: &str, headers: &str) -> (u16, String) {
+fn exchange(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    headers: &str,
+) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(SOON)).unwrap();
     write!(
@@ -193,7 +199,10 @@ async fn sighup_with_a_bad_config_keeps_the_old_one_serving_counts_and_shows_the
         });
         let deadline = Instant::now() + SOON;
         while observer.in_flight() == 0 {
-            assert!(Instant::now() < deadline, "the stream never reached the engine");
+            assert!(
+                Instant::now() < deadline,
+                "the stream never reached the engine"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
 
@@ -232,8 +241,9 @@ async fn sighup_with_a_bad_config_keeps_the_old_one_serving_counts_and_shows_the
         // Nothing held.
         let deadline = Instant::now() + SOON;
         loop {
-            let held = sample(gw.admin, r#"slotgate_slots_in_use{upstream="a",model="m"}"#)
-                .zip(sample(gw.admin, r#"slotgate_queue_depth{upstream="a",model="m"}"#));
+            let held = sample(gw.admin, r#"slotgate_slots_in_use{upstream="a",model="m"}"#).zip(
+                sample(gw.admin, r#"slotgate_queue_depth{upstream="a",model="m"}"#),
+            );
             if held == Some((0.0, 0.0)) {
                 break;
             }

@@ -115,11 +115,9 @@ impl Admin {
                 &UpstreamsDoc {
                     generation: generation.number,
                     loaded_at: rfc3339(generation.loaded_at),
-                    last_reload_refused: self.reloader.last_refused().map(|refused| {
-                        RefusedDoc {
-                            at: rfc3339(refused.at),
-                            issues: refused.issues,
-                        }
+                    last_reload_refused: self.reloader.last_refused().map(|refused| RefusedDoc {
+                        at: rfc3339(refused.at),
+                        issues: refused.issues,
                     }),
                     upstreams,
                 },

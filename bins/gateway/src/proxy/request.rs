@@ -270,7 +270,8 @@ where
 }
 
 impl ApiRequest {
-    /// Where the `model` value (with its quotes) sits in `body`.
+    /// Where the `model` value (with its quotes) sits in `body` (for the fuzz targets' checks).
+    #[cfg(any(fuzzing, test))]
     pub(crate) fn model_span(&self) -> Range<usize> {
         self.model_span.clone()
     }
