@@ -751,14 +751,8 @@ impl Row {
 
     /// That the engine saw the gateway close its connection.
     async fn engine_saw_the_close(&self, id: &str) {
-        let record = self
-            .fake
-            .observer()
-            .wait_for_outcome(id, SOON)
-            .await
-            .expect("the request ended at the engine");
         assert_eq!(
-            record.outcome,
+            engine_outcome(&self.fake, id).await,
             Some(fake_upstream::Outcome::ClientGoneMidResponse)
         );
     }
@@ -906,6 +900,10 @@ async fn an_h2_client_that_stops_reading_is_cut_and_its_slot_freed() {
 /// completed there (flapping health never cuts a running answer); every slot and queue place
 /// comes back; and the answers that came are the ones counted as `completed`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::float_cmp,
+    reason = "counters hold whole numbers, exact in an f64"
+)]
 async fn row_health_flapping_under_load() {
     let fake = fake_upstream::FakeUpstream::start(fake_upstream::FakeConfig::vllm(4).model("m"))
         .await
@@ -978,13 +976,8 @@ async fn row_health_flapping_under_load() {
                 text.contains("[DONE]") || reply.json()["choices"].is_array(),
                 "{id}: {text}"
             );
-            let record = fake
-                .observer()
-                .wait_for_outcome(id, SOON)
-                .await
-                .expect("the request ended at the engine");
             assert_eq!(
-                record.outcome,
+                engine_outcome(&fake, id).await,
                 Some(fake_upstream::Outcome::Completed),
                 "{id}"
             );
@@ -1005,19 +998,34 @@ async fn row_health_flapping_under_load() {
         }
     });
     assert!(back.await.is_ok(), "the upstream never came back");
-    let outcome = |outcome: &'static str| async move {
-        support::admin_sample(
-            admin,
-            &format!("slotgate_requests_total{{upstream=\"a\",model=\"m\",outcome=\"{outcome}\"}}"),
-        )
-        .await
-        .unwrap_or(0.0)
-    };
+    let outcome = |outcome| requests_total(admin, outcome);
     assert_eq!(outcome("completed").await, f64::from(served));
     assert_eq!(outcome("upstream_error").await, 0.0);
     assert_eq!(fake.observer().in_flight(), 0);
     gw.shutdown().await;
     fake.shutdown().await;
+}
+
+/// How request `id` ended at `fake`, waiting for its end for at most [`SOON`].
+async fn engine_outcome(
+    fake: &fake_upstream::FakeUpstream,
+    id: &str,
+) -> Option<fake_upstream::Outcome> {
+    fake.observer()
+        .wait_for_outcome(id, SOON)
+        .await
+        .expect("the request ended at the engine")
+        .outcome
+}
+
+/// `slotgate_requests_total` of upstream `a`, model `m`, for `outcome` (0 when absent).
+async fn requests_total(admin: SocketAddr, outcome: &str) -> f64 {
+    support::admin_sample(
+        admin,
+        &format!("slotgate_requests_total{{upstream=\"a\",model=\"m\",outcome=\"{outcome}\"}}"),
+    )
+    .await
+    .unwrap_or(0.0)
 }
 
 /// HTTP/2 rapid reset (CVE-2023-44487): one client opens stream after stream, each a whole
@@ -1027,6 +1035,10 @@ async fn row_health_flapping_under_load() {
 /// is counted as a client that left, or as completed if the engine was quicker, never as an
 /// engine failure); every slot comes back; and another client is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::float_cmp,
+    reason = "counters hold whole numbers, exact in an f64"
+)]
 async fn row_h2_rapid_reset() {
     const STREAMS: usize = 5_000;
     // Far below what the client attempts (runs here showed 0 to 3): a bound on work, not a speed.
@@ -1100,31 +1112,21 @@ async fn row_h2_rapid_reset() {
     })
     .await;
     for record in &reached {
-        let record = fake
-            .observer()
-            .wait_for_outcome(&record.id, SOON)
-            .await
-            .expect("every reset request that reached the engine ended there");
+        let outcome = engine_outcome(&fake, &record.id).await;
         assert!(
             matches!(
-                record.outcome,
+                outcome,
                 Some(
                     fake_upstream::Outcome::ClientGoneMidResponse
                         | fake_upstream::Outcome::ClientGoneWhileQueued
                         | fake_upstream::Outcome::Completed
                 )
             ),
-            "{record:?}"
+            "{}: {outcome:?}",
+            record.id
         );
     }
-    let outcome = |outcome: &'static str| async move {
-        support::admin_sample(
-            admin,
-            &format!("slotgate_requests_total{{upstream=\"a\",model=\"m\",outcome=\"{outcome}\"}}"),
-        )
-        .await
-        .unwrap_or(0.0)
-    };
+    let outcome = |outcome| requests_total(admin, outcome);
     // Every request forwarded is counted (the other client's too), and few were: a request can
     // be forwarded and cancelled before the engine read it, so this may exceed `reached`.
     let counted = outcome("client_gone").await + outcome("completed").await;

@@ -74,32 +74,19 @@ async def exchange(port, data, read_all=True, first_bytes=0):
         writer.close()
 
 
-async def streamer(args, deadline):
+async def streams(args, deadline, kind):
+    """Streams read to their end (`stream`), or dropped after their first bytes (`cancel`)."""
+    tokens, read_all = (20, True) if kind == "stream" else (500, False)
+    data = request_bytes(args.port, "m", True, tokens, "x-fake-chunk-interval-ms: 20\r\n")
     while time.monotonic() < deadline:
         try:
-            status = await exchange(
-                args.port,
-                request_bytes(args.port, "m", True, 20, "x-fake-chunk-interval-ms: 20\r\n"),
-            )
-            COUNTS[f"stream_{status}"] += 1
+            status = await exchange(args.port, data, read_all=read_all, first_bytes=512)
+            COUNTS[f"{kind}_{status}"] += 1
         except (OSError, asyncio.TimeoutError) as error:
-            COUNTS[f"stream_error_{type(error).__name__}"] += 1
+            COUNTS[f"{kind}_error_{type(error).__name__}"] += 1
             await asyncio.sleep(0.2)
-
-
-async def canceller(args, deadline):
-    while time.monotonic() < deadline:
-        try:
-            status = await exchange(
-                args.port,
-                request_bytes(args.port, "m", True, 500, "x-fake-chunk-interval-ms: 20\r\n"),
-                read_all=False,
-                first_bytes=512,
-            )
-            COUNTS[f"cancel_{status}"] += 1
-        except (OSError, asyncio.TimeoutError) as error:
-            COUNTS[f"cancel_error_{type(error).__name__}"] += 1
-        await asyncio.sleep(0.1)
+        if kind == "cancel":
+            await asyncio.sleep(0.1)
 
 
 async def queue_filler(args, deadline):
@@ -202,8 +189,8 @@ async def main():
 
     start = time.monotonic()
     deadline = start + args.seconds
-    workers = [streamer(args, deadline) for _ in range(4)]
-    workers += [canceller(args, deadline) for _ in range(2)]
+    workers = [streams(args, deadline, "stream") for _ in range(4)]
+    workers += [streams(args, deadline, "cancel") for _ in range(2)]
     workers += [
         queue_filler(args, deadline),
         reloader(args, deadline),

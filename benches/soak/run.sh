@@ -31,24 +31,8 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 step "build (release)"
 cargo build --release --locked -p slotgate-gateway -p fake-upstream
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  if [[ -f $work/fake.pid ]]; then kill "$(cat "$work/fake.pid")" 2>/dev/null || true; fi
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-wait_port() {
-  for _ in $(seq 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.1
-  done
-  echo "nothing listens on port $1" >&2
-  return 1
-}
+# shellcheck source=benches/common.sh
+source benches/common.sh
 
 fake_cmd="target/release/fake-upstream --kind llama-server --parallel 16 --port $UPSTREAM_PORT --model m"
 step "fake engine on :$UPSTREAM_PORT"

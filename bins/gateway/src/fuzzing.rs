@@ -9,19 +9,16 @@
 //! Hidden from the documentation and outside any stability promise: it changes whenever the
 //! code it wraps does, and nothing but `fuzz/` may use it.
 
-use std::collections::VecDeque;
 use std::fmt;
 use std::ops::Range;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderValue;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
-use http_body::{Body, Frame};
-use http_body_util::{BodyExt, Full};
+use http_body::Frame;
+use http_body_util::{BodyExt, Full, StreamBody};
 use parking_lot::Mutex;
 use prometheus_client::metrics::counter::Counter;
 use slotgate_exposition::Samples;
@@ -165,14 +162,13 @@ pub fn stream(
     model: &str,
 ) -> StreamOutcome {
     let store = Arc::new(FirstRecord::default());
-    let inner = Frames {
-        chunks: chunks
-            .iter()
-            .map(|chunk| Bytes::copy_from_slice(chunk))
-            .collect(),
-        cut,
-    };
-    let recorder = Recorder::new(
+    // The upstream's body: each chunk a frame, then an error when `cut`.
+    let frames = chunks
+        .iter()
+        .map(|chunk| Ok(Frame::data(Bytes::copy_from_slice(chunk))));
+    let failure = cut.then(|| Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
+    let inner = StreamBody::new(futures::stream::iter(frames.chain(failure)));
+    let sniffer = Recorder::new(
         Arc::clone(&store) as Arc<dyn ResponseAffinity>,
         upstream.to_owned(),
     );
@@ -189,7 +185,7 @@ pub fn stream(
             deadline: None,
             too_long: Counter::default(),
         };
-        let mut body = SlotBody::new(Sniff::new(inner, Some(recorder)), ()).watched(watch);
+        let mut body = SlotBody::new(Sniff::new(inner, Some(sniffer)), ()).watched(watch);
         let mut frames = Vec::new();
         while let Some(frame) = body.frame().await {
             match frame {
@@ -204,34 +200,6 @@ pub fn stream(
         frames,
         failed,
         recorded,
-    }
-}
-
-/// An upstream body: each chunk a frame, then an error when `cut`.
-struct Frames {
-    chunks: VecDeque<Bytes>,
-    cut: bool,
-}
-
-impl Body for Frames {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        if let Some(chunk) = self.chunks.pop_front() {
-            return Poll::Ready(Some(Ok(Frame::data(chunk))));
-        }
-        if std::mem::take(&mut self.cut) {
-            return Poll::Ready(Some(Err(std::io::ErrorKind::ConnectionReset.into())));
-        }
-        Poll::Ready(None)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.chunks.is_empty() && !self.cut
     }
 }
 

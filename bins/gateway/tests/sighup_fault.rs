@@ -88,7 +88,7 @@ impl Running {
             match self.lines.recv_timeout(left) {
                 Ok(line) if line.contains(needle) => return line,
                 Ok(_) => {}
-                Err(_) => panic!("no {needle:?} log line within {SOON:?}"),
+                Err(error) => panic!("no {needle:?} log line within {SOON:?}: {error}"),
             }
         }
     }
