@@ -54,14 +54,20 @@ fuzz_target!(|data: &[u8]| {
             assert!(extra.is_empty(), "frames added to a clean answer");
         }
         (true, true) => {
-            assert!(!out.failed, "a cut SSE answer did not end cleanly after its event");
+            assert!(
+                !out.failed,
+                "a cut SSE answer did not end cleanly after its event"
+            );
             let [event] = extra else {
                 panic!("a cut SSE answer got {} more frames, not one", extra.len());
             };
             last_event(event);
         }
         (true, false) => {
-            assert!(out.failed, "a cut answer that cannot carry an event was not cut");
+            assert!(
+                out.failed,
+                "a cut answer that cannot carry an event was not cut"
+            );
             assert!(extra.is_empty(), "frames added to a cut non-SSE answer");
         }
     }
@@ -82,7 +88,12 @@ fn last_event(event: &[u8]) {
     let json = event
         .strip_prefix(b"data: ")
         .and_then(|rest| rest.strip_suffix(b"\n\n"))
-        .unwrap_or_else(|| panic!("not one SSE data event: {:?}", String::from_utf8_lossy(event)));
+        .unwrap_or_else(|| {
+            panic!(
+                "not one SSE data event: {:?}",
+                String::from_utf8_lossy(event)
+            )
+        });
     assert!(
         !json.contains(&b'\n'),
         "the event's data spans lines, so SSE would split it"
@@ -90,7 +101,9 @@ fn last_event(event: &[u8]) {
     let problem: serde_json::Value = serde_json::from_slice(json)
         .unwrap_or_else(|error| panic!("the last event is not JSON ({error})"));
     assert!(
-        problem.get("error").is_some_and(serde_json::Value::is_object),
+        problem
+            .get("error")
+            .is_some_and(serde_json::Value::is_object),
         "the last event has no OpenAI error object: {problem}"
     );
 }

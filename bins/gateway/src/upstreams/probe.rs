@@ -463,7 +463,21 @@ pub(crate) fn error_message(body: &[u8]) -> Option<String> {
 mod tests {
     use bytes::Bytes;
 
-    use super::{LlamaProps, LlamaSlot, ModelList, OllamaPs, error_message, model_query};
+    use super::{
+        LlamaProps, LlamaSlot, ModelList, OllamaPs, decode_json, error_message, model_query,
+    };
+
+    /// Found by the `engine_json` fuzz target: serde_json does not check UTF-8 inside a string
+    /// it skips, so an answer with a bad byte in a member the gateway ignores is read (harmless:
+    /// nothing of it is kept), while a bad byte in a member it keeps is refused.
+    #[test]
+    fn skipped_members_are_not_checked_for_utf8() {
+        let skipped = b"{\"models\":[{\"name\":\"m:latest\",\"expires_at\":\"14:3\xf8\"}]}";
+        let ps: OllamaPs = decode_json("/api/ps", skipped).expect("read");
+        assert_eq!(ps.models[0].name, "m:latest");
+        let kept = b"{\"models\":[{\"name\":\"m\xf8\"}]}";
+        assert!(decode_json::<OllamaPs>("/api/ps", kept).is_err());
+    }
 
     #[test]
     fn parses_a_router_listing() {
