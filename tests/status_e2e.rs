@@ -47,7 +47,7 @@ impl Events {
             if let Some(end) = self.buffer.find("\n\n") {
                 let block: String = self.buffer.drain(..end + 2).collect();
                 let (mut event, mut id, mut data) = (String::new(), None, String::new());
-                for line in block.lines() {
+                for line in block[..end].lines() {
                     if let Some(v) = line.strip_prefix("event: ") {
                         event = v.to_owned();
                     } else if let Some(v) = line.strip_prefix("id: ") {

@@ -168,7 +168,7 @@
         card = makeCard(upstream.name);
         state.cards.set(upstream.name, card);
       }
-      container.appendChild(card.root); // keeps the gateway's order
+      place(container, card.root, seen.size - 1); // the gateway's order
       updateCard(card, upstream, live, refusals, doc.samples_kept);
     }
     for (const [name, card] of state.cards) {
@@ -177,6 +177,13 @@
         state.cards.delete(name);
       }
     }
+  }
+
+  // Puts `node` at `index` among `parent`'s children, moving it only when it is elsewhere: a
+  // moved node loses the keyboard focus, so nodes in place are left alone.
+  function place(parent, node, index) {
+    const at = parent.children[index] || null;
+    if (at !== node) parent.insertBefore(node, at);
   }
 
   function addSamples(l, kept) {
@@ -234,7 +241,7 @@
     card.health.dataset.status = status;
     card.health.textContent =
       status === "healthy" ? "✓ healthy" : status === "unhealthy" ? "✗ unhealthy" : "? " + status;
-    if (upstream.health.last_error) card.health.title = upstream.health.last_error;
+    card.health.title = upstream.health.last_error || "";
     card.draining.hidden = !upstream.draining;
     card.button.textContent = upstream.draining ? "Undrain" : "Drain";
     const resident = upstream.residency.resident;
@@ -268,7 +275,7 @@
         row = makeRow(model.name);
         card.rows.set(model.name, row);
       }
-      card.models.appendChild(row.root);
+      place(card.models, row.root, seen.size - 1);
       const key = upstream.name + "\u0000" + model.name;
       updateRow(row, model, live.get(key), refusals.get(model.name), state.series.get(key), kept);
     }
