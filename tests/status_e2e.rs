@@ -136,6 +136,7 @@ async fn the_page_is_served_without_data_with_a_strict_policy() {
         ("/ui", "text/html; charset=utf-8"),
         ("/ui/status.css", "text/css; charset=utf-8"),
         ("/ui/status.js", "text/javascript; charset=utf-8"),
+        ("/ui/favicon.svg", "image/svg+xml"),
     ] {
         // No token: a browser cannot send one when it opens the page.
         let reply = send(admin_get(admin, path, None)).await;

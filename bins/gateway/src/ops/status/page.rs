@@ -6,6 +6,7 @@
 //! | `/ui` | `page/index.html` |
 //! | `/ui/status.css` | `page/status.css` |
 //! | `/ui/status.js` | `page/status.js` |
+//! | `/ui/favicon.svg` | `page/favicon.svg` (without it, browsers ask for `/favicon.ico` and log the `404`) |
 //!
 //! Every file goes out with [`CONTENT_SECURITY_POLICY`]: scripts and styles from these files
 //! only (no inline script, nothing from elsewhere), requests only back to this listener, and no
@@ -57,6 +58,10 @@ const SCRIPT: Asset = Asset {
     content_type: "text/javascript; charset=utf-8",
     body: include_str!("page/status.js"),
 };
+const ICON: Asset = Asset {
+    content_type: "image/svg+xml",
+    body: include_str!("page/favicon.svg"),
+};
 
 /// The file served at `path`, if `path` is one of the page's.
 pub(crate) fn asset(path: &str) -> Option<Asset> {
@@ -64,6 +69,7 @@ pub(crate) fn asset(path: &str) -> Option<Asset> {
         "/ui" | "/ui/" => Some(INDEX),
         "/ui/status.css" => Some(STYLE),
         "/ui/status.js" => Some(SCRIPT),
+        "/ui/favicon.svg" => Some(ICON),
         _ => None,
     }
 }
@@ -75,9 +81,11 @@ mod tests {
     #[test]
     fn the_page_names_only_its_own_files() {
         let index = asset("/ui").unwrap().body;
-        assert!(index.contains("/ui/status.css") && index.contains("/ui/status.js"));
+        for file in ["/ui/status.css", "/ui/status.js", "/ui/favicon.svg"] {
+            assert!(index.contains(file), "{file}");
+        }
         // Nothing from elsewhere, and nothing the policy would block.
-        for file in ["/ui", "/ui/status.css", "/ui/status.js"] {
+        for file in ["/ui", "/ui/status.css", "/ui/status.js", "/ui/favicon.svg"] {
             // The one URL allowed is the SVG namespace, a name rather than a place.
             let body = asset(file)
                 .unwrap()
