@@ -49,7 +49,7 @@ impl Events {
                 let (mut event, mut id, mut data) = (String::new(), None, String::new());
                 for line in block[..end].lines() {
                     if let Some(v) = line.strip_prefix("event: ") {
-                        event = v.to_owned();
+                        v.clone_into(&mut event);
                     } else if let Some(v) = line.strip_prefix("id: ") {
                         id = Some(v.parse().expect("a numeric id"));
                     } else if let Some(v) = line.strip_prefix("data: ") {
