@@ -1,7 +1,7 @@
 //! `GET /admin/events`: the status page's one server-sent event stream.
 //!
 //! Each event is `event: status`, `id:` the newest sample's number, and one line of JSON
-//! ([`document`](crate::ops::status::document)); the first comes at once, then one per
+//! ([`document`]); the first comes at once, then one per
 //! [`SAMPLE_EVERY`]. The stream is bounded like every admin answer: its connection counts under
 //! `server.admin_max_connections`, a client that stops reading is cut by
 //! `server.client_write_timeout` (the listener's own stall check), and the stream ends as soon
