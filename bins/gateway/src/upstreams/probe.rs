@@ -467,7 +467,7 @@ mod tests {
         LlamaProps, LlamaSlot, ModelList, OllamaPs, decode_json, error_message, model_query,
     };
 
-    /// Found by the `engine_json` fuzz target: serde_json does not check UTF-8 inside a string
+    /// Found by the `engine_json` fuzz target: `serde_json` does not check UTF-8 inside a string
     /// it skips, so an answer with a bad byte in a member the gateway ignores is read (harmless:
     /// nothing of it is kept), while a bad byte in a member it keeps is refused.
     #[test]
