@@ -152,7 +152,8 @@ pub(crate) enum Error {
         /// When a retry may succeed.
         retry_after: Duration,
     },
-    /// The request waited `queue_timeout` without getting a slot.
+    /// The request waited `queue_timeout` (or the client's shorter deadline) without getting a
+    /// slot, or was refused before queueing because its deadline could not be kept.
     #[error("no slot for model {model:?} on {upstream} within {waited:?}")]
     QueueTimeout {
         /// The upstream it waited for.
@@ -163,6 +164,12 @@ pub(crate) enum Error {
         waited: Duration,
         /// When a retry may succeed.
         retry_after: Duration,
+        /// The client's deadline that bounded the wait (its header and value), when it was
+        /// shorter than `queue_timeout`.
+        deadline: Option<(&'static str, Duration)>,
+        /// Set when the request was refused before queueing: the wait expected from recent
+        /// hold times, longer than the client's deadline.
+        expected: Option<Duration>,
     },
 
     /// The gateway-wide budget of buffered request-body bytes is spent.
@@ -309,7 +316,25 @@ impl Error {
                 model,
                 waited,
                 retry_after,
+                deadline: None,
+                ..
             } => Problem::queue_timeout(upstream, model, *waited, *retry_after),
+            Error::QueueTimeout {
+                upstream,
+                model,
+                waited,
+                retry_after,
+                deadline: Some((deadline, bound)),
+                expected,
+            } => Problem::queue_deadline(
+                upstream,
+                model,
+                *waited,
+                deadline,
+                *bound,
+                *expected,
+                *retry_after,
+            ),
             Error::UpstreamUnavailable {
                 model,
                 retry_after,
@@ -534,6 +559,8 @@ mod tests {
                     model: "m".into(),
                     waited: Duration::from_secs(30),
                     retry_after: Duration::from_secs(5),
+                    deadline: None,
+                    expected: None,
                 },
                 503,
                 "queue-timeout",

@@ -25,7 +25,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use slotgate_config::{Config, ModelLimits};
-use slotgate_limiter::{HostReading, Limiter};
+use slotgate_limiter::{HostReading, Limiter, QueueOrder};
 
 use crate::metrics::{Metrics, RejectionMetrics};
 use crate::proxy::endpoint::Endpoint;
@@ -127,6 +127,9 @@ impl Routes {
                         (Sizing::Auto(Arc::new(auto)), Some(queue_timeout))
                     }
                 };
+                // Live: waiters already queued are served as before until their line empties.
+                let queueing = upstream.queueing(model);
+                limiter.configure_order(authority, model.as_str(), queue_order(queueing.order));
                 let engine_model = upstream.engine_model(model);
                 let target = Target {
                     upstream: Arc::clone(state),
@@ -136,6 +139,7 @@ impl Routes {
                     tagged_name: residency::tagged_name(state.kind, engine_model),
                     sizing,
                     queue_timeout,
+                    queueing,
                     weight: upstream.weight,
                     model_management: upstream.allow_model_management,
                     cancel_grace: upstream.cancel_grace,
@@ -242,13 +246,10 @@ impl Routes {
 impl Route {
     /// The targets to try, best first (see `slotgate-choose` for the rules). Unhealthy and
     /// draining upstreams are left out, and so are `auto` targets whose slot count is unknown.
-    pub(crate) fn ranked(&self) -> Vec<&Target> {
+    pub(crate) fn ranked(&self) -> Vec<&Arc<Target>> {
         slotgate_choose::ranked(&self.targets, |target| {
             target.slots_known().then(|| target.info())
         })
-        .into_iter()
-        .map(|target| &**target)
-        .collect()
     }
 
     /// Whether any target may take new requests now (healthy, not draining, slot count known).
@@ -267,6 +268,14 @@ impl Route {
             .filter_map(|t| t.auto()?.unavailable_reason())
             .collect();
         (!reasons.is_empty()).then(|| reasons.join("; "))
+    }
+}
+
+/// The limiter's order for the configuration's.
+fn queue_order(order: slotgate_config::QueueOrder) -> QueueOrder {
+    match order {
+        slotgate_config::QueueOrder::Fifo => QueueOrder::Fifo,
+        slotgate_config::QueueOrder::Fair => QueueOrder::Fair,
     }
 }
 
