@@ -105,29 +105,34 @@ impl Problem {
     ) -> Self {
         let secs = retry_secs(retry_after);
         let bound_text = human(bound);
-        let (message, detail) = match expected {
-            Some(expected) => {
-                let expected_text = human(expected);
-                (
-                    format!(
-                        "Model `{model}` is busy: a slot is expected in about {expected_text},                          later than your {deadline} of {bound_text}, so the request was not                          queued and was not run. Retry in {secs} s, or allow a longer wait."
-                    ),
-                    format!(
-                        "The expected wait of {expected_text} for model `{model}` on upstream                          `{upstream}` is longer than the client's {deadline} of {bound_text};                          refused without queueing."
-                    ),
-                )
-            }
-            None => {
-                let waited_text = human(waited);
-                (
-                    format!(
-                        "Model `{model}` is busy: the request waited {waited_text} in the queue,                          up to your {deadline} of {bound_text}, without getting a slot and was                          not run. Retry in {secs} s."
-                    ),
-                    format!(
-                        "Waited {waited_text} in the queue for model `{model}` on upstream                          `{upstream}` without getting a slot; the wait ended on the client's                          {deadline} of {bound_text}."
-                    ),
-                )
-            }
+        let (message, detail) = if let Some(expected) = expected {
+            let expected_text = human(expected);
+            (
+                format!(
+                    "Model `{model}` is busy: a slot is expected in about {expected_text}, \
+                     later than your {deadline} of {bound_text}, so the request was not \
+                     queued and was not run. Retry in {secs} s, or allow a longer wait."
+                ),
+                format!(
+                    "The expected wait of {expected_text} for model `{model}` on upstream \
+                     `{upstream}` is longer than the client's {deadline} of {bound_text}; \
+                     refused without queueing."
+                ),
+            )
+        } else {
+            let waited_text = human(waited);
+            (
+                format!(
+                    "Model `{model}` is busy: the request waited {waited_text} in the queue, \
+                     up to your {deadline} of {bound_text}, without getting a slot and was \
+                     not run. Retry in {secs} s."
+                ),
+                format!(
+                    "Waited {waited_text} in the queue for model `{model}` on upstream \
+                     `{upstream}` without getting a slot; the wait ended on the client's \
+                     {deadline} of {bound_text}."
+                ),
+            )
         };
         let problem = Self::new(Kind::QueueTimeout, message)
             .with_detail(detail)
@@ -137,9 +142,10 @@ impl Problem {
             .ext("deadline", deadline)
             .ext("deadline_ms", millis(bound))
             .with_retry_after(retry_after);
-        match expected {
-            Some(expected) => problem.ext("expected_wait_ms", millis(expected)),
-            None => problem,
+        if let Some(expected) = expected {
+            problem.ext("expected_wait_ms", millis(expected))
+        } else {
+            problem
         }
     }
 

@@ -85,7 +85,14 @@ const MODEL_KEYS: &[&str] = &[
 /// The keys of an `api_keys` entry written as a table.
 const CLIENT_KEY_KEYS: &[&str] = &["key", "name", "priority", "share"];
 /// The model keys that only mean something for a model that queues.
-const QUEUEING_KEYS: &[&str] = &["queue_order", "queue_keepalive", "honor_sdk_timeout"];
+const QUEUEING_KEYS: &[&str] = &[
+    "queue",
+    "queue_timeout",
+    "capacity",
+    "queue_order",
+    "queue_keepalive",
+    "honor_sdk_timeout",
+];
 
 const UNLIMITED: &str = "unlimited";
 const AUTO: &str = "auto";
@@ -1143,10 +1150,7 @@ fn model_limits(
     if let Parallel::Unlimited = parallel {
         // An unlimited model holds no slot, so it has nothing to queue for or cap.
         let mut ok = true;
-        for &key in ["queue", "queue_timeout", "capacity"]
-            .iter()
-            .chain(QUEUEING_KEYS)
-        {
+        for &key in QUEUEING_KEYS {
             if let Some(v) = t.get(key) {
                 let message =
                     r#"not allowed with parallel = "unlimited" (nothing waits for a slot)"#;

@@ -24,7 +24,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use slotgate_config::{Config, ModelLimits};
+use slotgate_config::{Config, ModelLimits, Queueing};
 use slotgate_limiter::{HostReading, Limiter, QueueOrder};
 
 use crate::metrics::{Metrics, RejectionMetrics};
@@ -127,9 +127,7 @@ impl Routes {
                         (Sizing::Auto(Arc::new(auto)), Some(queue_timeout))
                     }
                 };
-                // Live: waiters already queued are served as before until their line empties.
-                let queueing = upstream.queueing(model);
-                limiter.configure_order(authority, model.as_str(), queue_order(queueing.order));
+                let queueing = configure_order(limiter, authority, model, upstream);
                 let engine_model = upstream.engine_model(model);
                 let target = Target {
                     upstream: Arc::clone(state),
@@ -271,12 +269,21 @@ impl Route {
     }
 }
 
-/// The limiter's order for the configuration's.
-fn queue_order(order: slotgate_config::QueueOrder) -> QueueOrder {
-    match order {
+/// Applies `model`'s `queue_order` on `upstream` to its limiter key, and returns how the model
+/// queues. Live: waiters already queued are served as before until their line empties.
+fn configure_order(
+    limiter: &Limiter,
+    authority: &str,
+    model: &str,
+    upstream: &slotgate_config::Upstream,
+) -> Queueing {
+    let queueing = upstream.queueing(model);
+    let order = match queueing.order {
         slotgate_config::QueueOrder::Fifo => QueueOrder::Fifo,
         slotgate_config::QueueOrder::Fair => QueueOrder::Fair,
-    }
+    };
+    limiter.configure_order(authority, model, order);
+    queueing
 }
 
 #[cfg(test)]

@@ -30,7 +30,7 @@ use crate::proxy::forward::{Authorization, Destination, ForwardError, Forwarder}
 use crate::proxy::keepalive::{Forward, KeepaliveBody, Refuse, Streamed};
 use crate::proxy::live::{Generation, Live};
 use crate::proxy::ollama;
-use crate::proxy::problems::{self, Error, GET_ONLY, POST_ONLY, allow};
+use crate::proxy::problems::{self, Deadline, Error, GET_ONLY, POST_ONLY, allow};
 use crate::proxy::request;
 use crate::proxy::route::Route;
 use crate::request_id::{REQUEST_ID, request_id};
@@ -337,7 +337,7 @@ impl App {
                 }
                 Err(ForwardError::Connect(error)) => {
                     // Nothing was sent: safe to try the next host.
-                    self.connect_failed(target, &error, &generation.policy);
+                    connect_failed(target, &error, &generation.policy);
                     if let Some(slot) = slot {
                         slot.abandon();
                     }
@@ -397,14 +397,6 @@ impl App {
         response.map(|body| SlotBody::new(Sniff::new(body, recorder), slot).watched(watch))
     }
 
-    /// A refused connection to `target`: logged, and counted towards ejecting the upstream
-    /// (passive health checking).
-    fn connect_failed(&self, target: &Target, error: &BoxError, policy: &HealthPolicy) {
-        let reason = chain(&**error);
-        warn!(upstream = %target.upstream.name, error = %reason, "connect failed");
-        target.upstream.record_connect_error(reason, policy);
-    }
-
     /// The error for a request whose admission on `target` was `refused` other than by a full
     /// queue there (the caller tries the next target on those).
     fn wait_ended(
@@ -441,8 +433,7 @@ impl App {
                     model,
                     waited,
                     retry_after: target.retry_after_for(ticket),
-                    deadline: client_deadline(wait),
-                    expected: None,
+                    deadline: client_deadline(wait, None),
                 }
             }
             Refused::Hopeless { expected, wait } => {
@@ -452,8 +443,7 @@ impl App {
                     model,
                     waited: Duration::ZERO,
                     retry_after: target.retry_after_for(ticket),
-                    deadline: client_deadline(wait),
-                    expected: Some(expected),
+                    deadline: client_deadline(wait, Some(expected)),
                 }
             }
         }
@@ -530,7 +520,7 @@ impl App {
                 return Err(request.engine_refused(answer).await);
             }
             Err(ForwardError::Connect(error)) => {
-                self.connect_failed(target, &error, policy);
+                connect_failed(target, &error, policy);
                 if let Some(slot) = slot {
                     slot.abandon();
                 }
@@ -836,7 +826,7 @@ impl Admitted {
         let text = body
             .collect()
             .await
-            .map(|all| all.to_bytes())
+            .map(http_body_util::Collected::to_bytes)
             .unwrap_or_default();
         let engine: serde_json::Value =
             serde_json::from_slice(&text).unwrap_or(serde_json::Value::Null);
@@ -846,10 +836,18 @@ impl Admitted {
                 "Upstream `{upstream}` answered {status} instead of a stream after the request \
                  had queued (the client already had its 200)."
             ))
-            .with_extension("status", status)
+            .with_extension("upstream_status", status)
             .with_extension("upstream_error", engine);
         sse_event(problem, self.request_id.to_str().unwrap_or_default())
     }
+}
+
+/// A refused connection to `target`: logged, and counted towards ejecting the upstream
+/// (passive health checking).
+fn connect_failed(target: &Target, error: &BoxError, policy: &HealthPolicy) {
+    let reason = chain(&**error);
+    warn!(upstream = %target.upstream.name, error = %reason, "connect failed");
+    target.upstream.record_connect_error(reason, policy);
 }
 
 /// The keepalive interval for `api` on `target`: `queue_keepalive`, for a streamed request on
@@ -859,9 +857,16 @@ fn keepalive(endpoint: &Endpoint, api: &request::ApiRequest, target: &Target) ->
     (api.stream && endpoint.streams_sse()).then_some(every)
 }
 
-/// The client's deadline that set `wait`, if one did (rather than `queue_timeout`).
-fn client_deadline(wait: Wait) -> Option<(&'static str, Duration)> {
-    (wait.limit != Limit::QueueTimeout).then_some((wait.limit.as_str(), wait.bound))
+/// The client's deadline that set `wait`, if one did (rather than `queue_timeout`), with the
+/// `expected` wait that it could not cover when the request was refused before queueing.
+fn client_deadline(wait: Wait, expected: Option<Duration>) -> Option<Box<Deadline>> {
+    (wait.limit != Limit::QueueTimeout).then(|| {
+        Box::new(Deadline {
+            header: wait.limit.as_str(),
+            bound: wait.bound,
+            expected,
+        })
+    })
 }
 
 /// The upstream that answered, by its configured name.
