@@ -171,7 +171,7 @@ fn granted(
         AcquireError::TooHeavy { weight, parallel } => Refused::TooHeavy { weight, parallel },
         _ => Refused::Closed,
     })?;
-    observe(&metrics.queue_wait, permit.waited());
+    metrics.queue_wait.observe(permit.waited());
     Ok(Slot {
         permit,
         granted: Instant::now(),

@@ -20,7 +20,7 @@ use prometheus_client::metrics::counter::Counter;
 use tracing::{debug, warn};
 
 use crate::error::{BoxError, chain};
-use crate::metrics::{Bound, Metrics, observe};
+use crate::metrics::{Bound, Metrics};
 use crate::proxy::admit::{self, Admission, Queued, Refused, Slot};
 use crate::proxy::affinity::{LocalAffinity, Recorder, ResponseAffinity, Sniff};
 use crate::proxy::body::{SlotBody, Watch, sse_event};
@@ -388,7 +388,7 @@ impl App {
         sent: Instant,
     ) -> Response<Streamed> {
         if let Some(slot) = &slot {
-            observe(&slot.metrics().first_byte, sent.elapsed());
+            slot.metrics().first_byte.observe(sent.elapsed());
         }
         target.upstream.health.record_answer();
         let recorder = (endpoint.path == RESPONSES && response.status().is_success())
