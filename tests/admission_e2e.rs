@@ -307,17 +307,20 @@ fn start_order(fake: &FakeUpstream) -> Vec<String> {
     started.into_iter().map(|(_, id)| id).collect()
 }
 
-/// Sends a chat request as `key` with id `id`, holding its slot `hold_ms` on the engine.
+/// Who a request is, to the gateway: a header and its value (a client key's `authorization`,
+/// or the `tenant_header`).
+type Who = (&'static str, &'static str);
+
+/// Sends a chat request as `who` with id `id`, holding its slot `hold_ms` on the engine.
 fn chat_as(
     addr: std::net::SocketAddr,
-    key: &'static str,
+    who: Who,
     id: String,
     hold_ms: &'static str,
 ) -> tokio::task::JoinHandle<support::Reply> {
     tokio::spawn(async move {
-        let bearer = format!("Bearer {key}");
         let headers = [
-            ("authorization", bearer.as_str()),
+            who,
             ("x-request-id", id.as_str()),
             ("x-fake-hold-ms", hold_ms),
         ];
@@ -340,29 +343,29 @@ async fn queued_in_gateway(gw: &slotgate_gateway::Gateway, fake: &FakeUpstream, 
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn under_fair_order_a_late_tenant_starts_within_the_next_two_grants() {
+/// Under fair order, `busy` has one request running and twenty queued when `late` arrives with
+/// two: the late tenant's first request starts within the next two grants. `server_extra` says
+/// how the gateway tells tenants apart.
+async fn a_late_tenant_starts_within_the_next_two_grants(server_extra: &str, busy: Who, late: Who) {
     let fake = fake(16, "qwen").await;
-    let keys =
-        r#"api_keys = [{ key = "sk-busy", name = "busy" }, { key = "sk-late", name = "late" }]"#;
     let gw = gateway(&format!(
         "{}{}queue_order = \"fair\"\n",
-        server(keys),
+        server(server_extra),
         upstream("gpu", &fake.url(), "qwen", 1, 32, "60s")
     ))
     .await;
     let addr = gw.api_addr();
 
     // The busy tenant: one running for long enough to set the scene, twenty queued behind it.
-    let mut tasks = vec![chat_as(addr, "sk-busy", "busy-0".into(), "3000")];
+    let mut tasks = vec![chat_as(addr, busy, "busy-0".into(), "3000")];
     fake.observer().wait_for_in_flight(1, SOON).await.unwrap();
     for i in 1..=20 {
-        tasks.push(chat_as(addr, "sk-busy", format!("busy-{i}"), "20"));
+        tasks.push(chat_as(addr, busy, format!("busy-{i}"), "20"));
         queued_in_gateway(&gw, &fake, i).await;
     }
     // The late tenant arrives with two.
     for i in 1..=2 {
-        tasks.push(chat_as(addr, "sk-late", format!("late-{i}"), "20"));
+        tasks.push(chat_as(addr, late, format!("late-{i}"), "20"));
         queued_in_gateway(&gw, &fake, 20 + i).await;
     }
     let first = fake.observer().request("busy-0").expect("seen");
@@ -392,7 +395,32 @@ async fn under_fair_order_a_late_tenant_starts_within_the_next_two_grants() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_fair_order_a_late_tenant_starts_within_the_next_two_grants() {
+    // Tenants are the client keys' names.
+    let keys =
+        r#"api_keys = [{ key = "sk-busy", name = "busy" }, { key = "sk-late", name = "late" }]"#;
+    a_late_tenant_starts_within_the_next_two_grants(
+        keys,
+        ("authorization", "Bearer sk-busy"),
+        ("authorization", "Bearer sk-late"),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_keys_the_tenant_header_names_the_tenants() {
+    a_late_tenant_starts_within_the_next_two_grants(
+        r#"tenant_header = "x-tenant""#,
+        ("x-tenant", "busy"),
+        ("x-tenant", "late"),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_low_waiter_behind_a_stream_of_high_ones_is_served_within_the_bound() {
+    const HIGH: Who = ("authorization", "Bearer sk-high");
+    const LOW: Who = ("authorization", "Bearer sk-low");
     let fake = fake(16, "qwen").await;
     let keys = r#"api_keys = [{ key = "sk-high", priority = "high" }, { key = "sk-low", priority = "low" }]"#;
     let gw = gateway(&format!(
@@ -403,13 +431,13 @@ async fn a_low_waiter_behind_a_stream_of_high_ones_is_served_within_the_bound() 
     .await;
     let addr = gw.api_addr();
 
-    let mut tasks = vec![chat_as(addr, "sk-high", "high-0".into(), "3000")];
+    let mut tasks = vec![chat_as(addr, HIGH, "high-0".into(), "3000")];
     fake.observer().wait_for_in_flight(1, SOON).await.unwrap();
-    tasks.push(chat_as(addr, "sk-low", "low".into(), "20"));
+    tasks.push(chat_as(addr, LOW, "low".into(), "20"));
     queued_in_gateway(&gw, &fake, 1).await;
     // Then a stream of high ones, every one of them queued after the low one.
     for i in 1..=12 {
-        tasks.push(chat_as(addr, "sk-high", format!("high-{i}"), "20"));
+        tasks.push(chat_as(addr, HIGH, format!("high-{i}"), "20"));
         queued_in_gateway(&gw, &fake, 1 + i).await;
     }
     assert!(
