@@ -7,6 +7,7 @@
 
 mod support;
 
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -305,13 +306,13 @@ async fn event_streams_count_under_the_admin_connection_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_that_stops_reading_is_cut_by_the_write_timeout() {
     let fake = fake(1, "m").await;
-    let models: String = (0..600)
-        .map(|i| {
-            format!(
-                "[upstreams.a.models.model-{i}]\nparallel = 1\nqueue = 0\nqueue_timeout = \"5s\"\n"
-            )
-        })
-        .collect();
+    let mut models = String::new();
+    for i in 0..600 {
+        let _ = write!(
+            models,
+            "[upstreams.a.models.model-{i}]\nparallel = 1\nqueue = 0\nqueue_timeout = \"5s\"\n"
+        );
+    }
     let gw = gateway(&format!(
         "{}[upstreams.a]\nurl = \"{}\"\nkind = \"llama-server\"\n{models}",
         server("client_write_timeout = \"1s\""),
