@@ -149,6 +149,10 @@ impl Admin {
                 &UpstreamsDoc {
                     generation: generation.number,
                     loaded_at: rfc3339(generation.loaded_at),
+                    last_reload_refused: self.reloader.last_refused().map(|refused| RefusedDoc {
+                        at: rfc3339(refused.at),
+                        issues: refused.issues,
+                    }),
                     upstreams,
                 },
             );
@@ -266,7 +270,16 @@ struct Readiness {
 struct UpstreamsDoc<'g> {
     generation: u64,
     loaded_at: String,
+    /// The last reload, when it was refused (`null` once one is applied, or before any).
+    last_reload_refused: Option<RefusedDoc>,
     upstreams: Vec<UpstreamDoc<'g>>,
+}
+
+/// A refused reload in `GET /admin/upstreams`.
+#[derive(Debug, Serialize)]
+struct RefusedDoc {
+    at: String,
+    issues: Vec<String>,
 }
 
 /// `POST /admin/reload`, when the new configuration is in force.
