@@ -55,6 +55,12 @@ fi
 step "unit, integration and property tests (nextest)"
 cargo nextest run --workspace --all-targets --locked --no-fail-fast
 
+step "status page in headless Chromium (tests/ui/run.sh; installs chromium and Playwright if missing)"
+# A block of its own: the page's browser test, bounded inside the script (< 3 min once set up).
+ui_started=$SECONDS
+tests/ui/run.sh target/ui/status-page.png
+echo "status page browser test: $((SECONDS - ui_started))s"
+
 step "doc tests"
 cargo test --workspace --doc --locked
 
@@ -65,6 +71,11 @@ step "loom (slotgate-limiter, LOOM_MAX_PREEMPTIONS=2)"
 RUSTFLAGS="--cfg loom -C debug-assertions=on" LOOM_MAX_PREEMPTIONS=2 \
   CARGO_TARGET_DIR=target/loom \
   cargo test -p slotgate-limiter --release --lib --locked
+
+step "fuzz targets (cargo-fuzz on stable with RUSTC_BOOTSTRAP=1, ASan, 20 s each; docs/fuzzing.md)"
+# In-process parsers only, no network. Installs cargo-fuzz when missing; what the cold install,
+# build and runs cost on 2 cores is measured in docs/fuzzing.md.
+scripts/fuzz.sh 20
 
 step "benches compile"
 cargo bench --workspace --no-run --locked

@@ -34,24 +34,9 @@ SLOTGATE_BIN=target/$PROFILE/slotgate
 FAKE_BIN=target/$PROFILE/fake-upstream
 CLK_TCK=$(getconf CLK_TCK)
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=benches/common.sh
+source benches/common.sh
 
-# $1: port; $2: seconds to wait (default 20).
-wait_port() {
-  for _ in $(seq $((${2:-20} * 10))); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.1
-  done
-  echo "nothing listens on port $1" >&2
-  return 1
-}
 stop_all() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
@@ -67,7 +52,7 @@ start_nginx() {
   cat >"$work/nginx.conf" <<NGINX
 worker_processes 1;
 daemon off;
-pid $work/nginx.pid;
+pid $work/nginx.master;
 error_log stderr error;
 events { worker_connections 4096; }
 http {
@@ -96,7 +81,7 @@ NGINX
   wait_port "$UPSTREAM_PORT"
   # The master forks one worker: CPU is counted over both.
   sleep 0.3
-  upstream_pids="$(cat "$work/nginx.pid") $(pgrep -P "$(cat "$work/nginx.pid")" | tr '\n' ' ')"
+  upstream_pids="$(cat "$work/nginx.master") $(pgrep -P "$(cat "$work/nginx.master")" | tr '\n' ' ')"
 }
 
 start_fake() {

@@ -44,4 +44,7 @@ mod validate;
 
 pub use error::{ConfigError, Issue};
 pub use load::{ENV_PREFIX, env_provider};
-pub use types::{CertAndKey, Config, Kind, ModelLimits, Secret, Server, Upstream};
+pub use types::{
+    CertAndKey, ClientKey, Config, Kind, ModelLimits, Priority, QueueOrder, Queueing, Secret,
+    Server, Upstream,
+};

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
-use slotgate_config::{Config, Secret};
+use slotgate_config::Config;
 use slotgate_limiter::Limiter;
 
 use crate::error::chain;
@@ -71,7 +71,7 @@ fn fallible_parts(
 ) -> Result<(Upstreams, ApiKeys, ListenerCerts), ConfigProblems> {
     let upstreams = Upstreams::build(config, previous);
     let api_keys = ApiKeys::load(
-        config.server.api_keys.iter().map(Secret::expose),
+        &config.server.api_keys,
         config.server.api_keys_file.as_deref(),
     );
     let listener_certs = ListenerCerts::load(&config.server);
