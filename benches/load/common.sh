@@ -26,7 +26,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
-# 10k held streams need ~30k descriptors across client, proxy and upstream.
+# Held streams need two descriptors each in the proxy (the hold scenario skips what does not fit).
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 # Build first so the compile does not compete with the measurement.
 cargo build --profile "$PROFILE" --locked -p slotgate-gateway -p fake-upstream

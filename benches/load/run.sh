@@ -36,7 +36,7 @@ CAP=${CAP:-64}               # slotgate parallel / HAProxy maxconn
 QUEUE=${QUEUE:-64}           # slotgate queue / HAProxy maxqueue
 PROXY_THREADS=${PROXY_THREADS:-1}  # HAProxy nbthread and slotgate TOKIO_WORKER_THREADS alike
 TOKENS=${TOKENS:-16}         # tokens per answer from the fake upstream
-HOLD_COUNTS=${HOLD_COUNTS:-"1000 10000"}
+HOLD_COUNTS=${HOLD_COUNTS:-"1000 5000 10000"}  # counts past what `ulimit -n` allows are skipped
 OUT=${OUT:-target/load/results.md}
 
 # shellcheck source=benches/load/common.sh
@@ -143,6 +143,11 @@ hold() {
   } >>"$OUT"
   local count
   for count in $HOLD_COUNTS; do
+    # Each proxy needs a descriptor per client and per upstream connection.
+    if ((count * 2 + 200 > $(ulimit -n))); then
+      echo "| (skipped) | $count | | | needs $((count * 2 + 200)) descriptors; \`ulimit -n\` is $(ulimit -n) |" >>"$OUT"
+      continue
+    fi
     start_fake --tokens 300 --chunk-interval-ms 1000
     start_slotgate vllm $((count + 100)) 0 $((count + 100))
     start_haproxy $((count + 100)) 0 $((count + 100))
