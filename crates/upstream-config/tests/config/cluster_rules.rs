@@ -123,8 +123,7 @@ fn bounds_are_checked() {
 
 #[test]
 fn an_engine_wide_cap_is_refused_under_cluster() {
-    let toml = format!(
-        r#"
+    let toml = r#"
 [server]
 listen = "127.0.0.1:8080"
 
@@ -140,11 +139,6 @@ parallel = 4
 parallel = 2
 queue = 4
 queue_timeout = "10s"
-"#
-    );
-    assert_only_issue(
-        &toml,
-        "upstreams.a.parallel",
-        "not shared through [cluster]",
-    );
+"#;
+    assert_only_issue(toml, "upstreams.a.parallel", "not shared through [cluster]");
 }
