@@ -227,6 +227,29 @@ impl RedisLimiter {
         }
     }
 
+    /// Calls `observe` with the duration of every successful call to Redis from now on (for a
+    /// round-trip histogram). Only the first observer is kept; returns false for a later one.
+    ///
+    /// ```no_run
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use std::sync::Arc;
+    /// use slotgate_limiter_redis::{RedisLimiter, Settings};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RedisLimiter::start(Settings::new("redis://127.0.0.1:6379/0"))?;
+    /// let slowest = Arc::new(AtomicU64::new(0));
+    /// let seen = slowest.clone();
+    /// limiter.observe_round_trips(move |took| {
+    ///     seen.fetch_max(took.as_micros() as u64, Ordering::Relaxed);
+    /// });
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn observe_round_trips(&self, observe: impl Fn(Duration) + Send + Sync + 'static) -> bool {
+        self.inner.store.observer.set(Box::new(observe)).is_ok()
+    }
+
     /// Every key this replica knows, with its limits: for metrics and status pages.
     pub fn keys(&self) -> Vec<(String, String)> {
         self.inner.keys.lock().keys().cloned().collect()
@@ -470,6 +493,10 @@ impl Inner {
                 StoreError::Down,
             ))));
         }
+        // The replica that marks the store down shrinks every local key to its share just
+        // after; an acquire that saw the mode change first must not take an unlimited permit
+        // meanwhile, so it applies the share itself.
+        self.configure_local(key);
         let permit = match self.local.acquire(&key.host, &key.model).await {
             Ok(permit) => permit,
             Err(error) => return Outcome::Done(Err(error.into())),
