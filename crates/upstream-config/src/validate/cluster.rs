@@ -9,7 +9,7 @@ use url::Url;
 
 use super::{optional, required};
 use crate::raw::{KeyPath, Reader};
-use crate::types::{Cluster, Secret, StoreDown, Upstream};
+use crate::types::{Cluster, ModelLimits, Secret, StoreDown, Upstream};
 
 const CLUSTER_KEYS: &[&str] = &[
     "redis_url",
@@ -135,6 +135,16 @@ pub(super) fn per_replica_settings(r: &mut Reader<'_>, upstreams: &BTreeMap<Stri
                  [cluster]: with several replicas the engine would see it once per replica; \
                  remove it, or cap each model instead",
             );
+        }
+        for (model, limits) in &upstream.models {
+            if matches!(limits, ModelLimits::Auto { .. }) {
+                r.issue(
+                    &path.key(name).key("models").key(model).key("parallel"),
+                    "\"auto\" is read from the engine by each gateway process and is not \
+                     shared through [cluster]; state the engine's slot count (`parallel = N`): \
+                     the replicas share it",
+                );
+            }
         }
     }
 }

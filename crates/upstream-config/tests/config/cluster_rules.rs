@@ -142,3 +142,28 @@ queue_timeout = "10s"
 "#;
     assert_only_issue(toml, "upstreams.a.parallel", "not shared through [cluster]");
 }
+
+#[test]
+fn an_auto_count_is_refused_under_cluster() {
+    let toml = r#"
+[server]
+listen = "127.0.0.1:8080"
+
+[cluster]
+redis_url = "redis://127.0.0.1:6379/0"
+
+[upstreams.a]
+url = "http://10.0.0.1:8000"
+kind = "llama-server"
+
+[upstreams.a.models.m]
+parallel = "auto"
+queue = 4
+queue_timeout = "10s"
+"#;
+    assert_only_issue(
+        toml,
+        "upstreams.a.models.m.parallel",
+        "not shared through [cluster]",
+    );
+}
