@@ -115,6 +115,7 @@ impl Admin {
                 &UpstreamsDoc {
                     generation: generation.number,
                     loaded_at: rfc3339(generation.loaded_at),
+                    store: generation.cluster.as_ref().map(StoreDoc::new),
                     upstreams,
                 },
             );
@@ -279,7 +280,16 @@ fn model_status<'g>(model: &'g str, t: &Target) -> ModelDoc<'g> {
             last_error: view.error,
         }
     });
+    let cluster = t.shared.as_ref().map(|shared| {
+        let global = shared.global();
+        ClusterKeyDoc {
+            in_flight: global.map(|g| g.in_flight),
+            queued: global.map(|g| g.queued),
+            replica_queued: shared.local().queued,
+        }
+    });
     ModelDoc {
+        cluster,
         name: model,
         loaded: t.is_loaded(),
         parallel,
@@ -288,7 +298,7 @@ fn model_status<'g>(model: &'g str, t: &Target) -> ModelDoc<'g> {
         queue_timeout: t.queue_timeout.map(duration),
         capacity,
         in_flight: reading.in_flight,
-        queued: reading.queued,
+        queued: reading.queued + t.shared.as_ref().map_or(0, |s| s.local().queued),
         engine,
         discovery,
     }
@@ -320,6 +330,9 @@ struct Readiness {
 struct UpstreamsDoc<'g> {
     generation: u64,
     loaded_at: String,
+    /// Under `[cluster]`: the shared slot store.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store: Option<StoreDoc>,
     upstreams: Vec<UpstreamDoc<'g>>,
 }
 
@@ -397,6 +410,51 @@ struct ModelDoc<'g> {
     /// How the slot count of `parallel = "auto"` was found.
     #[serde(skip_serializing_if = "Option::is_none")]
     discovery: Option<DiscoveryDoc>,
+    /// Under `[cluster]`: the key across every replica (`in_flight`, `queued`: as last seen,
+    /// `null` before the first call) next to this replica's own (`in_flight` and `queued`
+    /// above; `replica_queued` of them waiting in the shared queue).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster: Option<ClusterKeyDoc>,
+}
+
+#[derive(Debug, Serialize)]
+struct ClusterKeyDoc {
+    in_flight: Option<usize>,
+    queued: Option<usize>,
+    replica_queued: usize,
+}
+
+/// `[cluster]`: the shared slot store as this replica sees it.
+#[derive(Debug, Serialize)]
+struct StoreDoc {
+    up: bool,
+    rejoining: bool,
+    on_store_down: &'static str,
+    round_trips: u64,
+    last_round_trip_ms: f64,
+    errors: u64,
+    went_down: u64,
+    lease_renewals: u64,
+    leases_lost: u64,
+    leases_expired: u64,
+}
+
+impl StoreDoc {
+    fn new(cluster: &slotgate_limiter_redis::RedisLimiter) -> Self {
+        let status = cluster.status();
+        Self {
+            up: status.up,
+            rejoining: status.rejoining,
+            on_store_down: cluster.settings().on_store_down.as_str(),
+            round_trips: status.round_trips,
+            last_round_trip_ms: status.last_round_trip.as_secs_f64() * 1000.0,
+            errors: status.errors,
+            went_down: status.went_down,
+            lease_renewals: status.lease_renewals,
+            leases_lost: status.leases_lost,
+            leases_expired: status.leases_expired,
+        }
+    }
 }
 
 /// `parallel` as configured: a count, or `"unlimited"` / `"auto"`.

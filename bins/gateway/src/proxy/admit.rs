@@ -27,6 +27,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use slotgate_admission::Slot as SharedSlot;
 use slotgate_limiter::{AcquireError, Permit};
 use tracing::debug;
 
@@ -56,6 +57,18 @@ pub(crate) enum Refused {
     /// The gateway started shutting down while the request waited: only requests already
     /// running get the drain grace period.
     ShuttingDown,
+    /// Under `[cluster]`: the shared slot store cannot be reached and the policy is
+    /// `fail-closed`. Every target shares the store, so no other target can help.
+    StoreUnavailable {
+        /// The store's next probe.
+        retry_after: Duration,
+    },
+    /// Under `[cluster]`: the request needs `weight` slots, and the shared store counts one
+    /// per request (see [`shared`]).
+    Unshared {
+        /// The slots asked for.
+        weight: usize,
+    },
 }
 
 /// Whether a released slot's hold time feeds the `Retry-After` estimate and the duration
@@ -70,6 +83,8 @@ enum Hold {
 #[derive(Debug)]
 pub(crate) struct Slot {
     permit: Permit,
+    /// Under `[cluster]`: the slot in the shared store, released with the permit.
+    shared: Option<SharedSlot>,
     granted: Instant,
     hold: Arc<HoldStats>,
     metrics: Arc<TargetMetrics>,
@@ -84,6 +99,9 @@ pub(crate) async fn enter(
 ) -> Result<Slot, Refused> {
     if stop.is_fired() {
         return Err(Refused::ShuttingDown);
+    }
+    if let Some(key) = &target.shared {
+        return shared::enter(target, key, weight, stop).await;
     }
     let acquire = target.key.acquire_many(weight);
     let outcome = match target.queue_timeout {
@@ -113,12 +131,7 @@ pub(crate) async fn enter(
         _ => Refused::Closed,
     })?;
     observe(&target.metrics.queue_wait, permit.waited());
-    Ok(Slot {
-        permit,
-        granted: Instant::now(),
-        hold: Arc::clone(&target.hold),
-        metrics: Arc::clone(&target.metrics),
-    })
+    Ok(Slot::new(permit, None, target))
 }
 
 /// A slot whose request is with the upstream, before the response head came back.
@@ -183,6 +196,18 @@ impl Drop for QueuedGuard<'_> {
 }
 
 impl Slot {
+    /// A slot of `target` granted now: the local `permit`, and the `shared` one under
+    /// `[cluster]`.
+    fn new(permit: Permit, shared: Option<SharedSlot>, target: &Target) -> Self {
+        Self {
+            permit,
+            shared,
+            granted: Instant::now(),
+            hold: Arc::clone(&target.hold),
+            metrics: Arc::clone(&target.metrics),
+        }
+    }
+
     /// Gives the slot back without recording a hold time: the request never reached the
     /// upstream (a connect error), so the time says nothing about how long answers take.
     pub(crate) fn abandon(self) {
@@ -252,7 +277,11 @@ impl Slot {
 
     /// How long the request waited in the queue for this slot (zero when it was free).
     pub(crate) fn waited(&self) -> Duration {
-        self.permit.waited()
+        let shared = self
+            .shared
+            .as_ref()
+            .map_or(Duration::ZERO, SharedSlot::waited);
+        shared + self.permit.waited()
     }
 
     /// This slot's target metrics.
@@ -286,5 +315,6 @@ impl SlotGuard for Slot {
     }
 }
 
+mod shared;
 #[cfg(test)]
 mod tests;

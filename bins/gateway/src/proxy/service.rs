@@ -289,6 +289,20 @@ impl App {
                     });
                     continue;
                 }
+                Err(Refused::StoreUnavailable { retry_after }) => {
+                    route.rejections.store_unavailable.inc();
+                    return Err(Error::StoreUnavailable {
+                        model: model.to_owned(),
+                        retry_after,
+                    });
+                }
+                Err(Refused::Unshared { weight }) => {
+                    return Err(Error::BadRequest(format!(
+                        "the request runs {weight} sequences (`n`, or `best_of` when larger), \
+                         and this gateway shares its slots with other replicas ([cluster]), \
+                         which count one slot per request; ask for one sequence"
+                    )));
+                }
                 Err(Refused::TooHeavy { weight, parallel }) => {
                     // Never servable here; another upstream may have more slots.
                     too_heavy.get_or_insert((target.upstream.name.as_str(), weight, parallel));

@@ -9,11 +9,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use slotgate_admission::Occupancy;
 use slotgate_choose::Info;
 use slotgate_limiter::{KeyHandle, KeyReading};
 
 use crate::metrics::TargetMetrics;
 use crate::upstreams::auto_slots::AutoSlots;
+use crate::upstreams::cluster::SharedKey;
 use crate::upstreams::engine_load::EngineLoad;
 use crate::upstreams::hold::HoldStats;
 use crate::upstreams::state::UpstreamState;
@@ -31,6 +33,9 @@ pub(crate) struct Target {
     /// The model's limiter key on this upstream. Its `Limits` are the one home of `parallel`
     /// (the count in force, configured or read from the engine) and `queue`.
     pub(crate) key: KeyHandle,
+    /// Under `[cluster]`, for a model with a cap: its key in the shared slot store, which every
+    /// replica admits through first (see [`cluster`](crate::upstreams::cluster)).
+    pub(crate) shared: Option<SharedKey>,
     /// How `parallel` is decided.
     pub(crate) sizing: Sizing,
     /// The model's other resident name on this upstream ([`tagged_name`](crate::upstreams::residency::tagged_name): Ollama's
@@ -121,6 +126,10 @@ impl Target {
         if let Some(cap) = self.key.host_reading() {
             free = free.min(cap.parallel.saturating_sub(cap.in_flight));
         }
+        // Under `[cluster]` the cap is shared: every replica's holders count.
+        if let Some(global) = self.global() {
+            free = reading.limits.parallel.saturating_sub(global.in_flight);
+        }
         Info {
             healthy: self.upstream.health.is_routable(),
             draining: self.upstream.is_draining(),
@@ -129,7 +138,7 @@ impl Target {
             // the `residency` module.
             can_serve: true,
             free,
-            queued: reading.queued,
+            queued: self.waiting(&reading),
             weight: self.weight,
         }
     }
@@ -137,7 +146,20 @@ impl Target {
     /// The `Retry-After` for a request that would wait behind everyone queued here now.
     pub(crate) fn retry_after(&self) -> Duration {
         let reading = self.reading();
-        self.hold
-            .retry_after(reading.queued, self.slots(&reading).unwrap_or(usize::MAX))
+        self.hold.retry_after(
+            self.waiting(&reading),
+            self.slots(&reading).unwrap_or(usize::MAX),
+        )
+    }
+
+    /// Requests waiting for this target's slots: across every replica under `[cluster]` (as
+    /// last seen), else here.
+    pub(crate) fn waiting(&self, reading: &KeyReading) -> usize {
+        self.global().map_or(reading.queued, |global| global.queued)
+    }
+
+    /// The shared key's holders and waiters across every replica, under `[cluster]`.
+    pub(crate) fn global(&self) -> Option<Occupancy> {
+        self.shared.as_ref().and_then(SharedKey::global)
     }
 }
