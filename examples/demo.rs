@@ -9,8 +9,9 @@
 //! - the gateway with `examples/demo.toml`: API on 127.0.0.1:8080, admin on 127.0.0.1:9090,
 //!   2 slots and 4 queue places per host, alias `demo`.
 //!
-//! It prints `curl` lines to try (a plain answer, a stream, a burst that queues and gets some
-//! 503s) and runs until Ctrl-C. `RUST_LOG=debug` shows every routing decision.
+//! It prints the live status page's URL and `curl` lines to try (a plain answer, a stream, a
+//! burst that queues and gets some 503s, which the page shows), and runs until Ctrl-C.
+//! `RUST_LOG=debug` shows every routing decision.
 
 #![deny(warnings)]
 
@@ -48,10 +49,15 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let admin = gateway
         .admin_addr()
         .map_or_else(|| "(no admin listener)".to_owned(), |a| a.to_string());
+    let page = gateway.admin_addr().map_or_else(
+        || "(no admin listener)".to_owned(),
+        |a| format!("http://{a}/ui"),
+    );
 
     println!(
         r#"
 slotgate demo: gateway on http://{api} (admin on {admin}), config {CONFIG}
+live status page: {page}  (open it, then run the burst below)
 upstreams: two simulated llama-servers on 127.0.0.1:18081 and :18082, model "tiny-llama"
            (alias "demo"), 2 slots and 4 queue places each.
 

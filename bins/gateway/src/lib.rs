@@ -64,7 +64,7 @@
 //! - [`ops::reload`] (`SIGHUP`, `POST /admin/reload`) builds the next [`proxy::live`] generation
 //!   and swaps it in as one piece.
 //! - [`ops::admin`]: the admin listener; [`ops::scrape`]: `/metrics` with gauges read at scrape
-//!   time.
+//!   time; [`ops::status`]: the live status page (`/ui`) and its event stream.
 //! - [`upstreams::state`]: what is known about each upstream now — [`upstreams::health`] (active
 //!   checks and passive ejection), [`upstreams::residency`] (which models are loaded), draining —
 //!   kept up to date by [`upstreams::monitor`] through [`upstreams::probe`], the typed client for
@@ -116,6 +116,7 @@ pub use crate::upstreams::slot_discovery::{ProbedSlots, probe_config};
 use crate::listener_tls::ListenerSlots;
 use crate::ops::admin;
 use crate::ops::reload::Reloader;
+use crate::ops::status::sampler;
 use crate::proxy::live::{Generation, Live};
 use crate::proxy::server::{self, ServerCounters, ServerSettings};
 use crate::proxy::service;
@@ -258,13 +259,9 @@ impl Gateway {
                 reloader: Arc::clone(&reloader),
                 shutdown: api_signal,
                 retry_after: server.health_check_interval,
+                history: Arc::default(),
             };
-            let settings = ServerSettings {
-                max_connections: server.admin_max_connections,
-                // Probes and scrapes are quick; a stuck one should not delay a restart.
-                drain_timeout: Duration::from_secs(1),
-                ..settings
-            };
+            let settings = admin_settings(settings, server.admin_max_connections);
             spawn_admin(admin, listener, settings, counters, admin_tls, admin_signal)
         });
         if let Some(addr) = admin_addr {
@@ -350,7 +347,19 @@ fn api_settings(server: &slotgate_config::Server) -> ServerSettings {
     }
 }
 
-/// Serves the admin endpoints on `listener` until `stop` fires.
+/// The admin listener's settings: the API's, with its own connection limit and a short drain.
+fn admin_settings(api: ServerSettings, max_connections: usize) -> ServerSettings {
+    ServerSettings {
+        max_connections,
+        // Probes and scrapes are quick, and the status page's event streams end when shutdown
+        // starts; a stuck one should not delay a restart.
+        drain_timeout: Duration::from_secs(1),
+        ..api
+    }
+}
+
+/// Serves the admin endpoints on `listener` until `stop` fires, with the status page's sampler
+/// running beside them.
 fn spawn_admin(
     admin: admin::Admin,
     listener: TcpListener,
@@ -359,8 +368,13 @@ fn spawn_admin(
     tls: Option<TlsAcceptor>,
     stop: ShutdownSignal,
 ) -> JoinHandle<()> {
+    let sampler = sampler::run(
+        Arc::clone(&admin.live),
+        Arc::clone(&admin.history),
+        stop.clone(),
+    );
     let admin = Arc::new(admin);
-    tokio::spawn(server::serve(
+    let serve = server::serve(
         "admin",
         listener,
         settings,
@@ -371,7 +385,11 @@ fn spawn_admin(
             async move { admin.handle(req).await }
         },
         stop,
-    ))
+    );
+    tokio::spawn(async move {
+        // Both stop on `stop`.
+        tokio::join!(sampler, serve);
+    })
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {

@@ -40,14 +40,25 @@
 //! and follow reloads. This module holds the counters and histograms, which sit below everything
 //! that records into them: they are resolved per (upstream, model) once, when the routing table is
 //! built: the request path increments pre-resolved handles and never hashes labels.
+//!
+//! The queue-wait and first-byte timings are also counted into [`recent`] bucket counts, which
+//! the gateway can read back for its status page.
 
+pub(crate) mod recent;
+
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::metrics::recent::Recent;
 
 /// The labels of a per-(upstream, model) series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -80,9 +91,30 @@ struct DisconnectLabels {
 
 type HistogramFamily = Family<TargetLabels, Histogram, fn() -> Histogram>;
 
+/// The readable bucket counts, by (upstream, model) and timing: shared by every generation's
+/// handles of one key, like the Prometheus series, so a reload does not reset them.
+type RecentMap = Arc<Mutex<HashMap<(TargetLabels, &'static str), Arc<Recent>>>>;
+
+/// A timing recorded both into its Prometheus histogram and into bucket counts the gateway can
+/// read ([`recent`]).
+#[derive(Debug)]
+pub(crate) struct Timing {
+    histogram: Histogram,
+    /// The same observations, readable.
+    pub(crate) recent: Arc<Recent>,
+}
+
+impl Timing {
+    /// Records one duration.
+    pub(crate) fn observe(&self, elapsed: Duration) {
+        observe(&self.histogram, elapsed);
+        self.recent.record(elapsed);
+    }
+}
+
 /// Waits and durations: 5 ms to ~11 min (655.36 s) in ×2 steps.
 fn seconds_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(0.005, 2.0, 18))
+    Histogram::new(recent::BOUNDS)
 }
 
 /// The gateway's metric families.
@@ -96,6 +128,7 @@ pub(crate) struct Metrics {
     duration: HistogramFamily,
     reloads: Family<ReloadLabels, Counter>,
     bounds: Family<BoundLabels, Counter>,
+    recent: RecentMap,
     /// Every call to the shared slot store (`[cluster]`).
     store_round_trip: Histogram,
 }
@@ -162,9 +195,9 @@ struct ReloadLabels {
 #[derive(Debug)]
 pub(crate) struct TargetMetrics {
     /// `slotgate_queue_wait_seconds`.
-    pub(crate) queue_wait: Histogram,
+    pub(crate) queue_wait: Timing,
     /// `slotgate_time_to_first_byte_seconds`.
-    pub(crate) first_byte: Histogram,
+    pub(crate) first_byte: Timing,
     /// `slotgate_request_duration_seconds`.
     pub(crate) duration: Histogram,
     /// `slotgate_requests_total{outcome="completed"}`.
@@ -211,6 +244,7 @@ impl Metrics {
             duration: Family::new_with_constructor(seconds_histogram),
             reloads: Family::default(),
             bounds: Family::default(),
+            recent: RecentMap::default(),
             // 100 µs to ~3.3 s in ×2 steps: a store call is bounded by `store_timeout`.
             store_round_trip: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
         }
@@ -254,9 +288,23 @@ impl Metrics {
                 phase,
             })
         };
+        let recent = |timing| {
+            Arc::clone(
+                self.recent
+                    .lock()
+                    .entry((labels.clone(), timing))
+                    .or_default(),
+            )
+        };
         TargetMetrics {
-            queue_wait: self.queue_wait.get_or_create_owned(&labels),
-            first_byte: self.first_byte.get_or_create_owned(&labels),
+            queue_wait: Timing {
+                histogram: self.queue_wait.get_or_create_owned(&labels),
+                recent: recent("queue_wait"),
+            },
+            first_byte: Timing {
+                histogram: self.first_byte.get_or_create_owned(&labels),
+                recent: recent("first_byte"),
+            },
             duration: self.duration.get_or_create_owned(&labels),
             completed: outcome("completed"),
             upstream_error: outcome("upstream_error"),
@@ -291,6 +339,9 @@ impl Metrics {
         };
         self.queue_wait.remove(&labels);
         self.first_byte.remove(&labels);
+        self.recent
+            .lock()
+            .retain(|(key, _timing), _recent| *key != labels);
         self.duration.remove(&labels);
         for outcome in ["completed", "upstream_error", "client_gone"] {
             self.requests.remove(&OutcomeLabels {

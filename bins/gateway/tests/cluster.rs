@@ -167,6 +167,8 @@ impl Drop for PrivateRedis {
 struct Replica {
     child: Child,
     api: SocketAddr,
+    /// The admin listener, when the configuration has one.
+    admin: Option<SocketAddr>,
 }
 
 impl Replica {
@@ -180,21 +182,24 @@ impl Replica {
             .expect("the slotgate binary starts");
         let mut lines = BufReader::new(child.stderr.take().expect("stderr is piped")).lines();
         let deadline = Instant::now() + SOON;
-        let api = loop {
-            assert!(Instant::now() < deadline, "no 'API listening' log line");
+        let wants_admin = toml.contains("admin_listen");
+        let (mut api, mut admin) = (None, None);
+        while api.is_none() || (wants_admin && admin.is_none()) {
+            assert!(Instant::now() < deadline, "no 'listening' log lines");
             let line = lines.next().expect("the gateway logs").expect("a log line");
+            let log: Value = serde_json::from_str(&line).unwrap_or_default();
+            let field =
+                |name: &str| -> Option<SocketAddr> { log["fields"][name].as_str()?.parse().ok() };
             if line.contains("API listening") {
-                let log: Value = serde_json::from_str(&line).expect("a JSON log line");
-                let addr = log["fields"]["api_addr"]
-                    .as_str()
-                    .or_else(|| log["api_addr"].as_str())
-                    .unwrap_or_else(|| panic!("api_addr in {line}"));
-                break addr.parse().expect("api_addr is an address");
+                api = field("api_addr");
+            } else if line.contains("admin listening") {
+                admin = field("admin_addr");
             }
-        };
+        }
+        let api = api.expect("api_addr in the log line");
         // Keep reading the logs, so the gateway never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
-        Self { child, api }
+        Self { child, api, admin }
     }
 
     /// `kill -9`.
@@ -215,6 +220,7 @@ fn config(fake: &FakeUpstream, cluster: &str, parallel: usize, queue: usize) -> 
         r#"
 [server]
 listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
 
 [cluster]
 {cluster}
@@ -295,6 +301,42 @@ async fn chat(addr: SocketAddr, id: String, headers: &[(&str, &str)]) -> Reply {
             .get("retry-after")
             .and_then(|v| v.to_str().ok()?.parse().ok()),
         body,
+    }
+}
+
+/// `GET path` on `addr`: status and body.
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let request = Request::get(format!("http://{addr}{path}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let response = client
+        .request(request)
+        .await
+        .expect("the admin listener answers");
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// A chat request for `n` choices (no stream), answered at once.
+async fn chat_n(addr: SocketAddr, n: u32) -> Reply {
+    let body = serde_json::json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hello"}],
+        "n": n,
+    });
+    let request = Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let response = client.request(request).await.expect("the gateway answers");
+    let (head, body) = response.into_parts();
+    Reply {
+        status: head.status.as_u16(),
+        retry_after: None,
+        body: body.collect().await.unwrap().to_bytes(),
     }
 }
 
@@ -407,6 +449,40 @@ async fn two_gateways_share_one_cap_and_one_fifo_queue() {
             .requests()
             .iter()
             .all(|r| !r.id.starts_with("refused-"))
+    );
+
+    // The store's state and the key's global counts, on the admin listener.
+    let admin = a.admin.expect("an admin listener");
+    let (status, metrics) = get(admin, "/metrics").await;
+    assert_eq!(status, 200);
+    for series in [
+        "slotgate_store_up 1",
+        "slotgate_store_round_trip_seconds_count",
+        "slotgate_lease_renewals_total",
+        "slotgate_leases_expired_total",
+        "slotgate_cluster_slots_in_use{upstream=\"engine\",model=\"m\"}",
+        "slotgate_cluster_queue_depth{upstream=\"engine\",model=\"m\"}",
+    ] {
+        assert!(metrics.contains(series), "{series} in {metrics}");
+    }
+    let (status, upstreams) = get(admin, "/admin/upstreams").await;
+    assert_eq!(status, 200);
+    let upstreams: Value = serde_json::from_str(&upstreams).unwrap();
+    assert_eq!(upstreams["store"]["up"], true, "{upstreams}");
+    assert!(
+        upstreams["store"]["round_trips"].as_u64() > Some(0),
+        "{upstreams}"
+    );
+    let model = &upstreams["upstreams"][0]["models"][0];
+    assert!(model["cluster"]["in_flight"].is_u64(), "{model}");
+
+    // Several sequences cannot be counted by the shared store: a 400 that says why.
+    let heavy = chat_n(b.api, 2).await;
+    assert_eq!(heavy.status, 400, "{heavy:?}");
+    assert!(heavy.problem_type().ends_with("/bad-request"), "{heavy:?}");
+    assert!(
+        String::from_utf8_lossy(&heavy.body).contains("[cluster]"),
+        "{heavy:?}"
     );
     drop((a, b));
     fake.shutdown().await;
@@ -568,5 +644,97 @@ async fn redis_down_local_share_admits_each_replicas_share() {
     .await;
     assert_eq!(chat(b.api, "after".into(), QUICK).await.status, 200);
     drop((a, b));
+    fake.shutdown().await;
+}
+
+#[test]
+fn check_prints_the_cluster_table_and_refuses_bad_settings() {
+    let good = r#"
+[server]
+listen = "127.0.0.1:0"
+
+[cluster]
+redis_url = "redis://:hunter2@127.0.0.1:6379/0"
+key_prefix = "check"
+
+[upstreams.engine]
+url = "http://127.0.0.1:9"
+kind = "vllm"
+
+[upstreams.engine.models.m]
+parallel = 4
+queue = 8
+queue_timeout = "30s"
+"#;
+    let out = slotgate()
+        .args(["check", "--config"])
+        .arg(write("cluster-check.toml", good))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    for line in [
+        "[cluster]",
+        "key_prefix = \"check\"",
+        "lease_ttl = \"10s\"",
+        "store_timeout = \"1s\"",
+        "on_store_down = \"fail-closed\"",
+    ] {
+        assert!(stdout.contains(line), "{line} in {stdout}");
+    }
+    assert!(
+        !stdout.contains("hunter2"),
+        "the password is redacted: {stdout}"
+    );
+
+    let bad = good.replace("key_prefix = \"check\"", "on_store_down = \"local-share\"");
+    let out = slotgate()
+        .args(["check", "--config"])
+        .arg(write("cluster-bad.toml", &bad))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(stderr.contains("cluster.replicas"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_changes_limits_in_the_store_but_not_the_cluster_table() {
+    let url = redis_url();
+    redis_conn(&url);
+    let prefix = Prefix::new(&url, "reload");
+    let fake = engine(16).await;
+    let path = write(
+        "cluster-reload.toml",
+        &config(&fake, &cluster(&url, &prefix, ""), 4, 8),
+    );
+    let loaded = slotgate_config::Config::load(&path).unwrap();
+    let gateway = slotgate_gateway::Gateway::bind_file(&loaded, &path)
+        .await
+        .expect("the gateway starts");
+    let limits = || -> Option<usize> {
+        let key = prefix.key(&fake, "limits");
+        redis::cmd("HGET")
+            .arg(key)
+            .arg("parallel")
+            .query(&mut redis_conn(&url))
+            .ok()
+            .flatten()
+    };
+    eventually("the limits are written to Redis", || limits() == Some(4)).await;
+
+    std::fs::write(&path, config(&fake, &cluster(&url, &prefix, ""), 2, 8)).unwrap();
+    gateway.reload().await.expect("a limits change reloads");
+    eventually("the new limit is in Redis", || limits() == Some(2)).await;
+
+    std::fs::write(
+        &path,
+        config(&fake, &cluster(&url, &prefix, "replicas = 3"), 2, 8),
+    )
+    .unwrap();
+    let refused = gateway.reload().await.expect_err("[cluster] changed");
+    let issues = refused.issues().join("\n");
+    assert!(issues.contains("[cluster] changed"), "{issues}");
+    gateway.shutdown().await;
     fake.shutdown().await;
 }

@@ -10,6 +10,8 @@
 //! | `GET /admin/upstreams` | every upstream: health, draining, the engine-wide cap (`slots`: `parallel`, `in_flight`, `blocked_models`; `null` without one), resident models, and per model the limits, the slot count in force (`slots`; `discovery` for `parallel = "auto"`), in-flight and queued requests, and the engine's own counts (`engine`, see [`reconcile`](crate::upstreams::reconcile)) |
 //! | `POST /admin/upstreams/{name}/drain` | stop sending new requests to the upstream; in-flight ones finish. Answers the upstream's status |
 //! | `POST /admin/upstreams/{name}/undrain` | take new requests again |
+//! | `GET /ui` | the live status page ([`status`](crate::ops::status)): static HTML, CSS and JavaScript embedded in the binary, served without the token (it carries no data) |
+//! | `GET /admin/events` | the page's server-sent event stream: every upstream's status and the page's live figures, about once a second |
 //! | `POST /admin/reload` | reload the configuration file (see [`reload`](crate::ops::reload)): `200` with what changed, or a problem document: `422 config-refused` listing every problem in `issues` (the running configuration stays), `409 reload-unavailable` when the gateway was not started from a file |
 //!
 //! When `server.admin_token` is set, every `/admin/*` request must carry it as
@@ -18,22 +20,25 @@
 //! no secret.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{HeaderMap, Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{Either, Full};
+use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 use crate::ops::reload::{ReloadError, Reloader};
+use crate::ops::status::events::{self, EventBody};
+use crate::ops::status::history::History;
+use crate::ops::status::page::{self, Asset, CONTENT_SECURITY_POLICY};
+use crate::ops::upstream_doc::{UpstreamDoc, rfc3339, upstream_status};
 use crate::proxy::live::{Generation, Live};
 use crate::proxy::problems::{self, Error, GET_ONLY, POST_ONLY, allow, not_found};
 use crate::request_id::{REQUEST_ID, request_id};
 use crate::shutdown::ShutdownSignal;
-use crate::upstreams::state::UpstreamState;
-use crate::upstreams::target::{Sizing, Target};
 
 /// The admin endpoints' state.
 #[derive(Debug)]
@@ -48,23 +53,34 @@ pub(crate) struct Admin {
     pub(crate) shutdown: ShutdownSignal,
     /// `Retry-After` on `/readyz` while not ready.
     pub(crate) retry_after: Duration,
+    /// What the status page remembers, filled by its
+    /// [`sampler`](crate::ops::status::sampler).
+    pub(crate) history: Arc<Mutex<History>>,
 }
+
+/// An admin answer's body: a whole document, or the status page's event stream.
+pub(crate) type AdminBody = Either<Full<Bytes>, EventBody>;
 
 impl Admin {
     /// Answers one admin request.
-    pub(crate) async fn handle<B>(&self, req: Request<B>) -> Response<Full<Bytes>> {
+    pub(crate) async fn handle<B>(&self, req: Request<B>) -> Response<AdminBody> {
         let request_id = request_id(req.headers());
         let mut response = match self.dispatch(&req).await {
             Ok(response) => response,
-            Err(error) => problems::respond(&error, &request_id),
+            Err(error) => problems::respond::<Full<Bytes>>(&error, &request_id).map(Either::Left),
         };
         response.headers_mut().insert(REQUEST_ID, request_id);
         response
     }
 
-    async fn dispatch<B>(&self, req: &Request<B>) -> Result<Response<Full<Bytes>>, Error> {
+    async fn dispatch<B>(&self, req: &Request<B>) -> Result<Response<AdminBody>, Error> {
         let path = req.uri().path();
         let generation = self.live.current();
+        if let Some(asset) = page::asset(path) {
+            allow(req, GET_ONLY)?;
+            let token_required = generation.config.server.admin_token.is_some();
+            return Ok(page_file(asset, token_required));
+        }
         match path {
             "/healthz" => {
                 allow(req, GET_ONLY)?;
@@ -102,7 +118,25 @@ impl Admin {
         req: &Request<B>,
         path: &str,
         generation: &Generation,
-    ) -> Result<Response<Full<Bytes>>, Error> {
+    ) -> Result<Response<AdminBody>, Error> {
+        if path == "/admin/events" {
+            allow(req, GET_ONLY)?;
+            let body = events::stream(
+                Arc::clone(&self.live),
+                Arc::clone(&self.history),
+                self.shutdown.clone(),
+            );
+            let mut response = Response::new(Either::Right(body));
+            let headers = response.headers_mut();
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(events::CONTENT_TYPE),
+            );
+            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            // Proxies in front of the listener must pass each event on at once.
+            headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+            return Ok(response);
+        }
         if path == "/admin/upstreams" {
             allow(req, GET_ONLY)?;
             let upstreams = generation
@@ -162,7 +196,7 @@ impl Admin {
 
     /// `/readyz`: ready while configured, not shutting down, and some upstream can take
     /// requests.
-    fn readiness(&self, generation: &Generation) -> Result<Response<Full<Bytes>>, Error> {
+    fn readiness(&self, generation: &Generation) -> Result<Response<AdminBody>, Error> {
         let shutting_down = self.shutdown.is_fired();
         let available = generation
             .upstreams
@@ -207,103 +241,6 @@ fn authorize(generation: &Generation, headers: &HeaderMap) -> Result<(), Error> 
     }
 }
 
-/// One upstream's status document.
-fn upstream_status<'g>(generation: &'g Generation, upstream: &'g UpstreamState) -> UpstreamDoc<'g> {
-    let health = upstream.health.view();
-    let residency = upstream.residency.view();
-    let models: Vec<ModelDoc<'g>> = generation
-        .routes
-        .routes()
-        .flat_map(|route| {
-            route
-                .targets
-                .iter()
-                .filter(|t| t.upstream.name == upstream.name)
-                .map(|t| model_status(&route.model, t))
-        })
-        .collect();
-    let loaded = models.iter().filter(|m| m.loaded).map(|m| m.name).collect();
-    UpstreamDoc {
-        name: &upstream.name,
-        url: upstream.url.as_str(),
-        kind: upstream.kind.as_str(),
-        health: HealthDoc {
-            status: health.status.as_str(),
-            since: rfc3339(health.since),
-            last_check: health.last_check.map(rfc3339),
-            consecutive_successes: health.successes,
-            consecutive_failures: health.failures,
-            last_error: health.last_error,
-        },
-        draining: upstream.is_draining(),
-        slots: generation.routes.upstream_cap(upstream).map(|cap| CapDoc {
-            parallel: cap.parallel,
-            in_flight: cap.in_flight,
-            blocked_models: cap.blocked_models,
-        }),
-        loaded,
-        residency: ResidencyDoc {
-            resident: residency.resident.map(|r| r.names()),
-            last_check: residency.checked.map(rfc3339),
-            last_error: residency.error,
-        },
-        models,
-    }
-}
-
-/// One model's entry in its upstream's status document.
-fn model_status<'g>(model: &'g str, t: &Target) -> ModelDoc<'g> {
-    // One reading: the limits and the counts shown together agree.
-    let reading = t.reading();
-    let (parallel, capacity) = match &t.sizing {
-        Sizing::Fixed { capacity } => (Parallel::Count(reading.limits.parallel), *capacity),
-        Sizing::Unlimited => (Parallel::Word("unlimited"), None),
-        Sizing::Auto(_) => (Parallel::Word("auto"), None),
-    };
-    let engine = t.engine.view();
-    let engine = engine.checked.is_some().then(|| EngineDoc {
-        busy: engine.reading.map(|r| r.busy),
-        waiting: engine.reading.and_then(|r| r.waiting),
-        gateway_in_flight: engine.reading.map(|r| r.gateway_in_flight),
-        unaccounted: engine.reading.map(|r| r.unaccounted()),
-        whole_engine: engine.reading.map(|r| r.whole_engine),
-        warning: engine.warned,
-        last_check: engine.checked.map(rfc3339),
-        last_error: engine.error,
-    });
-    let discovery = t.auto().map(|auto| {
-        let view = auto.view();
-        DiscoveryDoc {
-            source: "/props total_slots",
-            slots: view.found,
-            last_check: view.checked.map(rfc3339),
-            last_error: view.error,
-        }
-    });
-    let cluster = t.shared.as_ref().map(|shared| {
-        let global = shared.global();
-        ClusterKeyDoc {
-            in_flight: global.map(|g| g.in_flight),
-            queued: global.map(|g| g.queued),
-            replica_queued: shared.local().queued,
-        }
-    });
-    ModelDoc {
-        cluster,
-        name: model,
-        loaded: t.is_loaded(),
-        parallel,
-        slots: t.slots(&reading),
-        queue: reading.limits.queue,
-        queue_timeout: t.queue_timeout.map(duration),
-        capacity,
-        in_flight: reading.in_flight,
-        queued: reading.queued + t.shared.as_ref().map_or(0, |s| s.local().queued),
-        engine,
-        discovery,
-    }
-}
-
 // === the documents ===
 //
 // Field names are the JSON members. `Option` fields are written as `null` when empty, except
@@ -334,94 +271,6 @@ struct UpstreamsDoc<'g> {
     #[serde(skip_serializing_if = "Option::is_none")]
     store: Option<StoreDoc>,
     upstreams: Vec<UpstreamDoc<'g>>,
-}
-
-/// `POST /admin/reload`, when the new configuration is in force.
-#[derive(Debug, Serialize)]
-struct ReloadDoc {
-    reloaded: bool,
-    generation: u64,
-    added: Vec<String>,
-    removed: Vec<String>,
-    changed: Vec<String>,
-    restart_required: Vec<&'static str>,
-}
-
-/// One upstream: `GET /admin/upstreams` lists them, drain and undrain answer one.
-#[derive(Debug, Serialize)]
-struct UpstreamDoc<'g> {
-    name: &'g str,
-    url: &'g str,
-    kind: &'static str,
-    health: HealthDoc,
-    draining: bool,
-    /// The engine-wide cap (`parallel` of the upstream); `null` without one.
-    slots: Option<CapDoc>,
-    /// The models whose `loaded` is true.
-    loaded: Vec<&'g str>,
-    residency: ResidencyDoc,
-    models: Vec<ModelDoc<'g>>,
-}
-
-/// An upstream's engine-wide cap, shared by its models.
-#[derive(Debug, Serialize)]
-struct CapDoc {
-    parallel: usize,
-    in_flight: usize,
-    /// Models whose next request waits only for the engine-wide cap.
-    blocked_models: usize,
-}
-
-#[derive(Debug, Serialize)]
-struct HealthDoc {
-    status: &'static str,
-    since: String,
-    last_check: Option<String>,
-    consecutive_successes: usize,
-    consecutive_failures: usize,
-    last_error: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-struct ResidencyDoc {
-    resident: Option<Vec<String>>,
-    last_check: Option<String>,
-    last_error: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-struct ModelDoc<'g> {
-    name: &'g str,
-    loaded: bool,
-    parallel: Parallel,
-    /// The count in force: `parallel`, or the one read for "auto" (null while unknown, and for
-    /// unlimited models).
-    slots: Option<usize>,
-    queue: usize,
-    /// As the configuration writes it (`30s`).
-    queue_timeout: Option<String>,
-    capacity: Option<usize>,
-    in_flight: usize,
-    queued: usize,
-    /// The engine's own counts, once the reconciliation has looked (see
-    /// [`reconcile`](crate::upstreams::reconcile)).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    engine: Option<EngineDoc>,
-    /// How the slot count of `parallel = "auto"` was found.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    discovery: Option<DiscoveryDoc>,
-    /// Under `[cluster]`: the key across every replica (`in_flight`, `queued`: as last seen,
-    /// `null` before the first call) next to this replica's own (`in_flight` and `queued`
-    /// above; `replica_queued` of them waiting in the shared queue).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cluster: Option<ClusterKeyDoc>,
-}
-
-#[derive(Debug, Serialize)]
-struct ClusterKeyDoc {
-    in_flight: Option<usize>,
-    queued: Option<usize>,
-    replica_queued: usize,
 }
 
 /// `[cluster]`: the shared slot store as this replica sees it.
@@ -457,47 +306,18 @@ impl StoreDoc {
     }
 }
 
-/// `parallel` as configured: a count, or `"unlimited"` / `"auto"`.
+/// `POST /admin/reload`, when the new configuration is in force.
 #[derive(Debug, Serialize)]
-#[serde(untagged)]
-enum Parallel {
-    Count(usize),
-    Word(&'static str),
+struct ReloadDoc {
+    reloaded: bool,
+    generation: u64,
+    added: Vec<String>,
+    removed: Vec<String>,
+    changed: Vec<String>,
+    restart_required: Vec<&'static str>,
 }
 
-#[derive(Debug, Serialize)]
-struct EngineDoc {
-    busy: Option<usize>,
-    waiting: Option<usize>,
-    gateway_in_flight: Option<usize>,
-    unaccounted: Option<usize>,
-    whole_engine: Option<bool>,
-    warning: bool,
-    last_check: Option<String>,
-    last_error: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-struct DiscoveryDoc {
-    source: &'static str,
-    slots: Option<usize>,
-    last_check: Option<String>,
-    last_error: Option<String>,
-}
-
-/// A configured duration as the configuration writes it (`30s`).
-fn duration(value: Duration) -> String {
-    humantime::format_duration(value).to_string()
-}
-
-fn rfc3339(at: SystemTime) -> String {
-    humantime::format_rfc3339_millis(at).to_string()
-}
-
-fn json_response(
-    status: StatusCode,
-    body: &impl Serialize,
-) -> Result<Response<Full<Bytes>>, Error> {
+fn json_response(status: StatusCode, body: &impl Serialize) -> Result<Response<AdminBody>, Error> {
     // The documents are structs of strings, numbers and lists, which always serialize; a failure
     // would be a bug, answered as one.
     let body = serde_json::to_vec(body).map_err(|error| Error::Internal {
@@ -512,8 +332,30 @@ fn json_response(
     Ok(response)
 }
 
-fn text(content_type: &'static str, body: Bytes) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(body));
+/// One of the status page's files, with the headers that keep the page to itself.
+fn page_file(asset: Asset, token_required: bool) -> Response<AdminBody> {
+    let mut response = text(asset.content_type, asset.bytes(token_required));
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    // Always the current build's page: an upgraded gateway must not meet an old script.
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+fn text(content_type: &'static str, body: Bytes) -> Response<AdminBody> {
+    let mut response = Response::new(Either::Left(Full::new(body)));
     *response.status_mut() = StatusCode::OK;
     response
         .headers_mut()

@@ -130,7 +130,7 @@ pub(crate) async fn enter(
         AcquireError::TooHeavy { weight, parallel } => Refused::TooHeavy { weight, parallel },
         _ => Refused::Closed,
     })?;
-    observe(&target.metrics.queue_wait, permit.waited());
+    target.metrics.queue_wait.observe(permit.waited());
     Ok(Slot::new(permit, None, target))
 }
 

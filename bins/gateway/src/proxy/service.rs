@@ -20,7 +20,7 @@ use prometheus_client::metrics::counter::Counter;
 use tracing::{debug, warn};
 
 use crate::error::{BoxError, chain};
-use crate::metrics::{Bound, Metrics, observe};
+use crate::metrics::{Bound, Metrics};
 use crate::proxy::admit::{self, Refused, Slot};
 use crate::proxy::affinity::{LocalAffinity, Recorder, ResponseAffinity, Sniff};
 use crate::proxy::body::{SlotBody, Watch};
@@ -328,7 +328,7 @@ impl App {
             match outcome {
                 Ok(mut response) => {
                     if let Some(slot) = &slot {
-                        observe(&slot.metrics().first_byte, sent.elapsed());
+                        slot.metrics().first_byte.observe(sent.elapsed());
                     }
                     let waited = slot.as_ref().map_or(Duration::ZERO, Slot::waited);
                     mark_routed(response.headers_mut(), target, waited);

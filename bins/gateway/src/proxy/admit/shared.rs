@@ -17,7 +17,6 @@ use slotgate_admission::AdmitError;
 use slotgate_limiter::AcquireError;
 
 use super::{QueuedGuard, Refused, Slot};
-use crate::metrics::observe;
 use crate::shutdown::ShutdownSignal;
 use crate::upstreams::cluster::SharedKey;
 use crate::upstreams::target::Target;
@@ -68,6 +67,9 @@ pub(super) async fn enter(
         Ok(Err(_)) => return Err(Refused::Closed),
         Ok(Ok(permit)) => permit,
     };
-    observe(&target.metrics.queue_wait, held.waited() + permit.waited());
+    target
+        .metrics
+        .queue_wait
+        .observe(held.waited() + permit.waited());
     Ok(Slot::new(permit, Some(held), target))
 }
