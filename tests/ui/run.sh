@@ -50,6 +50,9 @@ stop_all() {
   rm -rf "$work"
 }
 trap stop_all EXIT
+# Killed or interrupted: exit, which runs the EXIT trap.
+trap 'exit 143' TERM
+trap 'exit 130' INT
 
 # Free loopback ports, picked by the kernel.
 read -r port_a port_b api admin < <("$venv/bin/python" - <<'PY'
