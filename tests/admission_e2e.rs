@@ -292,3 +292,444 @@ async fn two_models_under_a_shared_upstream_cap_never_exceed_it_together() {
     gw.shutdown().await;
     fake.shutdown().await;
 }
+
+// === fair queues and priority ===
+
+/// The ids of the inference requests the engine started, in the order it started them.
+fn start_order(fake: &FakeUpstream) -> Vec<String> {
+    let mut started: Vec<_> = fake
+        .observer()
+        .inference_requests()
+        .into_iter()
+        .filter_map(|r| r.started_at.map(|at| (at, r.id)))
+        .collect();
+    started.sort();
+    started.into_iter().map(|(_, id)| id).collect()
+}
+
+/// Who a request is, to the gateway: a header and its value (a client key's `authorization`,
+/// or the `tenant_header`).
+type Who = (&'static str, &'static str);
+
+/// Sends a chat request as `who` with id `id`, holding its slot `hold_ms` on the engine.
+fn chat_as(
+    addr: std::net::SocketAddr,
+    who: Who,
+    id: String,
+    hold_ms: &'static str,
+) -> tokio::task::JoinHandle<support::Reply> {
+    tokio::spawn(async move {
+        let headers = [
+            who,
+            ("x-request-id", id.as_str()),
+            ("x-fake-hold-ms", hold_ms),
+        ];
+        send(post(
+            addr,
+            "/v1/chat/completions",
+            chat_n("qwen", 1),
+            &headers,
+        ))
+        .await
+    })
+}
+
+/// Waits until `n` requests wait in the gateway's queue for `qwen` on `fake`.
+async fn queued_in_gateway(gw: &slotgate_gateway::Gateway, fake: &FakeUpstream, n: usize) {
+    let key = authority(fake.addr());
+    support::eventually(&format!("{n} queued"), SOON, || {
+        gw.limiter().queued(&key, "qwen") == n
+    })
+    .await;
+}
+
+/// Under fair order, `busy` has one request running and twenty queued when `late` arrives with
+/// two: the late tenant's first request starts within the next two grants. `server_extra` says
+/// how the gateway tells tenants apart.
+async fn a_late_tenant_starts_within_the_next_two_grants(server_extra: &str, busy: Who, late: Who) {
+    let fake = fake(16, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}queue_order = \"fair\"\n",
+        server(server_extra),
+        upstream("gpu", &fake.url(), "qwen", 1, 32, "60s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+
+    // The busy tenant: one running for long enough to set the scene, twenty queued behind it.
+    let mut tasks = vec![chat_as(addr, busy, "busy-0".into(), "3000")];
+    fake.observer().wait_for_in_flight(1, SOON).await.unwrap();
+    for i in 1..=20 {
+        tasks.push(chat_as(addr, busy, format!("busy-{i}"), "20"));
+        queued_in_gateway(&gw, &fake, i).await;
+    }
+    // The late tenant arrives with two.
+    for i in 1..=2 {
+        tasks.push(chat_as(addr, late, format!("late-{i}"), "20"));
+        queued_in_gateway(&gw, &fake, 20 + i).await;
+    }
+    let first = fake.observer().request("busy-0").expect("seen");
+    assert!(
+        !first.is_done(),
+        "the scene was set while the first request still ran"
+    );
+    for task in tasks {
+        let reply = task.await.unwrap();
+        assert_eq!(reply.status.as_u16(), 200, "{}", reply.text());
+    }
+    let order = start_order(&fake);
+    assert_eq!(order.len(), 23, "{order:?}");
+    assert_eq!(order[0], "busy-0");
+    // Grants after the late tenant joined: its first request is among the next two.
+    let late = order.iter().position(|id| id == "late-1").unwrap();
+    assert!(late <= 2, "late-1 started as grant {late}: {order:?}");
+    // Its second is not stuck behind the busy tenant's twenty either.
+    let late2 = order.iter().position(|id| id == "late-2").unwrap();
+    assert!(late2 <= 4, "late-2 started as grant {late2}: {order:?}");
+    // Within the busy tenant, first come first served.
+    let busy: Vec<_> = order.iter().filter(|id| id.starts_with("busy-")).collect();
+    let expected: Vec<String> = (0..=20).map(|i| format!("busy-{i}")).collect();
+    assert_eq!(busy, expected.iter().collect::<Vec<_>>());
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_fair_order_a_late_tenant_starts_within_the_next_two_grants() {
+    // Tenants are the client keys' names.
+    let keys =
+        r#"api_keys = [{ key = "sk-busy", name = "busy" }, { key = "sk-late", name = "late" }]"#;
+    a_late_tenant_starts_within_the_next_two_grants(
+        keys,
+        ("authorization", "Bearer sk-busy"),
+        ("authorization", "Bearer sk-late"),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_keys_the_tenant_header_names_the_tenants() {
+    a_late_tenant_starts_within_the_next_two_grants(
+        r#"tenant_header = "x-tenant""#,
+        ("x-tenant", "busy"),
+        ("x-tenant", "late"),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_low_waiter_behind_a_stream_of_high_ones_is_served_within_the_bound() {
+    const HIGH: Who = ("authorization", "Bearer sk-high");
+    const LOW: Who = ("authorization", "Bearer sk-low");
+    let fake = fake(16, "qwen").await;
+    let keys = r#"api_keys = [{ key = "sk-high", priority = "high" }, { key = "sk-low", priority = "low" }]"#;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(keys),
+        upstream("gpu", &fake.url(), "qwen", 1, 32, "60s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+
+    let mut tasks = vec![chat_as(addr, HIGH, "high-0".into(), "3000")];
+    fake.observer().wait_for_in_flight(1, SOON).await.unwrap();
+    tasks.push(chat_as(addr, LOW, "low".into(), "20"));
+    queued_in_gateway(&gw, &fake, 1).await;
+    // Then a stream of high ones, every one of them queued after the low one.
+    for i in 1..=12 {
+        tasks.push(chat_as(addr, HIGH, format!("high-{i}"), "20"));
+        queued_in_gateway(&gw, &fake, 1 + i).await;
+    }
+    assert!(
+        !fake.observer().request("high-0").expect("seen").is_done(),
+        "the scene was set while the first request still ran"
+    );
+    for task in tasks {
+        let reply = task.await.unwrap();
+        assert_eq!(reply.status.as_u16(), 200, "{}", reply.text());
+    }
+    let order = start_order(&fake);
+    assert_eq!(order.len(), 14, "{order:?}");
+    // High first: the first grants after the running one go to high waiters...
+    assert!(order[1].starts_with("high-"), "{order:?}");
+    // ...but the low one is served after at most PASS_LIMIT (4) of them, the documented bound.
+    let low = order.iter().position(|id| id == "low").unwrap();
+    assert!(
+        (2..=5).contains(&low),
+        "low started as grant {low}: {order:?}"
+    );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+// === client deadlines ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn x_slotgate_max_wait_ends_the_wait_long_before_queue_timeout() {
+    let fake = fake(16, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 1, 8, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+
+    let first = tokio::spawn(chat(addr, "qwen", false, &[("x-fake-hold-ms", "6000")]));
+    fake.observer().wait_for_in_flight(1, SOON).await.unwrap();
+    let asked = std::time::Instant::now();
+    let reply = chat(addr, "qwen", false, &[("x-slotgate-max-wait", "1s")]).await;
+    let took = asked.elapsed();
+    let doc = reply.assert_problem(503, "queue-timeout");
+    assert_eq!(doc["deadline"], "x-slotgate-max-wait", "{doc}");
+    assert_eq!(doc["deadline_ms"], 1000, "{doc}");
+    let waited = doc["waited_ms"].as_u64().unwrap();
+    // About a second: far from the 30 s queue timeout, and not refused before queueing.
+    assert!((800..5000).contains(&waited), "waited {waited} ms: {doc}");
+    assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
+    assert!(doc.get("expected_wait_ms").is_none(), "{doc}");
+    assert!(reply.retry_after() >= 1);
+    // A malformed deadline is the client's mistake.
+    let reply = chat(addr, "qwen", false, &[("x-slotgate-max-wait", "soon")]).await;
+    reply.assert_problem(400, "bad-request");
+    assert_eq!(first.await.unwrap().status.as_u16(), 200);
+    assert_eq!(fake.observer().snapshot().received, 1, "only the first ran");
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_the_queue_cannot_keep_is_refused_without_queueing() {
+    let fake = fake(16, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 1, 8, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let key = authority(fake.addr());
+
+    // One answer of about a second teaches the gateway how long slots are held.
+    let reply = chat(addr, "qwen", false, &[("x-fake-hold-ms", "1200")]).await;
+    assert_eq!(reply.status.as_u16(), 200);
+    let running = tokio::spawn(chat(addr, "qwen", false, &[("x-fake-hold-ms", "4000")]));
+    fake.observer().wait_for_in_flight(1, SOON).await.unwrap();
+
+    // A slot is a second away at best: a 200 ms deadline cannot be kept.
+    for (header, value, named) in [
+        ("x-slotgate-max-wait", "200ms", "x-slotgate-max-wait"),
+        ("x-stainless-timeout", "0.2", "x-stainless-timeout"),
+    ] {
+        let reply = chat(addr, "qwen", false, &[(header, value)]).await;
+        let doc = reply.assert_problem(503, "queue-timeout");
+        assert_eq!(doc["deadline"], named, "{doc}");
+        assert_eq!(doc["waited_ms"], 0, "refused at once: {doc}");
+        let expected = doc["expected_wait_ms"].as_u64().unwrap();
+        assert!(expected > 200, "{doc}");
+        assert!(reply.retry_after() >= 1);
+        assert_eq!(gw.limiter().queued(&key, "qwen"), 0, "it never queued");
+    }
+    assert_eq!(running.await.unwrap().status.as_u16(), 200);
+    assert_eq!(
+        fake.observer().snapshot().received,
+        2,
+        "no refused request ran"
+    );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+// === queue keepalive ===
+
+/// A streamed chat request with `headers`.
+fn stream_request(
+    addr: std::net::SocketAddr,
+    headers: &[(&str, &str)],
+) -> http::Request<http_body_util::Full<bytes::Bytes>> {
+    post(
+        addr,
+        "/v1/chat/completions",
+        support::chat_body("qwen", true),
+        headers,
+    )
+}
+
+/// The comment lines (`: ...`) and data lines (`data: ...`) of an SSE text, in order.
+fn sse_lines(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter(|line| line.starts_with(':') || line.starts_with("data:"))
+        .collect()
+}
+
+/// A model that keeps queued streams alive every second.
+fn keepalive_gateway_config(fake: &FakeUpstream, queue_timeout: &str) -> String {
+    format!(
+        "{}{}queue_keepalive = \"1s\"\n",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 1, 8, queue_timeout)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_stream_gets_keepalive_comments_then_the_engines_tokens() {
+    let fake = fake(16, "qwen").await;
+    let gw = gateway(&keepalive_gateway_config(&fake, "30s")).await;
+    let addr = gw.api_addr();
+
+    let first = tokio::spawn(chat(
+        addr,
+        "qwen",
+        false,
+        &[("x-request-id", "first"), ("x-fake-hold-ms", "2500")],
+    ));
+    fake.observer().wait_for_in_flight(1, SOON).await.unwrap();
+    let mut stream = support::open(addr, stream_request(addr, &[("x-request-id", "kept")]))
+        .await
+        .head()
+        .await;
+    // The head came at once, while the slot was still taken.
+    assert_eq!(stream.status.as_u16(), 200);
+    assert!(header(&stream.headers, "content-type").starts_with("text/event-stream"));
+    assert_eq!(header(&stream.headers, "x-slotgate-upstream"), "gpu");
+    assert!(!fake.observer().request("first").expect("seen").is_done());
+    let text = String::from_utf8(stream.rest().await.expect("a clean end").to_vec()).unwrap();
+    let lines = sse_lines(&text);
+    let queued = lines
+        .iter()
+        .take_while(|l| l.starts_with(": queued"))
+        .count();
+    assert!(queued >= 2, "a comment at once and one a second: {lines:?}");
+    assert!(
+        lines[0].starts_with(": queued position=1 ahead=0 eta_s="),
+        "{lines:?}"
+    );
+    assert!(
+        lines[queued].starts_with(": granted waited_ms="),
+        "{lines:?}"
+    );
+    let data = &lines[queued + 1..];
+    assert!(data.iter().all(|l| l.starts_with("data:")), "{lines:?}");
+    assert!(data.len() >= 2, "the engine's tokens: {lines:?}");
+    assert_eq!(data.last().copied(), Some("data: [DONE]"), "{lines:?}");
+    assert_eq!(first.await.unwrap().status.as_u16(), 200);
+    let kept = fake
+        .observer()
+        .request("kept")
+        .expect("the engine served it");
+    assert!(kept.stream && kept.is_done());
+    let key = authority(fake.addr());
+    assert_eq!(gw.limiter().in_flight(&key, "qwen"), 0, "every slot back");
+
+    // An engine that answers an error instead of a stream: the error becomes the last event.
+    let blocker = tokio::spawn(chat(addr, "qwen", false, &[("x-fake-hold-ms", "1500")]));
+    support::eventually("the blocker runs", SOON, || {
+        gw.limiter().in_flight(&key, "qwen") == 1
+    })
+    .await;
+    let mut stream = support::open(addr, stream_request(addr, &[("x-fake-fail", "status-500")]))
+        .await
+        .head()
+        .await;
+    assert_eq!(stream.status.as_u16(), 200);
+    let text = String::from_utf8(stream.rest().await.expect("a clean end").to_vec()).unwrap();
+    let last = sse_lines(&text)
+        .last()
+        .copied()
+        .unwrap_or_default()
+        .to_owned();
+    let event: serde_json::Value = serde_json::from_str(last.trim_start_matches("data:").trim())
+        .unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(event["upstream_status"], 500, "{event}");
+    assert!(
+        event["type"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("/upstream-bad-response"),
+        "{event}"
+    );
+    assert!(event["error"]["message"].is_string(), "{event}");
+    assert_eq!(blocker.await.unwrap().status.as_u16(), 200);
+    support::eventually("every slot back", SOON, || {
+        gw.limiter().in_flight(&key, "qwen") == 0
+    })
+    .await;
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keepalive_stream_whose_queue_times_out_ends_with_an_error_event() {
+    let fake = fake(16, "qwen").await;
+    let gw = gateway(&keepalive_gateway_config(&fake, "1500ms")).await;
+    let addr = gw.api_addr();
+
+    let first = tokio::spawn(chat(addr, "qwen", false, &[("x-fake-hold-ms", "5000")]));
+    fake.observer().wait_for_in_flight(1, SOON).await.unwrap();
+    let mut stream = support::open(addr, stream_request(addr, &[("x-request-id", "timed-out")]))
+        .await
+        .head()
+        .await;
+    assert_eq!(stream.status.as_u16(), 200);
+    let text = String::from_utf8(stream.rest().await.expect("a clean end").to_vec()).unwrap();
+    let lines = sse_lines(&text);
+    assert!(lines[0].starts_with(": queued"), "{lines:?}");
+    let last = lines.last().copied().unwrap_or_default();
+    let event: serde_json::Value = serde_json::from_str(last.trim_start_matches("data:").trim())
+        .unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert!(
+        event["type"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("/queue-timeout"),
+        "{event}"
+    );
+    assert_eq!(event["error"]["code"], "queue_timeout", "{event}");
+    assert!(
+        event["retry_after"].as_u64().is_some_and(|s| s >= 1),
+        "{event}"
+    );
+    assert_eq!(event["request_id"], "timed-out", "{event}");
+    assert!(
+        fake.observer().request("timed-out").is_none(),
+        "never reached the engine"
+    );
+    assert_eq!(first.await.unwrap().status.as_u16(), 200);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_during_keepalive_never_reaches_the_engine() {
+    let fake = fake(16, "qwen").await;
+    let gw = gateway(&keepalive_gateway_config(&fake, "30s")).await;
+    let addr = gw.api_addr();
+    let key = authority(fake.addr());
+
+    let first = tokio::spawn(chat(addr, "qwen", false, &[("x-fake-hold-ms", "3000")]));
+    fake.observer().wait_for_in_flight(1, SOON).await.unwrap();
+    let mut stream = support::open(addr, stream_request(addr, &[("x-request-id", "leaver")]))
+        .await
+        .head()
+        .await;
+    assert_eq!(stream.status.as_u16(), 200);
+    let comment = stream.next_data().await.unwrap().unwrap_or_default();
+    assert!(comment.starts_with(b": queued"), "{comment:?}");
+    assert_eq!(gw.limiter().queued(&key, "qwen"), 1);
+    stream.disconnect();
+    // Its place in the queue goes at once, not when the slot would have come.
+    support::eventually("the queue place given up", SOON, || {
+        gw.limiter().queued(&key, "qwen") == 0
+    })
+    .await;
+    assert_eq!(first.await.unwrap().status.as_u16(), 200);
+    // The slot the leaver would have had goes unused, and the engine never heard of it.
+    support::eventually("every slot back", SOON, || {
+        gw.limiter().in_flight(&key, "qwen") == 0
+    })
+    .await;
+    assert!(fake.observer().request("leaver").is_none());
+    assert_eq!(fake.observer().snapshot().received, 1);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}

@@ -72,6 +72,83 @@ impl Problem {
         .with_retry_after(retry_after)
     }
 
+    /// [`Kind::QueueTimeout`] (503) for a wait bounded by the client's own deadline, shorter
+    /// than the model's `queue_timeout`: `deadline` names it (`x-slotgate-max-wait` or
+    /// `x-stainless-timeout`) and `bound` is its value. With `expected`, the request was
+    /// refused before it queued: the wait the gateway expected from recent slot hold times was
+    /// already longer than what was left of the deadline. It never reached the upstream.
+    ///
+    /// Sets `Retry-After` from `retry_after`, and the extension members `upstream`, `model`,
+    /// `waited_ms`, `deadline`, `deadline_ms`, and `expected_wait_ms` when refused before
+    /// queueing.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use slotgate_problem::Problem;
+    ///
+    /// let secs = Duration::from_secs;
+    /// let p = Problem::queue_deadline("gpu-a", "llama", secs(0), "x-slotgate-max-wait",
+    ///                                 secs(2), Some(secs(9)), secs(9));
+    /// assert_eq!(p.status(), 503);
+    /// assert_eq!(p.extension("deadline").unwrap(), "x-slotgate-max-wait");
+    /// assert_eq!(p.extension("expected_wait_ms").unwrap(), 9000);
+    /// ```
+    #[must_use]
+    pub fn queue_deadline(
+        upstream: &str,
+        model: &str,
+        waited: Duration,
+        deadline: &str,
+        bound: Duration,
+        expected: Option<Duration>,
+        retry_after: Duration,
+    ) -> Self {
+        let secs = retry_secs(retry_after);
+        let bound_text = human(bound);
+        let (message, detail) = if let Some(expected) = expected {
+            let expected_text = human(expected);
+            (
+                format!(
+                    "Model `{model}` is busy: a slot is expected in about {expected_text}, \
+                     later than your {deadline} of {bound_text}, so the request was not \
+                     queued and was not run. Retry in {secs} s, or allow a longer wait."
+                ),
+                format!(
+                    "The expected wait of {expected_text} for model `{model}` on upstream \
+                     `{upstream}` is longer than the client's {deadline} of {bound_text}; \
+                     refused without queueing."
+                ),
+            )
+        } else {
+            let waited_text = human(waited);
+            (
+                format!(
+                    "Model `{model}` is busy: the request waited {waited_text} in the queue, \
+                     up to your {deadline} of {bound_text}, without getting a slot and was \
+                     not run. Retry in {secs} s."
+                ),
+                format!(
+                    "Waited {waited_text} in the queue for model `{model}` on upstream \
+                     `{upstream}` without getting a slot; the wait ended on the client's \
+                     {deadline} of {bound_text}."
+                ),
+            )
+        };
+        let problem = Self::new(Kind::QueueTimeout, message)
+            .with_detail(detail)
+            .ext("upstream", upstream)
+            .ext("model", model)
+            .ext("waited_ms", millis(waited))
+            .ext("deadline", deadline)
+            .ext("deadline_ms", millis(bound))
+            .with_retry_after(retry_after);
+        if let Some(expected) = expected {
+            problem.ext("expected_wait_ms", millis(expected))
+        } else {
+            problem
+        }
+    }
+
     /// [`Kind::ModelNotFound`] (404): no upstream is configured for `model` (a name or an
     /// alias).
     ///

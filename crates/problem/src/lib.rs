@@ -9,6 +9,7 @@
 //! |---|---|---|---|
 //! | [`Problem::queue_full`] | 503 | `queue-full` | yes |
 //! | [`Problem::queue_timeout`] | 503 | `queue-timeout` | yes |
+//! | [`Problem::queue_deadline`] | 503 | `queue-timeout` | yes |
 //! | [`Problem::model_not_found`] | 404 | `model-not-found` | |
 //! | [`Problem::not_found`] | 404 | `not-found` | |
 //! | [`Problem::method_not_allowed`] | 405 | `method-not-allowed` | |

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::types::{Cluster, Config, ModelLimits, Secret, Server, Upstream};
+use crate::types::{ClientKey, Cluster, Config, ModelLimits, Queueing, Secret, Server, Upstream};
 
 /// What a secret prints as.
 const REDACTED: &str = "<redacted>";
@@ -57,6 +57,9 @@ fn unset_keys(server: &Server) -> Vec<&'static str> {
     } else if server.api_keys_file.is_none() {
         unset.push("server.api_keys_file");
     }
+    if server.tenant_header.is_none() {
+        unset.push("server.tenant_header (without API keys, all clients are one tenant)");
+    }
     if server.admin_token.is_none() {
         unset.push("server.admin_token (the admin API is not authenticated)");
     }
@@ -65,7 +68,7 @@ fn unset_keys(server: &Server) -> Vec<&'static str> {
 
 #[derive(Serialize)]
 struct View<'a> {
-    server: ServerView,
+    server: ServerView<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     cluster: Option<ClusterView<'a>>,
     upstreams: BTreeMap<&'a str, UpstreamView<'a>>,
@@ -73,7 +76,7 @@ struct View<'a> {
 }
 
 #[derive(Serialize)]
-struct ServerView {
+struct ServerView<'a> {
     listen: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     admin_listen: Option<String>,
@@ -99,9 +102,11 @@ struct ServerView {
     health_check_timeout: String,
     eject_after_failures: usize,
     restore_after_successes: usize,
-    api_keys: Vec<&'static str>,
+    api_keys: Vec<KeyView<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     api_keys_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tenant_header: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     admin_token: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -112,6 +117,35 @@ struct ServerView {
     admin_tls_cert: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     admin_tls_key: Option<String>,
+}
+
+/// An `api_keys` entry: a bare key as it was written, a key with queueing attributes as a
+/// table with all of them.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum KeyView<'a> {
+    Bare(&'static str),
+    Table {
+        key: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        name: Option<&'a str>,
+        priority: &'static str,
+        share: u32,
+    },
+}
+
+impl<'a> From<&'a ClientKey> for KeyView<'a> {
+    fn from(key: &'a ClientKey) -> Self {
+        if *key == ClientKey::bare(key.key.clone()) {
+            return KeyView::Bare(REDACTED);
+        }
+        KeyView::Table {
+            key: REDACTED,
+            name: key.name.as_deref(),
+            priority: key.priority.as_str(),
+            share: key.share,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -154,6 +188,25 @@ struct ModelEntryView<'a> {
     engine_model: Option<&'a str>,
     #[serde(flatten)]
     limits: ModelView,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    queueing: Option<QueueingView>,
+}
+
+#[derive(Serialize)]
+struct QueueingView {
+    queue_order: &'static str,
+    queue_keepalive: String,
+    honor_sdk_timeout: bool,
+}
+
+impl From<Queueing> for QueueingView {
+    fn from(queueing: Queueing) -> Self {
+        QueueingView {
+            queue_order: queueing.order.as_str(),
+            queue_keepalive: queueing.keepalive.map_or_else(|| "off".to_owned(), human),
+            honor_sdk_timeout: queueing.honor_sdk_timeout,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -191,8 +244,8 @@ impl<'a> From<&'a Config> for View<'a> {
     }
 }
 
-impl From<&Server> for ServerView {
-    fn from(server: &Server) -> Self {
+impl<'a> From<&'a Server> for ServerView<'a> {
+    fn from(server: &'a Server) -> Self {
         ServerView {
             listen: server.listen.to_string(),
             admin_listen: server.admin_listen.map(|addr| addr.to_string()),
@@ -218,8 +271,9 @@ impl From<&Server> for ServerView {
             health_check_timeout: human(server.health_check_timeout),
             eject_after_failures: server.eject_after_failures,
             restore_after_successes: server.restore_after_successes,
-            api_keys: server.api_keys.iter().map(redact).collect(),
+            api_keys: server.api_keys.iter().map(KeyView::from).collect(),
             api_keys_file: server.api_keys_file.as_deref().map(display),
+            tenant_header: server.tenant_header.as_deref(),
             admin_token: server.admin_token.as_ref().map(redact),
             tls_cert: server.tls.as_ref().map(|tls| display(&tls.cert)),
             tls_key: server.tls.as_ref().map(|tls| display(&tls.key)),
@@ -285,6 +339,9 @@ impl<'a> From<&'a Upstream> for UpstreamView<'a> {
                     let entry = ModelEntryView {
                         engine_model: upstream.engine_models.get(name).map(String::as_str),
                         limits: ModelView::from(*limits),
+                        // Unlimited models never queue: the keys are not allowed there.
+                        queueing: (!limits.is_unlimited())
+                            .then(|| QueueingView::from(upstream.queueing(name))),
                     };
                     (name.as_str(), entry)
                 })

@@ -181,15 +181,20 @@ pub struct Server {
     /// Consecutive successful health checks that put an ejected upstream back into rotation
     /// (default 2, at least 1).
     pub restore_after_successes: usize,
-    /// Client API keys accepted as `Authorization: Bearer KEY`. Empty (the default) and no
-    /// `api_keys_file`: clients are not authenticated.
-    pub api_keys: Vec<Secret>,
+    /// Client API keys accepted as `Authorization: Bearer KEY`, each with the tenant, priority
+    /// and share its requests queue under. Empty (the default) and no `api_keys_file`: clients
+    /// are not authenticated.
+    pub api_keys: Vec<ClientKey>,
     /// A file of further client API keys, one per line. This crate does not read it (it does no
     /// I/O beyond the config file); a relative path is relative to the gateway's working
     /// directory.
     pub api_keys_file: Option<PathBuf>,
     /// Bearer token required on `/admin/*`. `None`: the admin API is not authenticated.
     pub admin_token: Option<Secret>,
+    /// The request header that names a client's tenant for fair queueing when no API keys are
+    /// configured (e.g. `x-tenant`, lower case). `None` (the default): without keys, every
+    /// request belongs to one tenant.
+    pub tenant_header: Option<String>,
     /// `tls_cert` / `tls_key`: the API listener speaks TLS (h2 and HTTP/1.1 by ALPN) with this
     /// certificate. `None`: plain HTTP. This crate does not read the files.
     pub tls: Option<CertAndKey>,
@@ -272,6 +277,185 @@ impl Server {
     /// Default [`Server::restore_after_successes`]: a flapping engine has to answer twice in a
     /// row before it gets traffic again.
     pub const DEFAULT_RESTORE_AFTER_SUCCESSES: usize = 2;
+    /// The longest tenant name, from a key's `name` or the [`Server::tenant_header`], in bytes.
+    pub const MAX_TENANT_LEN: usize = 128;
+}
+
+// ===== ClientKey =====
+
+/// One `server.api_keys` entry: a key, and how its requests queue.
+///
+/// Written either as a bare string (the key; priority `normal`, share 1, no name) or as a
+/// table `{ key = "...", name = "team-a", priority = "high", share = 2 }`. Keys from
+/// `api_keys_file` are bare keys.
+///
+/// ```
+/// use slotgate_config::{Config, Priority};
+///
+/// let config = Config::from_toml_str(r#"
+///     [server]
+///     listen = "127.0.0.1:8080"
+///     api_keys = ["sk-plain", { key = "sk-ops", name = "ops", priority = "high", share = 2 }]
+///     [upstreams.a]
+///     url = "http://127.0.0.1:8081"
+///     kind = "vllm"
+///     [upstreams.a.models.m]
+///     parallel = 1
+///     queue = 4
+///     queue_timeout = "30s"
+/// "#)?;
+/// let ops = &config.server.api_keys[1];
+/// assert_eq!((ops.name.as_deref(), ops.priority, ops.share), (Some("ops"), Priority::High, 2));
+/// assert_eq!(config.server.api_keys[0].priority, Priority::Normal);
+/// # Ok::<(), slotgate_config::ConfigError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientKey {
+    /// The key itself.
+    pub key: Secret,
+    /// The tenant its requests belong to under `queue_order = "fair"`; keys with the same name
+    /// are one tenant. `None`: the key is a tenant of its own.
+    pub name: Option<String>,
+    /// The priority class of its requests (default [`Priority::Normal`]).
+    pub priority: Priority,
+    /// Its tenant's share under `queue_order = "fair"`: slots per round relative to the other
+    /// tenants' (default 1, at most [`ClientKey::MAX_SHARE`]).
+    pub share: u32,
+}
+
+impl ClientKey {
+    /// The largest `share`.
+    pub const MAX_SHARE: u32 = 1000;
+
+    /// A bare key: no name, priority `normal`, share 1.
+    pub fn bare(key: Secret) -> Self {
+        ClientKey {
+            key,
+            name: None,
+            priority: Priority::Normal,
+            share: 1,
+        }
+    }
+}
+
+/// A client key's priority class: higher classes are served first from a model's queue, and a
+/// lower class waits at most a bounded number of grants (see `docs/configuration.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum Priority {
+    /// `"high"`.
+    High,
+    /// `"normal"`, the default.
+    #[default]
+    Normal,
+    /// `"low"`.
+    Low,
+}
+
+impl Priority {
+    /// Every class, highest first.
+    pub const ALL: [Priority; 3] = [Priority::High, Priority::Normal, Priority::Low];
+
+    /// The name used in the configuration file.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Priority::High => "high",
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
+
+    /// The class named `name`, exactly as [`Priority::as_str`] spells it.
+    pub fn from_name(name: &str) -> Option<Priority> {
+        Priority::ALL.into_iter().find(|p| p.as_str() == name)
+    }
+}
+
+// ===== Queueing =====
+
+/// How one model's queue on one upstream serves its waiters, and what a waiting client sees.
+///
+/// ```
+/// use std::time::Duration;
+/// use slotgate_config::{Config, QueueOrder, Queueing};
+///
+/// let config = Config::from_toml_str(r#"
+///     [server]
+///     listen = "127.0.0.1:8080"
+///     [upstreams.a]
+///     url = "http://127.0.0.1:8081"
+///     kind = "vllm"
+///     [upstreams.a.models.m]
+///     parallel = 1
+///     queue = 4
+///     queue_timeout = "30s"
+///     queue_order = "fair"
+///     queue_keepalive = "5s"
+///     honor_sdk_timeout = false
+/// "#)?;
+/// let q = config.upstreams["a"].queueing("m");
+/// assert_eq!(q.order, QueueOrder::Fair);
+/// assert_eq!(q.keepalive, Some(Duration::from_secs(5)));
+/// assert!(!q.honor_sdk_timeout);
+/// assert_eq!(config.upstreams["a"].queueing("other"), Queueing::default());
+/// # Ok::<(), slotgate_config::ConfigError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Queueing {
+    /// `queue_order`: first come first served, or fair between tenants (default FIFO).
+    pub order: QueueOrder,
+    /// `queue_keepalive`: a streamed request that has to queue is answered `200` at once and
+    /// sent an SSE comment this often while it waits. `None` (the default): off.
+    pub keepalive: Option<Duration>,
+    /// `honor_sdk_timeout`: whether the OpenAI SDKs' `x-stainless-timeout` header caps the
+    /// queue wait (default `true`).
+    pub honor_sdk_timeout: bool,
+}
+
+impl Queueing {
+    /// The shortest `queue_keepalive`.
+    pub const MIN_KEEPALIVE: Duration = Duration::from_secs(1);
+    /// The longest `queue_keepalive`: proxies commonly cut a connection idle for 60 s.
+    pub const MAX_KEEPALIVE: Duration = Duration::from_secs(60);
+}
+
+impl Default for Queueing {
+    fn default() -> Self {
+        Queueing {
+            order: QueueOrder::Fifo,
+            keepalive: None,
+            honor_sdk_timeout: true,
+        }
+    }
+}
+
+/// `queue_order`: the order in which a model's queue serves its waiters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum QueueOrder {
+    /// `"fifo"`: first come, first served (within a priority class). The default.
+    #[default]
+    Fifo,
+    /// `"fair"`: round-robin between tenants, weighted by their shares (deficit round-robin),
+    /// first come first served within a tenant.
+    Fair,
+}
+
+impl QueueOrder {
+    /// The name used in the configuration file.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            QueueOrder::Fifo => "fifo",
+            QueueOrder::Fair => "fair",
+        }
+    }
+
+    /// The order named `name`, exactly as [`QueueOrder::as_str`] spells it.
+    pub fn from_name(name: &str) -> Option<QueueOrder> {
+        [QueueOrder::Fifo, QueueOrder::Fair]
+            .into_iter()
+            .find(|o| o.as_str() == name)
+    }
 }
 
 // ===== Upstream =====
@@ -329,6 +513,9 @@ pub struct Upstream {
     /// The models whose engine knows them by another name (`engine_model`), by model name;
     /// a model not listed is known by its own name. See [`Upstream::engine_model`].
     pub engine_models: BTreeMap<String, String>,
+    /// How each model's queue serves its waiters, by model name; a model not listed (an
+    /// unlimited one) has the defaults. See [`Upstream::queueing`].
+    pub queueing: BTreeMap<String, Queueing>,
 }
 
 impl Upstream {
@@ -387,6 +574,11 @@ impl Upstream {
     /// ```
     pub fn engine_model<'a>(&'a self, model: &'a str) -> &'a str {
         self.engine_models.get(model).map_or(model, String::as_str)
+    }
+
+    /// How `model`'s queue here serves its waiters (the defaults for a model it does not list).
+    pub fn queueing(&self, model: &str) -> Queueing {
+        self.queueing.get(model).copied().unwrap_or_default()
     }
 
     /// The limits of `model` here, if this upstream configures it.

@@ -16,7 +16,10 @@ use figment::value::{Dict, Value};
 use url::Url;
 
 use crate::raw::{KeyPath, Reader};
-use crate::types::{CertAndKey, Config, Kind, ModelLimits, Secret, Server, Upstream, authority};
+use crate::types::{
+    CertAndKey, ClientKey, Config, Kind, ModelLimits, Priority, QueueOrder, Queueing, Secret,
+    Server, Upstream, authority,
+};
 
 mod cluster;
 
@@ -49,6 +52,7 @@ const SERVER_KEYS: &[&str] = &[
     "restore_after_successes",
     "api_keys",
     "api_keys_file",
+    "tenant_header",
     "admin_token",
     "tls_cert",
     "tls_key",
@@ -76,11 +80,26 @@ const MODEL_KEYS: &[&str] = &[
     "queue_timeout",
     "capacity",
     "engine_model",
+    "queue_order",
+    "queue_keepalive",
+    "honor_sdk_timeout",
+];
+/// The keys of an `api_keys` entry written as a table.
+const CLIENT_KEY_KEYS: &[&str] = &["key", "name", "priority", "share"];
+/// The model keys that only mean something for a model that queues.
+const QUEUEING_KEYS: &[&str] = &[
+    "queue",
+    "queue_timeout",
+    "capacity",
+    "queue_order",
+    "queue_keepalive",
+    "honor_sdk_timeout",
 ];
 
 const UNLIMITED: &str = "unlimited";
 const AUTO: &str = "auto";
 const NONE: &str = "none";
+const OFF: &str = "off";
 
 /// Builds a [`Config`] from the merged tree; `None` when any issue was recorded.
 pub(crate) fn build(r: &mut Reader<'_>, root: &Value) -> Option<Config> {
@@ -96,7 +115,7 @@ pub(crate) fn build(r: &mut Reader<'_>, root: &Value) -> Option<Config> {
     );
     let cluster = cluster::cluster(r, &path.key("cluster"), table.get("cluster"));
     if let (Some(Some(_)), Some(built)) = (&cluster, &upstreams.built) {
-        cluster::per_replica_settings(r, built);
+        cluster::per_replica_settings(r, server.as_ref(), built);
         if r.has_issues() {
             return None;
         }
@@ -217,7 +236,10 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
 
     let bounds = bound_keys(r, t, path);
 
-    let api_keys = optional(r, t, path, "api_keys", Vec::new(), secret_list);
+    let api_keys = optional(r, t, path, "api_keys", Vec::new(), client_keys);
+    let tenant_header = optional(r, t, path, "tenant_header", None, |r, p, v| {
+        header_name(r, p, v).map(Some)
+    });
     let api_keys_file = optional(r, t, path, "api_keys_file", None, |r, p, v| {
         file_path(r, p, v).map(Some)
     });
@@ -253,6 +275,7 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         restore_after_successes: health.restore_after?,
         api_keys: api_keys?,
         api_keys_file: api_keys_file?,
+        tenant_header: tenant_header?,
         admin_token: admin_token?,
         tls: tls?,
         admin_tls: admin_tls?,
@@ -527,14 +550,98 @@ fn secret(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Secret> {
     Some(Secret::new(text))
 }
 
-fn secret_list(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Vec<Secret>> {
+/// `server.api_keys`: bare keys, or tables with a key and how its requests queue.
+fn client_keys(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Vec<ClientKey>> {
     let items = r.array(path, value)?;
-    let secrets: Vec<_> = items
+    let keys: Vec<_> = items
         .iter()
         .enumerate()
-        .map(|(i, item)| secret(r, &path.index(i), item))
+        .map(|(i, item)| client_key(r, &path.index(i), item))
         .collect();
-    secrets.into_iter().collect()
+    keys.into_iter().collect()
+}
+
+fn client_key(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<ClientKey> {
+    if !matches!(value, Value::Dict(..)) {
+        return secret(r, path, value).map(ClientKey::bare);
+    }
+    let t = r.table(path, value, CLIENT_KEY_KEYS)?;
+    let key = required(
+        r,
+        t,
+        path,
+        "key",
+        "the key clients send as `Authorization: Bearer KEY`",
+        secret,
+    );
+    let name = optional(r, t, path, "name", None, |r, p, v| {
+        tenant_name(r, p, v).map(Some)
+    });
+    let priority = optional(r, t, path, "priority", Priority::Normal, |r, p, v| {
+        let text = r.string(p, v)?;
+        let priority = Priority::from_name(text);
+        if priority.is_none() {
+            let names = Priority::ALL.map(Priority::as_str).join(", ");
+            let message = format!("unknown priority class {text:?} (expected one of: {names})");
+            r.invalid(p, v, message);
+        }
+        priority
+    });
+    let share = optional(r, t, path, "share", 1, |r, p, v| {
+        let share = r.count(p, v, 1)?;
+        match u32::try_from(share) {
+            Ok(share) if share <= ClientKey::MAX_SHARE => Some(share),
+            _ => {
+                let max = ClientKey::MAX_SHARE;
+                r.invalid(p, v, format!("must be at most {max}, found {share}"));
+                None
+            }
+        }
+    });
+    Some(ClientKey {
+        key: key?,
+        name: name?,
+        priority: priority?,
+        share: share?,
+    })
+}
+
+/// A tenant's name: non-empty, at most [`Server::MAX_TENANT_LEN`] bytes, no control characters.
+fn tenant_name(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<String> {
+    let text = r.string(path, value)?;
+    let max = Server::MAX_TENANT_LEN;
+    let problem = if text.is_empty() {
+        Some("must not be empty; leave it out for a tenant of the key's own".to_owned())
+    } else if text.len() > max {
+        Some(format!("must be at most {max} bytes, found {}", text.len()))
+    } else if text.chars().any(char::is_control) {
+        Some("must not contain control characters".to_owned())
+    } else {
+        None
+    };
+    match problem {
+        Some(problem) => {
+            r.invalid(path, value, problem);
+            None
+        }
+        None => Some(text.to_owned()),
+    }
+}
+
+/// An HTTP header name (RFC 9110 token characters), stored in lower case.
+fn header_name(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<String> {
+    const TOKEN_PUNCTUATION: &str = "!#$%&'*+-.^_`|~";
+    let text = r.string(path, value)?;
+    let valid = !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || TOKEN_PUNCTUATION.contains(c));
+    if !valid {
+        let message = format!("{text:?} is not an HTTP header name (e.g. \"x-tenant\")");
+        r.invalid(path, value, message);
+        return None;
+    }
+    Some(text.to_ascii_lowercase())
 }
 
 // ===== [upstreams] =====
@@ -680,7 +787,8 @@ fn upstream<'v>(
             models(r, p, v, dict, kind)
         },
     );
-    let (models, engine_models) = models.map_or((None, None), |(m, e)| (Some(m), Some(e)));
+    let (models, engine_models, queueing) =
+        models.map_or((None, None, None), |(m, e, q)| (Some(m), Some(e), Some(q)));
 
     if let (
         true,
@@ -696,6 +804,7 @@ fn upstream<'v>(
         Some(parallel),
         Some(models),
         Some(engine_models),
+        Some(queueing),
     ) = (
         name_ok,
         url,
@@ -710,6 +819,7 @@ fn upstream<'v>(
         parallel,
         models,
         engine_models,
+        queueing,
     ) {
         out.built = Some(Upstream {
             name: name.to_owned(),
@@ -726,6 +836,7 @@ fn upstream<'v>(
             parallel,
             models,
             engine_models,
+            queueing,
         });
     }
     out
@@ -839,8 +950,12 @@ fn upstream_url(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Url
     }
 }
 
-/// The models of one upstream and the names their engine knows them by.
-type Models = (BTreeMap<String, ModelLimits>, BTreeMap<String, String>);
+/// The models of one upstream, the names their engine knows them by, and how they queue.
+type Models = (
+    BTreeMap<String, ModelLimits>,
+    BTreeMap<String, String>,
+    BTreeMap<String, Queueing>,
+);
 
 /// `kind` is the upstream's, when it could be read (`parallel = "auto"` depends on it).
 fn models(
@@ -854,7 +969,7 @@ fn models(
         r.invalid(path, value, "at least one model is required");
         return None;
     }
-    let mut built = Some((BTreeMap::new(), BTreeMap::new()));
+    let mut built = Some((BTreeMap::new(), BTreeMap::new(), BTreeMap::new()));
     // Engine name → the configured model that uses it: two models that send the same name to
     // one engine would be one model there, counted against two limits.
     let mut engine_names: BTreeMap<String, &str> = BTreeMap::new();
@@ -881,12 +996,21 @@ fn models(
             built.as_mut(),
             model_limits(r, &model_path, value, kind),
             engine_model,
+            queueing(r, &model_path, value),
         ) {
-            (_, _, EngineModel::Invalid) | (None, _, _) | (_, None, _) => built = None,
-            (Some((limits_map, engines)), Some(limits), engine) => {
+            (_, _, EngineModel::Invalid, _)
+            | (None, _, _, _)
+            | (_, None, _, _)
+            | (_, _, _, None) => {
+                built = None;
+            }
+            (Some((limits_map, engines, queues)), Some(limits), engine, Some(queueing)) => {
                 limits_map.insert(name.clone(), limits);
                 if let EngineModel::Named(engine) = engine {
                     engines.insert(name.clone(), engine);
+                }
+                if !limits.is_unlimited() {
+                    queues.insert(name.clone(), queueing);
                 }
             }
         }
@@ -926,6 +1050,60 @@ fn engine_model(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> EngineMode
         return EngineModel::Invalid;
     }
     EngineModel::Named(text.to_owned())
+}
+
+/// The model table's `queue_order`, `queue_keepalive` and `honor_sdk_timeout`, defaults for
+/// those absent; `None` when any is wrong (reported). Whether they are allowed at all (not with
+/// `parallel = "unlimited"`) is `model_limits`' business.
+fn queueing(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Queueing> {
+    // Not a table: `model_limits` reports it.
+    let Value::Dict(_, t) = value else {
+        return Some(Queueing::default());
+    };
+    let defaults = Queueing::default();
+    let order = optional(r, t, path, "queue_order", defaults.order, |r, p, v| {
+        let text = r.string(p, v)?;
+        let order = QueueOrder::from_name(text);
+        if order.is_none() {
+            r.invalid(
+                p,
+                v,
+                format!(r#"unknown queue order {text:?} (expected "fifo" or "fair")"#),
+            );
+        }
+        order
+    });
+    let keepalive = optional(r, t, path, "queue_keepalive", None, |r, p, v| {
+        if matches!(v, Value::String(_, text) if text == OFF) {
+            return Some(None);
+        }
+        let every = r.duration(p, v, false)?;
+        let (min, max) = (Queueing::MIN_KEEPALIVE, Queueing::MAX_KEEPALIVE);
+        if every < min || every > max {
+            let message = format!(
+                "must be between {} and {} (or \"off\"), found {}",
+                humantime::format_duration(min),
+                humantime::format_duration(max),
+                humantime::format_duration(every)
+            );
+            r.invalid(p, v, message);
+            return None;
+        }
+        Some(Some(every))
+    });
+    let honor_sdk_timeout = optional(
+        r,
+        t,
+        path,
+        "honor_sdk_timeout",
+        defaults.honor_sdk_timeout,
+        Reader::boolean,
+    );
+    Some(Queueing {
+        order: order?,
+        keepalive: keepalive?,
+        honor_sdk_timeout: honor_sdk_timeout?,
+    })
 }
 
 /// What `parallel` said.
@@ -982,7 +1160,7 @@ fn model_limits(
     if let Parallel::Unlimited = parallel {
         // An unlimited model holds no slot, so it has nothing to queue for or cap.
         let mut ok = true;
-        for key in ["queue", "queue_timeout", "capacity"] {
+        for &key in QUEUEING_KEYS {
             if let Some(v) = t.get(key) {
                 let message =
                     r#"not allowed with parallel = "unlimited" (nothing waits for a slot)"#;

@@ -1,17 +1,27 @@
-//! Steps 5 and 6: take a slot on a target, waiting in its queue for at most `queue_timeout`.
+//! Steps 5 and 6: take a slot on a target, waiting in its queue for as long as the request may.
 //!
 //! A request takes as many of the target's slots as the engine will run sequences for it (its
 //! *weight*: `n` choices are `n` sequences, see [`Weighed`](crate::proxy::endpoint::Weighed)),
-//! all at once, in the same FIFO queue as everyone else (the limiter's `acquire_many`: a heavy
-//! request at the head is never overtaken by lighter ones behind it). A weight above the
-//! target's `parallel` could never be granted and is refused at once as [`Refused::TooHeavy`].
+//! all at once. It asks with a [`Ticket`] that also carries its priority class and tenant
+//! ([`Client`](crate::proxy::client::Client)); the key serves its waiters in the model's
+//! `queue_order` (FIFO, or fair between tenants), higher classes first within the limiter's
+//! starvation bound. A weight above the target's `parallel` could never be granted and is
+//! refused at once as [`Refused::TooHeavy`].
 //!
-//! [`enter`] joins the target's limiter key at once (the limiter enqueues at call time, so
+//! [`join`] joins the target's limiter key at once (the limiter enqueues at call time, so
 //! arrival order is grant order). A full queue is known without waiting and reported as
-//! [`Refused::Full`], so the caller can try the next ranked target. Otherwise the request waits
-//! under the target's `queue_timeout`. The wait is a future like any other: if the client goes
-//! away, hyper drops the request's future, the limiter's acquire future with it, and the place in
-//! the queue is given up — the request never reaches the upstream.
+//! [`Refused::Full`], so the caller can try the next ranked target. Otherwise the request is
+//! [`Queued`] and waits until its [`Wait`] ends: the target's `queue_timeout`, or the client's
+//! own deadline when that is sooner. When the wait expected from recent hold times (the
+//! estimate behind `Retry-After`) is already longer than what is left of a *client's* deadline,
+//! the request is refused at once ([`Refused::Hopeless`]) rather than queued to give up; the
+//! operator's `queue_timeout` is never anticipated this way, and without an observed hold time
+//! nothing is.
+//!
+//! The wait is a future like any other: if the client goes away, hyper drops the request's
+//! future, the [`Queued`] with it, and the place in the queue is given up — the request never
+//! reaches the upstream. (Under `queue_keepalive` the [`Queued`] lives in the response body
+//! instead, which hyper drops the same way.)
 //!
 //! A granted slot is a [`Slot`]: the limiter's permit plus what is needed to learn from it. It is
 //! handed to the response body ([`SlotBody`](crate::proxy::body::SlotBody)), which ends it when the
@@ -24,15 +34,22 @@
 //! the engine may not notice for a while, so the slot is kept for the upstream's `cancel_grace`
 //! before it goes to the next request (see [`Sending`]).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use slotgate_admission::Slot as SharedSlot;
-use slotgate_limiter::{AcquireError, Permit};
+use slotgate_limiter::{Acquire, AcquireError, Permit, QueuePosition, Ticket};
+use tokio::time::Sleep;
 use tracing::debug;
 
 use crate::metrics::{TargetMetrics, observe};
 use crate::proxy::body::{Completion, SlotGuard};
+use crate::proxy::client::{Deadlines, Limit, Wait};
 use crate::shutdown::ShutdownSignal;
 use crate::upstreams::hold::HoldStats;
 use crate::upstreams::target::Target;
@@ -50,8 +67,21 @@ pub(crate) enum Refused {
         /// The target's `parallel`.
         parallel: usize,
     },
-    /// Waited `queue_timeout` without a slot.
-    Timeout(Duration),
+    /// Waited until the end of `wait` without a slot.
+    Timeout {
+        /// How long it waited in the queue.
+        waited: Duration,
+        /// The wait that ended, and which bound set it.
+        wait: Wait,
+    },
+    /// Not queued: the wait expected from recent hold times is longer than what is left of the
+    /// client's deadline.
+    Hopeless {
+        /// The expected wait.
+        expected: Duration,
+        /// The client's deadline.
+        wait: Wait,
+    },
     /// The key was removed while waiting (a reload removed the model from the upstream).
     Closed,
     /// The gateway started shutting down while the request waited: only requests already
@@ -90,48 +120,180 @@ pub(crate) struct Slot {
     metrics: Arc<TargetMetrics>,
 }
 
-/// Takes `weight` slots on `target` (one permit for all of them), waiting up to its
-/// `queue_timeout`, or until `stop` fires.
-pub(crate) async fn enter(
+/// What [`join`] gave: a slot at once, or a place in the queue.
+#[derive(Debug)]
+pub(crate) enum Admission {
+    /// A slot was free.
+    Granted(Slot),
+    /// The request waits; await the [`Queued`] for its slot.
+    Queued(Queued),
+}
+
+/// Joins `target`'s queue for `ticket`'s slots: a slot at once, a place in the queue (bounded
+/// by the target's `queue_timeout` and the client's `deadlines`, and ended early by `stop`), or
+/// a refusal that needed no waiting.
+pub(crate) fn join(
     target: &Target,
-    weight: usize,
-    stop: &mut ShutdownSignal,
-) -> Result<Slot, Refused> {
+    ticket: &Ticket,
+    deadlines: &Deadlines,
+    stop: &ShutdownSignal,
+) -> Result<Admission, Refused> {
     if stop.is_fired() {
         return Err(Refused::ShuttingDown);
     }
     if let Some(key) = &target.shared {
-        return shared::enter(target, key, weight, stop).await;
+        return shared::join(target, key, ticket, deadlines, stop);
     }
-    let acquire = target.key.acquire_many(weight);
-    let outcome = match target.queue_timeout {
-        Some(limit) if acquire.is_queued() => {
-            // Counts the client leaving while queued: this future is then dropped mid-await,
-            // and the guard with it, still armed.
-            let mut waiting = QueuedGuard(Some(&target.metrics));
-            let outcome = tokio::select! {
-                biased;
-                () = stop.fired() => None,
-                outcome = tokio::time::timeout(limit, acquire) => Some(outcome),
-            };
-            waiting.0 = None;
-            match outcome {
-                // The acquire future is dropped here: the place in the queue is given up.
-                None => return Err(Refused::ShuttingDown),
-                Some(Ok(outcome)) => outcome,
-                Some(Err(_elapsed)) => return Err(Refused::Timeout(limit)),
-            }
-        }
+    let acquire = target.key.acquire_with(ticket);
+    if !acquire.is_queued() {
         // Granted or refused at call time: the first poll answers without waiting.
-        _ => acquire.await,
-    };
+        let outcome = acquire.now_or_never().unwrap_or(Err(AcquireError::Closed));
+        return granted(outcome, &target.hold, &target.metrics).map(Admission::Granted);
+    }
+    let now = tokio::time::Instant::now();
+    let wait = target
+        .queue_timeout
+        .map(|timeout| deadlines.wait(now, timeout, target.queueing.honor_sdk_timeout));
+    if let Some(wait) = wait.filter(|wait| wait.limit != Limit::QueueTimeout) {
+        let left = wait.until.saturating_duration_since(now);
+        let expected = acquire
+            .position()
+            .and_then(|position| target.expected_wait(position.ahead));
+        if let Some(expected) = expected.filter(|expected| *expected > left) {
+            // The acquire is dropped here: the place in the queue is given up at once.
+            debug!(?expected, ?left, deadline = %wait.limit, "refused: the deadline cannot be kept");
+            return Err(Refused::Hopeless { expected, wait });
+        }
+    }
+    let mut stop = stop.clone();
+    Ok(Admission::Queued(Queued {
+        acquire: Waiting::Local(acquire),
+        wait,
+        timer: wait.map(|wait| Box::pin(tokio::time::sleep_until(wait.until))),
+        stop: Box::pin(async move { stop.fired().await }),
+        since: now,
+        armed: true,
+        hold: Arc::clone(&target.hold),
+        metrics: Arc::clone(&target.metrics),
+    }))
+}
+
+/// The slot an acquire's outcome gives, or why none.
+fn granted(
+    outcome: Result<Permit, AcquireError>,
+    hold: &Arc<HoldStats>,
+    metrics: &Arc<TargetMetrics>,
+) -> Result<Slot, Refused> {
     let permit = outcome.map_err(|error| match error {
         AcquireError::QueueFull => Refused::Full,
         AcquireError::TooHeavy { weight, parallel } => Refused::TooHeavy { weight, parallel },
         _ => Refused::Closed,
     })?;
-    target.metrics.queue_wait.observe(permit.waited());
-    Ok(Slot::new(permit, None, target))
+    metrics.queue_wait.observe(permit.waited());
+    Ok(Slot {
+        permit,
+        shared: None,
+        granted: Instant::now(),
+        hold: Arc::clone(hold),
+        metrics: Arc::clone(metrics),
+    })
+}
+
+/// A request waiting in a queue: a future of its [`Slot`], that ends at its [`Wait`] or when
+/// the gateway shuts down. Dropping it gives up the place in the queue (counted as a client that
+/// left while queued, unless it had already finished).
+pub(crate) struct Queued {
+    acquire: Waiting,
+    /// `None` only for a target without `queue_timeout`, which never queues.
+    wait: Option<Wait>,
+    timer: Option<Pin<Box<Sleep>>>,
+    stop: BoxFuture<'static, ()>,
+    since: tokio::time::Instant,
+    /// Until the wait has an outcome: dropping it armed counts a client gone while queued.
+    armed: bool,
+    hold: Arc<HoldStats>,
+    metrics: Arc<TargetMetrics>,
+}
+
+/// What a [`Queued`] waits on: the target's local key, or (under `[cluster]`) the shared
+/// store and then the local key ([`shared`]).
+enum Waiting {
+    Local(Acquire),
+    Shared(BoxFuture<'static, Result<Slot, Refused>>),
+}
+
+impl std::fmt::Debug for Waiting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Waiting::Local(acquire) => acquire.fmt(f),
+            Waiting::Shared(_) => f.write_str("Shared"),
+        }
+    }
+}
+
+impl std::fmt::Debug for Queued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queued")
+            .field("acquire", &self.acquire)
+            .field("wait", &self.wait)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Queued {
+    /// Where the request stands in the queue now; `None` once it has an outcome.
+    pub(crate) fn position(&self) -> Option<QueuePosition> {
+        match &self.acquire {
+            Waiting::Local(acquire) => acquire.position(),
+            // The shared queue's place is not known here (only its length, `Target::global`).
+            Waiting::Shared(_) => None,
+        }
+    }
+
+    /// How long it has waited so far.
+    pub(crate) fn waited(&self) -> Duration {
+        self.since.elapsed()
+    }
+}
+
+impl Future for Queued {
+    type Output = Result<Slot, Refused>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        // A shutdown first: only requests already running get the grace period.
+        if this.stop.as_mut().poll(cx).is_ready() {
+            this.armed = false;
+            return Poll::Ready(Err(Refused::ShuttingDown));
+        }
+        let outcome = match &mut this.acquire {
+            Waiting::Local(acquire) => Pin::new(acquire)
+                .poll(cx)
+                .map(|outcome| granted(outcome, &this.hold, &this.metrics)),
+            Waiting::Shared(slot) => slot.as_mut().poll(cx),
+        };
+        if let Poll::Ready(outcome) = outcome {
+            this.armed = false;
+            return Poll::Ready(outcome);
+        }
+        if let (Some(timer), Some(wait)) = (this.timer.as_mut(), this.wait)
+            && timer.as_mut().poll(cx).is_ready()
+        {
+            this.armed = false;
+            let waited = this.since.elapsed();
+            return Poll::Ready(Err(Refused::Timeout { waited, wait }));
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        if self.armed {
+            debug!("client went away while queued");
+            self.metrics.gone_queued.inc();
+        }
+    }
 }
 
 /// A slot whose request is with the upstream, before the response head came back.
@@ -183,31 +345,7 @@ impl Drop for Sending {
     }
 }
 
-/// Armed while a request waits in a queue; counts a disconnect if dropped armed.
-struct QueuedGuard<'a>(Option<&'a TargetMetrics>);
-
-impl Drop for QueuedGuard<'_> {
-    fn drop(&mut self) {
-        if let Some(metrics) = self.0 {
-            debug!("client went away while queued");
-            metrics.gone_queued.inc();
-        }
-    }
-}
-
 impl Slot {
-    /// A slot of `target` granted now: the local `permit`, and the `shared` one under
-    /// `[cluster]`.
-    fn new(permit: Permit, shared: Option<SharedSlot>, target: &Target) -> Self {
-        Self {
-            permit,
-            shared,
-            granted: Instant::now(),
-            hold: Arc::clone(&target.hold),
-            metrics: Arc::clone(&target.metrics),
-        }
-    }
-
     /// Gives the slot back without recording a hold time: the request never reached the
     /// upstream (a connect error), so the time says nothing about how long answers take.
     pub(crate) fn abandon(self) {
@@ -312,6 +450,22 @@ impl SlotGuard for Slot {
             Completion::Stalled { .. } => {}
         }
         drop(self.permit);
+    }
+}
+
+/// Takes `weight` slots on `target` as an anonymous client without deadlines, waiting in the
+/// queue as [`join`] says: the admission step of the tests.
+#[cfg(test)]
+pub(crate) async fn take(
+    target: &Target,
+    weight: usize,
+    stop: &mut ShutdownSignal,
+) -> Result<Slot, Refused> {
+    let deadlines = Deadlines::read(&http::HeaderMap::new(), tokio::time::Instant::now())
+        .expect("no headers, no malformed deadline");
+    match join(target, &Ticket::new().weight(weight), &deadlines, stop)? {
+        Admission::Granted(slot) => Ok(slot),
+        Admission::Queued(queued) => queued.await,
     }
 }
 

@@ -12,12 +12,20 @@
 //!
 //! A missing or wrong key is a `401 unauthorized` problem, returned before the body is read or
 //! any upstream is chosen: an unauthenticated request never reaches an engine.
+//!
+//! The key that matched says who the request queues as ([`Client`]): the key's `name` is its
+//! tenant, with its `priority` and `share`. A key without a name is a tenant of its own, known
+//! by where it was configured (`api_keys[2]`, `api_keys_file:7`), never by the key itself. A
+//! key configured twice counts with its first entry.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use http::HeaderMap;
 use http::header::AUTHORIZATION;
+use slotgate_config::ClientKey;
 
+use crate::proxy::client::Client;
 use crate::proxy::problems::Error;
 
 /// `server.api_keys_file` could not be read.
@@ -29,10 +37,10 @@ pub(crate) struct ApiKeysError {
     source: std::io::Error,
 }
 
-/// The accepted client API keys.
+/// The accepted client API keys, each with who its requests queue as.
 #[derive(Default)]
 pub(crate) struct ApiKeys {
-    keys: Vec<String>,
+    keys: Vec<(String, Client)>,
 }
 
 impl std::fmt::Debug for ApiKeys {
@@ -46,11 +54,20 @@ impl std::fmt::Debug for ApiKeys {
 
 impl ApiKeys {
     /// The keys from the configuration and, if given, the keys file.
-    pub(crate) fn load<'a>(
-        inline: impl IntoIterator<Item = &'a str>,
-        file: Option<&Path>,
-    ) -> Result<Self, ApiKeysError> {
-        let mut keys: Vec<String> = inline.into_iter().map(str::to_owned).collect();
+    pub(crate) fn load(inline: &[ClientKey], file: Option<&Path>) -> Result<Self, ApiKeysError> {
+        let mut keys: Vec<(String, Client)> = inline
+            .iter()
+            .enumerate()
+            .map(|(i, key)| {
+                let tenant = key.name.clone().unwrap_or_else(|| format!("api_keys[{i}]"));
+                let client = Client {
+                    tenant: Some(Arc::from(tenant)),
+                    priority: key.priority,
+                    share: key.share,
+                };
+                (key.key.expose().to_owned(), client)
+            })
+            .collect();
         if let Some(path) = file {
             let text = std::fs::read_to_string(path).map_err(|source| ApiKeysError {
                 path: path.to_owned(),
@@ -58,13 +75,22 @@ impl ApiKeys {
             })?;
             keys.extend(
                 text.lines()
-                    .map(str::trim)
-                    .filter(|line| !line.is_empty() && !line.starts_with('#'))
-                    .map(str::to_owned),
+                    .enumerate()
+                    .map(|(i, line)| (i + 1, line.trim()))
+                    .filter(|(_, line)| !line.is_empty() && !line.starts_with('#'))
+                    .map(|(number, line)| {
+                        let tenant = format!("api_keys_file:{number}");
+                        let client = Client {
+                            tenant: Some(Arc::from(tenant)),
+                            ..Client::anonymous()
+                        };
+                        (line.to_owned(), client)
+                    }),
             );
         }
-        keys.sort_unstable();
-        keys.dedup();
+        // Stable: of a key configured twice, the first entry stays.
+        keys.sort_by(|a, b| a.0.cmp(&b.0));
+        keys.dedup_by(|later, earlier| later.0 == earlier.0);
         Ok(Self { keys })
     }
 
@@ -73,23 +99,28 @@ impl ApiKeys {
         !self.keys.is_empty()
     }
 
-    /// Checks the request's bearer token.
-    pub(crate) fn verify(&self, headers: &HeaderMap) -> Result<(), Error> {
+    /// Checks the request's bearer token; who the request queues as when it passes (the
+    /// anonymous client when authentication is off).
+    pub(crate) fn verify(&self, headers: &HeaderMap) -> Result<Client, Error> {
         if self.keys.is_empty() {
-            return Ok(());
+            return Ok(Client::anonymous());
         }
         let Some(token) = bearer_token(headers) else {
             return Err(Error::Unauthorized);
         };
-        // `fold`, not `any`: every key is compared, whether or not an earlier one matched.
-        let accepted = self.keys.iter().fold(false, |accepted, key| {
-            constant_time_eq::constant_time_eq(key.as_bytes(), token.as_bytes()) | accepted
-        });
-        if accepted {
-            Ok(())
-        } else {
-            Err(Error::Unauthorized)
-        }
+        // `fold`, not `find`: every key is compared, whether or not an earlier one matched.
+        let matched = self
+            .keys
+            .iter()
+            .enumerate()
+            .fold(None, |matched, (i, (key, _))| {
+                let equal = constant_time_eq::constant_time_eq(key.as_bytes(), token.as_bytes());
+                if equal { Some(i) } else { matched }
+            });
+        matched
+            .and_then(|i| self.keys.get(i))
+            .map(|(_, client)| client.clone())
+            .ok_or(Error::Unauthorized)
     }
 }
 
@@ -104,8 +135,15 @@ pub(crate) fn bearer_token(headers: &HeaderMap) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use http::{HeaderMap, HeaderValue};
+    use slotgate_config::{ClientKey, Secret};
 
     use super::ApiKeys;
+
+    fn bare(keys: &[&str]) -> Vec<ClientKey> {
+        keys.iter()
+            .map(|key| ClientKey::bare(Secret::new(*key)))
+            .collect()
+    }
 
     fn with_auth(value: &'static str) -> HeaderMap {
         let mut headers = HeaderMap::new();
@@ -115,15 +153,20 @@ mod tests {
 
     #[test]
     fn no_keys_lets_everyone_through() {
-        let keys = ApiKeys::load([], None).unwrap();
+        let keys = ApiKeys::load(&[], None).unwrap();
         assert!(!keys.is_enabled());
         assert!(keys.verify(&HeaderMap::new()).is_ok());
     }
 
     #[test]
     fn checks_bearer_tokens() {
-        let keys = ApiKeys::load(["sk-one", "sk-two"], None).unwrap();
-        assert!(keys.verify(&with_auth("Bearer sk-one")).is_ok());
+        let keys = ApiKeys::load(&bare(&["sk-one", "sk-two"]), None).unwrap();
+        let one = keys.verify(&with_auth("Bearer sk-one")).unwrap();
+        assert_eq!(
+            one.tenant.as_deref(),
+            Some("api_keys[0]"),
+            "named by place, not by key"
+        );
         assert!(keys.verify(&with_auth("bearer  sk-two ")).is_ok());
         assert!(keys.verify(&HeaderMap::new()).is_err());
         assert!(keys.verify(&with_auth("Bearer sk-three")).is_err());
@@ -139,11 +182,12 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("keys");
         std::fs::write(&path, "# team keys\nsk-file\n\n  sk-spaced  \n").unwrap();
-        let keys = ApiKeys::load([], Some(&path)).unwrap();
-        assert!(keys.verify(&with_auth("Bearer sk-file")).is_ok());
+        let keys = ApiKeys::load(&[], Some(&path)).unwrap();
+        let file = keys.verify(&with_auth("Bearer sk-file")).unwrap();
+        assert_eq!(file.tenant.as_deref(), Some("api_keys_file:2"));
         assert!(keys.verify(&with_auth("Bearer sk-spaced")).is_ok());
         assert!(keys.verify(&with_auth("Bearer # team keys")).is_err());
-        assert!(ApiKeys::load([], Some(&dir.join("missing"))).is_err());
+        assert!(ApiKeys::load(&[], Some(&dir.join("missing"))).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

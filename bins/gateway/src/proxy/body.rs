@@ -124,12 +124,18 @@ impl Watch {
         if !self.sse {
             return None;
         }
-        let problem = problem().with_extension("request_id", self.request_id.as_str());
-        let mut event = b"data: ".to_vec();
-        event.extend_from_slice(&problem.to_json_bytes());
-        event.extend_from_slice(b"\n\n");
-        Some(Bytes::from(event))
+        Some(sse_event(problem(), &self.request_id))
     }
+}
+
+/// The SSE event that carries `problem` (with the request id) as an answer's last event: its
+/// `error` member is OpenAI's, so SDKs raise it as an API error.
+pub(crate) fn sse_event(problem: Problem, request_id: &str) -> Bytes {
+    let problem = problem.with_extension("request_id", request_id);
+    let mut event = b"data: ".to_vec();
+    event.extend_from_slice(&problem.to_json_bytes());
+    event.extend_from_slice(b"\n\n");
+    Bytes::from(event)
 }
 
 /// Where a watched body stands.

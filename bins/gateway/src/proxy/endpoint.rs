@@ -122,6 +122,21 @@ impl Endpoint {
         ENDPOINTS.iter().find(|endpoint| endpoint.path == path)
     }
 
+    /// Whether a streamed answer on this route is Server-Sent Events, which can carry a
+    /// queued client's keepalive comments (`queue_keepalive`) and a late `error` event. Ollama's
+    /// native routes stream NDJSON, which has no comments: keepalive is off there.
+    pub(crate) fn streams_sse(&self) -> bool {
+        matches!(
+            self.path,
+            "/v1/chat/completions"
+                | "/v1/completions"
+                | "/v1/responses"
+                | "/v1/messages"
+                | "/completion"
+                | "/infill"
+        )
+    }
+
     /// Whether an upstream of `kind` serves this route.
     pub(crate) fn is_served_by(&self, kind: Kind) -> bool {
         self.kinds.contains(&kind)

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use arc_swap::ArcSwap;
-use slotgate_config::{Config, Secret};
+use slotgate_config::Config;
 use slotgate_limiter::Limiter;
 use slotgate_limiter_redis::RedisLimiter;
 use slotgate_limiter_redis::Settings;
@@ -79,7 +79,7 @@ fn fallible_parts(config: &Config, previous: Option<&Generation>) -> Result<Part
     let upstreams = Upstreams::build(config, previous.map(|p| &p.upstreams));
     let cluster = cluster::check(config, previous.map(|p| &p.config));
     let api_keys = ApiKeys::load(
-        config.server.api_keys.iter().map(Secret::expose),
+        &config.server.api_keys,
         config.server.api_keys_file.as_deref(),
     );
     let listener_certs = ListenerCerts::load(&config.server);

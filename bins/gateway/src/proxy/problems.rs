@@ -152,7 +152,8 @@ pub(crate) enum Error {
         /// When a retry may succeed.
         retry_after: Duration,
     },
-    /// The request waited `queue_timeout` without getting a slot.
+    /// The request waited `queue_timeout` (or the client's shorter deadline) without getting a
+    /// slot, or was refused before queueing because its deadline could not be kept.
     #[error("no slot for model {model:?} on {upstream} within {waited:?}")]
     QueueTimeout {
         /// The upstream it waited for.
@@ -163,6 +164,9 @@ pub(crate) enum Error {
         waited: Duration,
         /// When a retry may succeed.
         retry_after: Duration,
+        /// The client's deadline, when it (not `queue_timeout`) bounded the wait. Boxed: it is
+        /// rare, and every `Result` carrying an `Error` would pay for it.
+        deadline: Option<Box<Deadline>>,
     },
 
     /// Under `[cluster]`, the shared slot store cannot be reached and the policy is
@@ -267,6 +271,40 @@ pub(crate) enum Error {
     },
 }
 
+/// The `queue-timeout` problem, naming the client's deadline when one ended the wait.
+fn queue_timeout(
+    upstream: &str,
+    model: &str,
+    waited: Duration,
+    retry_after: Duration,
+    deadline: Option<&Deadline>,
+) -> Problem {
+    match deadline {
+        None => Problem::queue_timeout(upstream, model, waited, retry_after),
+        Some(d) => Problem::queue_deadline(
+            upstream,
+            model,
+            waited,
+            d.header,
+            d.bound,
+            d.expected,
+            retry_after,
+        ),
+    }
+}
+
+/// A client's deadline that bounded a queue wait (see [`Error::QueueTimeout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Deadline {
+    /// The header that set it: `x-slotgate-max-wait` or `x-stainless-timeout`.
+    pub(crate) header: &'static str,
+    /// Its value.
+    pub(crate) bound: Duration,
+    /// Set when the request was refused before queueing: the wait expected from recent hold
+    /// times, longer than what was left of the deadline.
+    pub(crate) expected: Option<Duration>,
+}
+
 impl Error {
     /// The problem document for this error.
     #[expect(
@@ -326,7 +364,8 @@ impl Error {
                 model,
                 waited,
                 retry_after,
-            } => Problem::queue_timeout(upstream, model, *waited, *retry_after),
+                deadline,
+            } => queue_timeout(upstream, model, *waited, *retry_after, deadline.as_deref()),
             Error::UpstreamUnavailable {
                 model,
                 retry_after,
@@ -560,6 +599,7 @@ mod tests {
                     model: "m".into(),
                     waited: Duration::from_secs(30),
                     retry_after: Duration::from_secs(5),
+                    deadline: None,
                 },
                 503,
                 "queue-timeout",

@@ -24,8 +24,8 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use slotgate_config::{Config, ModelLimits};
-use slotgate_limiter::{HostReading, Limiter};
+use slotgate_config::{Config, ModelLimits, Queueing};
+use slotgate_limiter::{HostReading, Limiter, QueueOrder};
 use slotgate_limiter_redis::RedisLimiter;
 
 use crate::metrics::{Metrics, RejectionMetrics};
@@ -139,6 +139,7 @@ impl Routes {
                         (Sizing::Auto(Arc::new(auto)), Some(queue_timeout))
                     }
                 };
+                let queueing = configure_order(limiter, authority, model, upstream);
                 let engine_model = upstream.engine_model(model);
                 let target = Target {
                     upstream: Arc::clone(state),
@@ -149,6 +150,7 @@ impl Routes {
                     tagged_name: residency::tagged_name(state.kind, engine_model),
                     sizing,
                     queue_timeout,
+                    queueing,
                     weight: upstream.weight,
                     model_management: upstream.allow_model_management,
                     cancel_grace: upstream.cancel_grace,
@@ -255,13 +257,10 @@ impl Routes {
 impl Route {
     /// The targets to try, best first (see `slotgate-choose` for the rules). Unhealthy and
     /// draining upstreams are left out, and so are `auto` targets whose slot count is unknown.
-    pub(crate) fn ranked(&self) -> Vec<&Target> {
+    pub(crate) fn ranked(&self) -> Vec<&Arc<Target>> {
         slotgate_choose::ranked(&self.targets, |target| {
             target.slots_known().then(|| target.info())
         })
-        .into_iter()
-        .map(|target| &**target)
-        .collect()
     }
 
     /// Whether any target may take new requests now (healthy, not draining, slot count known).
@@ -281,6 +280,23 @@ impl Route {
             .collect();
         (!reasons.is_empty()).then(|| reasons.join("; "))
     }
+}
+
+/// Applies `model`'s `queue_order` on `upstream` to its limiter key, and returns how the model
+/// queues. Live: waiters already queued are served as before until their line empties.
+fn configure_order(
+    limiter: &Limiter,
+    authority: &str,
+    model: &str,
+    upstream: &slotgate_config::Upstream,
+) -> Queueing {
+    let queueing = upstream.queueing(model);
+    let order = match queueing.order {
+        slotgate_config::QueueOrder::Fifo => QueueOrder::Fifo,
+        slotgate_config::QueueOrder::Fair => QueueOrder::Fair,
+    };
+    limiter.configure_order(authority, model, order);
+    queueing
 }
 
 #[cfg(test)]

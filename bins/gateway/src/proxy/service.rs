@@ -21,27 +21,32 @@ use tracing::{debug, warn};
 
 use crate::error::{BoxError, chain};
 use crate::metrics::{Bound, Metrics};
-use crate::proxy::admit::{self, Refused, Slot};
+use crate::proxy::admit::{self, Admission, Queued, Refused, Slot};
 use crate::proxy::affinity::{LocalAffinity, Recorder, ResponseAffinity, Sniff};
-use crate::proxy::body::{SlotBody, Watch};
+use crate::proxy::body::{SlotBody, Watch, sse_event};
+use crate::proxy::client::{Client, Deadlines, Limit, Wait};
 use crate::proxy::endpoint::{Endpoint, ModelIn};
 use crate::proxy::forward::{Authorization, Destination, ForwardError, Forwarder};
+use crate::proxy::keepalive::{Forward, KeepaliveBody, Refuse, Streamed};
 use crate::proxy::live::{Generation, Live};
 use crate::proxy::ollama;
-use crate::proxy::problems::{self, Error, GET_ONLY, POST_ONLY, allow};
+use crate::proxy::problems::{self, Deadline, Error, GET_ONLY, POST_ONLY, allow};
 use crate::proxy::request;
 use crate::proxy::route::Route;
 use crate::request_id::{REQUEST_ID, request_id};
 use crate::shutdown::ShutdownSignal;
+use crate::upstreams::health::HealthPolicy;
 use crate::upstreams::state::UpstreamState;
 use crate::upstreams::target::Target;
 use slotgate_config::Kind;
+use slotgate_limiter::Ticket;
 
-/// The body of every API response: a buffered document (a problem, the model list), or an
-/// upstream's answer streamed through with its slot.
+/// The body of every API response: a buffered document (a problem, the model list), an
+/// upstream's answer streamed through with its slot, or the stream of a request that queues
+/// under `queue_keepalive` ([`KeepaliveBody`]).
 /// A route that takes no slot streams through the same body, holding `None`; a Responses answer
 /// is searched for its id on the way ([`Sniff`]).
-pub(crate) type ResponseBody = Either<Full<Bytes>, SlotBody<Sniff<Incoming>, Option<admit::Slot>>>;
+pub(crate) type ResponseBody = Either<Full<Bytes>, Either<Streamed, KeepaliveBody>>;
 
 /// The Responses API, whose follow-ups have affinity.
 const RESPONSES: &str = "/v1/responses";
@@ -117,7 +122,7 @@ impl App {
     }
 
     async fn dispatch<B>(
-        &self,
+        self: &Arc<Self>,
         req: Request<B>,
         generation: &Generation,
         request_id: &HeaderValue,
@@ -129,8 +134,10 @@ impl App {
         let path = req.uri().path();
         if let Some(endpoint) = Endpoint::find(path) {
             allow(&req, POST_ONLY)?;
-            generation.api_keys.verify(req.headers())?;
-            return self.proxy(req, generation, request_id, endpoint).await;
+            let client = generation.api_keys.verify(req.headers())?;
+            return self
+                .proxy(req, generation, request_id, endpoint, client)
+                .await;
         }
         if path == "/v1/models" {
             allow(&req, GET_ONLY)?;
@@ -176,11 +183,12 @@ impl App {
         reason = "the steps of one request in order, each refusal next to its step"
     )]
     async fn proxy<B>(
-        &self,
+        self: &Arc<Self>,
         req: Request<B>,
         generation: &Generation,
         request_id: &HeaderValue,
-        endpoint: &Endpoint,
+        endpoint: &'static Endpoint,
+        mut client: Client,
     ) -> Result<Response<ResponseBody>, Error>
     where
         B: Body<Data = Bytes>,
@@ -194,6 +202,12 @@ impl App {
         // Step 3: the body, under the limit, the deadline and the gateway's budget; `model` and
         // `stream` without re-serialising.
         let server = &generation.config.server;
+        // Who the request queues as, and until when: read from the head before the body, and
+        // counted from now (sending the body is part of the client's wait).
+        let deadlines = Deadlines::read(req.headers(), tokio::time::Instant::now())?;
+        if !generation.api_keys.is_enabled() {
+            client = Client::from_header(server.tenant_header.as_deref(), req.headers())?;
+        }
         // An upload (`multipart/form-data`) has its own, larger limit.
         let max_bytes = if endpoint.model == ModelIn::Form {
             server.max_upload_bytes
@@ -254,34 +268,40 @@ impl App {
         // The first upstream with fewer slots than the request needs: (name, weight, parallel).
         let mut too_heavy: Option<(&str, usize, usize)> = None;
         let mut connect_error: Option<BoxError> = None;
-        let mut stopping = self.shutdown.clone();
         for target in ranked {
             // Steps 5 and 6: a slot on this target, or on to the next when its queue is full.
             // A shutdown ends the wait: only requests already running get the grace period.
             // A metadata route takes none.
+            let ticket = client.ticket(weight(&api, target));
             let admitted = if endpoint.slot {
-                let weight = weight(&api, target);
-                admit::enter(target, weight, &mut stopping).await.map(Some)
+                match admit::join(target, &ticket, &deadlines, &self.shutdown) {
+                    Ok(Admission::Granted(slot)) => Ok(Some(slot)),
+                    Ok(Admission::Queued(queued)) => {
+                        if let Some(every) = keepalive(endpoint, &api, target) {
+                            let request = Admitted {
+                                target: Arc::clone(target),
+                                route: Arc::clone(route),
+                                endpoint,
+                                api,
+                                ticket,
+                                request_id: request_id.clone(),
+                                client_keys,
+                                health_check_interval: server.health_check_interval,
+                                policy: generation.policy,
+                            };
+                            return Ok(self.keep_alive(queued, every, request));
+                        }
+                        queued.await.map(Some)
+                    }
+                    Err(refused) => Err(refused),
+                }
             } else {
                 Ok(None)
             };
             let slot = match admitted {
                 Ok(slot) => slot,
-                Err(Refused::ShuttingDown) => {
-                    return Err(Error::ShuttingDown {
-                        retry_after: self.shutdown_retry_after,
-                    });
-                }
-                Err(Refused::Closed) => {
-                    // A reload removed this model from this upstream while the request waited.
-                    return Err(removed_by_reload(
-                        target,
-                        model,
-                        server.health_check_interval,
-                    ));
-                }
                 Err(Refused::Full) => {
-                    let retry_after = target.retry_after();
+                    let retry_after = target.retry_after_for(&ticket);
                     full_on = Some(match full_on {
                         // Name the best-ranked upstream; retry when the soonest may have room.
                         Some((first, earlier)) => (first, earlier.min(retry_after)),
@@ -289,33 +309,14 @@ impl App {
                     });
                     continue;
                 }
-                Err(Refused::StoreUnavailable { retry_after }) => {
-                    route.rejections.store_unavailable.inc();
-                    return Err(Error::StoreUnavailable {
-                        model: model.to_owned(),
-                        retry_after,
-                    });
-                }
-                Err(Refused::Unshared { weight }) => {
-                    return Err(Error::BadRequest(format!(
-                        "the request runs {weight} sequences (`n`, or `best_of` when larger), \
-                         and this gateway shares its slots with other replicas ([cluster]), \
-                         which count one slot per request; ask for one sequence"
-                    )));
-                }
                 Err(Refused::TooHeavy { weight, parallel }) => {
                     // Never servable here; another upstream may have more slots.
                     too_heavy.get_or_insert((target.upstream.name.as_str(), weight, parallel));
                     continue;
                 }
-                Err(Refused::Timeout(waited)) => {
-                    route.rejections.queue_timeout.inc();
-                    return Err(Error::QueueTimeout {
-                        upstream: target.upstream.name.clone(),
-                        model: model.to_owned(),
-                        waited,
-                        retry_after: target.retry_after(),
-                    });
+                Err(refused) => {
+                    let interval = server.health_check_interval;
+                    return Err(self.wait_ended(refused, target, route, &ticket, interval));
                 }
             };
 
@@ -327,34 +328,16 @@ impl App {
                 .await;
             match outcome {
                 Ok(mut response) => {
-                    if let Some(slot) = &slot {
-                        slot.metrics().first_byte.observe(sent.elapsed());
-                    }
                     let waited = slot.as_ref().map_or(Duration::ZERO, Slot::waited);
                     mark_routed(response.headers_mut(), target, waited);
-                    target.upstream.health.record_answer();
-                    // A Responses answer: its id is recorded on the way to the client.
-                    let recorder = (endpoint.path == RESPONSES && response.status().is_success())
-                        .then(|| {
-                            Recorder::new(Arc::clone(&self.affinity), target.upstream.name.clone())
-                        });
                     // Step 8: the slot rides in the body until the answer is over, and the body
                     // bounds the upstream's silences.
-                    let watch = self.watch(target, model, request_id, response.headers(), sent);
-                    return Ok(response.map(|body| {
-                        Either::Right(
-                            SlotBody::new(Sniff::new(body, recorder), slot).watched(watch),
-                        )
-                    }));
+                    let answer = self.answer(target, endpoint, request_id, response, slot, sent);
+                    return Ok(answer.map(|body| Either::Right(Either::Left(body))));
                 }
                 Err(ForwardError::Connect(error)) => {
-                    // Nothing was sent: safe to try the next host. Enough of these in a row
-                    // eject the upstream (passive health checking).
-                    let reason = chain(&*error);
-                    warn!(upstream = %target.upstream.name, error = %reason, "connect failed; trying the next host");
-                    target
-                        .upstream
-                        .record_connect_error(reason, &generation.policy);
+                    // Nothing was sent: safe to try the next host.
+                    connect_failed(target, &error, &generation.policy);
                     if let Some(slot) = slot {
                         slot.abandon();
                     }
@@ -363,7 +346,6 @@ impl App {
                 Err(failure) => return Err(failed_after_connect(failure, target, model, slot)),
             }
         }
-
         // No target took it. A full queue says more (with an estimate) than a refused
         // connection, so it wins when both happened.
         if let Some((upstream, retry_after)) = full_on {
@@ -391,6 +373,175 @@ impl App {
             // `parallel = "auto"` slot count).
             source: connect_error.or_else(|| route.unavailable_reason().map(Into::into)),
         })
+    }
+
+    /// Step 8: the engine's `response` to a request sent at `sent`, streaming through with its
+    /// slot; the body bounds the upstream's silences, and a Responses answer's id is recorded
+    /// on the way.
+    fn answer(
+        &self,
+        target: &Target,
+        endpoint: &Endpoint,
+        request_id: &HeaderValue,
+        response: Response<Incoming>,
+        slot: Option<Slot>,
+        sent: Instant,
+    ) -> Response<Streamed> {
+        if let Some(slot) = &slot {
+            slot.metrics().first_byte.observe(sent.elapsed());
+        }
+        target.upstream.health.record_answer();
+        let recorder = (endpoint.path == RESPONSES && response.status().is_success())
+            .then(|| Recorder::new(Arc::clone(&self.affinity), target.upstream.name.clone()));
+        let watch = self.watch(target, &target.model, request_id, response.headers(), sent);
+        response.map(|body| SlotBody::new(Sniff::new(body, recorder), slot).watched(watch))
+    }
+
+    /// The error for a request whose admission on `target` was `refused` other than by a full
+    /// queue there (the caller tries the next target on those).
+    fn wait_ended(
+        &self,
+        refused: Refused,
+        target: &Target,
+        route: &Route,
+        ticket: &Ticket,
+        health_check_interval: Duration,
+    ) -> Error {
+        let upstream = target.upstream.name.clone();
+        let model = route.model.clone();
+        match refused {
+            Refused::ShuttingDown => Error::ShuttingDown {
+                retry_after: self.shutdown_retry_after,
+            },
+            // A reload removed this model from this upstream while the request waited.
+            Refused::Closed => removed_by_reload(target, &model, health_check_interval),
+            Refused::Full => Error::QueueFull {
+                upstream,
+                model,
+                retry_after: target.retry_after_for(ticket),
+            },
+            Refused::TooHeavy { weight, parallel } => Error::TooHeavy {
+                upstream,
+                model,
+                weight,
+                parallel,
+            },
+            Refused::Timeout { waited, wait } => {
+                route.rejections.queue_timeout.inc();
+                Error::QueueTimeout {
+                    upstream,
+                    model,
+                    waited,
+                    retry_after: target.retry_after_for(ticket),
+                    deadline: client_deadline(wait, None),
+                }
+            }
+            Refused::StoreUnavailable { retry_after } => {
+                route.rejections.store_unavailable.inc();
+                Error::StoreUnavailable { model, retry_after }
+            }
+            Refused::Unshared { weight } => Error::BadRequest(format!(
+                "the request runs {weight} sequences (`n`, or `best_of` when larger), and this \
+                 gateway shares its slots with other replicas ([cluster]), which count one slot \
+                 per request; ask for one sequence"
+            )),
+            Refused::Hopeless { expected, wait } => {
+                route.rejections.queue_timeout.inc();
+                Error::QueueTimeout {
+                    upstream,
+                    model,
+                    waited: Duration::ZERO,
+                    retry_after: target.retry_after_for(ticket),
+                    deadline: client_deadline(wait, Some(expected)),
+                }
+            }
+        }
+    }
+
+    /// Answers a streamed request that has to queue on a model with `queue_keepalive`: `200`
+    /// and `text/event-stream` at once, the wait and the rest of the request in the body
+    /// ([`KeepaliveBody`]).
+    fn keep_alive(
+        self: &Arc<Self>,
+        queued: Queued,
+        every: Duration,
+        request: Admitted,
+    ) -> Response<ResponseBody> {
+        let request = Arc::new(request);
+        let forward: Forward = {
+            let app = Arc::clone(self);
+            let request = Arc::clone(&request);
+            Box::new(move |slot| Box::pin(async move { app.forward_queued(&request, slot).await }))
+        };
+        let refuse: Refuse = {
+            let app = Arc::clone(self);
+            let request = Arc::clone(&request);
+            Box::new(move |refused| {
+                let Admitted {
+                    target,
+                    route,
+                    ticket,
+                    health_check_interval,
+                    ..
+                } = &*request;
+                let error = app.wait_ended(refused, target, route, ticket, *health_check_interval);
+                request.last_event(&error)
+            })
+        };
+        let target = Arc::clone(&request.target);
+        let body = KeepaliveBody::new(queued, Arc::clone(&target), every, forward, refuse);
+        let mut response = Response::new(Either::Right(Either::Right(body)));
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        mark_upstream(headers, &target);
+        response
+    }
+
+    /// Steps 7 and 8 for a request granted its slot under `queue_keepalive`: as on the ordinary
+    /// path, except that the client already has its `200`, so anything but the engine's stream
+    /// becomes the stream's last event (`Err`).
+    async fn forward_queued(&self, request: &Admitted, slot: Slot) -> Result<Streamed, Bytes> {
+        let Admitted {
+            target,
+            route,
+            api,
+            request_id,
+            client_keys,
+            health_check_interval,
+            policy,
+            ..
+        } = request;
+        let sent = Instant::now();
+        let (outcome, slot) = self
+            .forward(target, Some(slot), api, request_id, *client_keys)
+            .await;
+        let error = match outcome {
+            Ok(response) => {
+                let endpoint = request.endpoint;
+                let answer = self.answer(target, endpoint, request_id, response, slot, sent);
+                if answer.status().is_success() {
+                    return Ok(answer.into_body());
+                }
+                return Err(request.engine_refused(answer).await);
+            }
+            Err(ForwardError::Connect(error)) => {
+                connect_failed(target, &error, policy);
+                if let Some(slot) = slot {
+                    slot.abandon();
+                }
+                Error::UpstreamUnavailable {
+                    model: route.model.clone(),
+                    retry_after: *health_check_interval,
+                    source: Some(error),
+                }
+            }
+            Err(failure) => failed_after_connect(failure, target, &route.model, slot),
+        };
+        Err(request.last_event(&error))
     }
 
     /// Sends the request to `target` and waits for the response head, the slot meanwhile in a
@@ -648,6 +799,85 @@ impl App {
 /// The targets of `route` to try for `endpoint`, best first: those of a kind that serves it
 /// (and, for a disk-changing route, whose upstream allows it). A problem when no configured
 /// upstream of the model could ever take it; an empty list when the ones that could are down.
+/// What a request admitted under `queue_keepalive` carries into its response body.
+pub(crate) struct Admitted {
+    target: Arc<Target>,
+    route: Arc<Route>,
+    endpoint: &'static Endpoint,
+    api: request::ApiRequest,
+    ticket: Ticket,
+    request_id: HeaderValue,
+    client_keys: bool,
+    health_check_interval: Duration,
+    policy: HealthPolicy,
+}
+
+/// The most of an engine's error answer read to explain it.
+const ENGINE_ERROR_LIMIT: usize = 64 * 1024;
+
+impl Admitted {
+    /// The stream's last event for `error`.
+    fn last_event(&self, error: &Error) -> Bytes {
+        sse_event(
+            error.to_problem(),
+            self.request_id.to_str().unwrap_or_default(),
+        )
+    }
+
+    /// The last event for an engine that answered with an error status instead of a stream:
+    /// an `upstream-bad-response` problem with the engine's status and, when it sent one, its
+    /// own error document. The answer is read to its end (at most [`ENGINE_ERROR_LIMIT`]
+    /// bytes, under the body's usual bounds), which gives its slot back.
+    async fn engine_refused(&self, answer: Response<Streamed>) -> Bytes {
+        use http_body_util::BodyExt as _;
+        let status = answer.status().as_u16();
+        let body = http_body_util::Limited::new(answer.into_body(), ENGINE_ERROR_LIMIT);
+        let text = body
+            .collect()
+            .await
+            .map(http_body_util::Collected::to_bytes)
+            .unwrap_or_default();
+        let engine: serde_json::Value =
+            serde_json::from_slice(&text).unwrap_or(serde_json::Value::Null);
+        let upstream = &self.target.upstream.name;
+        let problem = slotgate_problem::Problem::upstream_bad_response(upstream, &self.route.model)
+            .with_detail(format!(
+                "Upstream `{upstream}` answered {status} instead of a stream after the request \
+                 had queued (the client already had its 200)."
+            ))
+            .with_extension("upstream_status", status)
+            .with_extension("upstream_error", engine);
+        sse_event(problem, self.request_id.to_str().unwrap_or_default())
+    }
+}
+
+/// A refused connection to `target`: logged, and counted towards ejecting the upstream
+/// (passive health checking).
+fn connect_failed(target: &Target, error: &BoxError, policy: &HealthPolicy) {
+    let reason = chain(&**error);
+    warn!(upstream = %target.upstream.name, error = %reason, "connect failed");
+    target.upstream.record_connect_error(reason, policy);
+}
+
+/// The keepalive interval for `api` on `target`: `queue_keepalive`, for a streamed request on
+/// an SSE route; `None` otherwise (the request queues as usual).
+fn keepalive(endpoint: &Endpoint, api: &request::ApiRequest, target: &Target) -> Option<Duration> {
+    let every = target.queueing.keepalive?;
+    (api.stream && endpoint.streams_sse()).then_some(every)
+}
+
+/// The client's deadline that set `wait`, if one did (rather than `queue_timeout`), with the
+/// `expected` wait that it could not cover when the request was refused before queueing.
+fn client_deadline(wait: Wait, expected: Option<Duration>) -> Option<Box<Deadline>> {
+    (wait.limit != Limit::QueueTimeout).then(|| {
+        Box::new(Deadline {
+            header: wait.limit.as_str(),
+            bound: wait.bound,
+            expected,
+        })
+    })
+}
+
 /// The upstream that answered, by its configured name.
 const UPSTREAM_HEADER: HeaderName = HeaderName::from_static("x-slotgate-upstream");
 /// How long the request waited in the queue for its slot, in whole milliseconds.
@@ -657,14 +887,19 @@ const QUEUE_WAIT_HEADER: HeaderName = HeaderName::from_static("x-slotgate-queue-
 /// an upstream gave (replacing any such header the upstream sent, so an engine cannot speak
 /// for the gateway). The wait is 0 on routes that take no slot.
 fn mark_routed(headers: &mut http::HeaderMap, target: &Target, waited: Duration) {
+    mark_upstream(headers, target);
+    let millis = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
+    headers.insert(QUEUE_WAIT_HEADER, HeaderValue::from(millis));
+}
+
+/// Sets `x-slotgate-upstream` to `target`'s upstream.
+fn mark_upstream(headers: &mut http::HeaderMap, target: &Target) {
     // A name with control characters (a quoted TOML key may hold any) cannot be a header
     // value: then the header is left out rather than the answer refused.
     match HeaderValue::from_str(&target.upstream.name) {
         Ok(name) => headers.insert(UPSTREAM_HEADER, name),
         Err(_) => headers.remove(UPSTREAM_HEADER),
     };
-    let millis = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
-    headers.insert(QUEUE_WAIT_HEADER, HeaderValue::from(millis));
 }
 
 /// The engine slots `api` takes on `target`: its sequences ([`Weighed`](crate::proxy::endpoint::Weighed)), except on
@@ -676,7 +911,7 @@ fn weight(api: &request::ApiRequest, target: &Target) -> usize {
     }
 }
 
-fn eligible<'r>(route: &'r Route, endpoint: &Endpoint) -> Result<Vec<&'r Target>, Error> {
+fn eligible<'r>(route: &'r Route, endpoint: &Endpoint) -> Result<Vec<&'r Arc<Target>>, Error> {
     let serves = |t: &Target| endpoint.is_served_by(t.upstream.kind);
     let allowed = |t: &Target| serves(t) && (!endpoint.manages_models || t.model_management);
     if !route.targets.iter().any(|t| serves(t)) {
@@ -696,7 +931,7 @@ fn eligible<'r>(route: &'r Route, endpoint: &Endpoint) -> Result<Vec<&'r Target>
 
 /// An upstream's answer to a route that holds no slot, passed through as it comes.
 fn passed_through(response: Response<Incoming>) -> Response<ResponseBody> {
-    response.map(|body| Either::Right(SlotBody::new(Sniff::new(body, None), None)))
+    response.map(|body| Either::Right(Either::Left(SlotBody::new(Sniff::new(body, None), None))))
 }
 
 /// `GET` and `DELETE`, for a stored response.

@@ -19,6 +19,10 @@
 //! elsewhere or give up on its own terms).
 //!
 //! Before the first release on a key there is no observation; [`ASSUMED_HOLD`] stands in.
+//!
+//! The same estimate, unrounded, tells whether a client's deadline can be kept at all
+//! ([`HoldStats::expected_wait`]); there, without an observation there is no estimate, and the
+//! request queues.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -69,17 +73,40 @@ impl HoldStats {
     pub(crate) fn retry_after(&self, ahead: usize, parallel: usize) -> Duration {
         retry_after(self.typical().unwrap_or(ASSUMED_HOLD), ahead, parallel)
     }
+
+    /// The wait expected for a request behind `ahead` others on a key with `parallel` slots,
+    /// unrounded and unclamped, [`ASSUMED_HOLD`] standing in before the first observation: what
+    /// a queued client is told.
+    pub(crate) fn eta(&self, ahead: usize, parallel: usize) -> Duration {
+        let hold = self.typical().unwrap_or(ASSUMED_HOLD);
+        Duration::from_secs_f64(expected_secs(hold, ahead, parallel))
+    }
+
+    /// The wait expected for a request behind `ahead` others on a key with `parallel` slots,
+    /// unrounded; `None` before the first observation (a guess is no ground to refuse anyone).
+    pub(crate) fn expected_wait(&self, ahead: usize, parallel: usize) -> Option<Duration> {
+        self.typical()
+            .map(|hold| Duration::from_secs_f64(expected_secs(hold, ahead, parallel)))
+    }
 }
 
-/// `hold × (ahead + 1) / parallel`, rounded up to whole seconds, clamped to
-/// [`MIN_RETRY_AFTER`]..=[`MAX_RETRY_AFTER`]. See the [module docs](self).
-pub(crate) fn retry_after(hold: Duration, ahead: usize, parallel: usize) -> Duration {
+/// `hold × (ahead + 1) / parallel` in seconds (finite: at most `hold` × the queue).
+fn expected_secs(hold: Duration, ahead: usize, parallel: usize) -> f64 {
     #[expect(
         clippy::cast_precision_loss,
         reason = "queue and slot counts are far below 2^53"
     )]
     let rounds = (ahead.saturating_add(1)) as f64 / parallel.max(1) as f64;
-    let seconds = (hold.as_secs_f64() * rounds).ceil();
+    (hold.as_secs_f64() * rounds).min(MAX_EXPECTED.as_secs_f64())
+}
+
+/// Far beyond any queue wait, and small enough for a `Duration`.
+const MAX_EXPECTED: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// `hold × (ahead + 1) / parallel`, rounded up to whole seconds, clamped to
+/// [`MIN_RETRY_AFTER`]..=[`MAX_RETRY_AFTER`]. See the [module docs](self).
+pub(crate) fn retry_after(hold: Duration, ahead: usize, parallel: usize) -> Duration {
+    let seconds = expected_secs(hold, ahead, parallel).ceil();
     let min = MIN_RETRY_AFTER.as_secs_f64();
     let max = MAX_RETRY_AFTER.as_secs_f64();
     // `f64::max` returns the other operand for a NaN, so even a NaN would land in range.

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use slotgate_admission::Occupancy;
 use slotgate_choose::Info;
-use slotgate_limiter::{KeyHandle, KeyReading};
+use slotgate_config::Queueing;
+use slotgate_limiter::{KeyHandle, KeyReading, Ticket};
 
 use crate::metrics::TargetMetrics;
 use crate::upstreams::auto_slots::AutoSlots;
@@ -43,6 +44,9 @@ pub(crate) struct Target {
     pub(crate) tagged_name: Option<String>,
     /// The longest wait for a slot (its one home); `None` when unlimited (never waits).
     pub(crate) queue_timeout: Option<Duration>,
+    /// How the queue serves its waiters (the order itself is applied to the limiter key) and
+    /// what a waiting client sees: `queue_keepalive`, `honor_sdk_timeout`.
+    pub(crate) queueing: Queueing,
     /// The operator's preference.
     pub(crate) weight: f64,
     /// The upstream's `allow_model_management`: whether Ollama's disk-changing routes may go
@@ -143,13 +147,24 @@ impl Target {
         }
     }
 
-    /// The `Retry-After` for a request that would wait behind everyone queued here now.
-    pub(crate) fn retry_after(&self) -> Duration {
+    /// The `Retry-After` for a request with `ticket`: where it would stand in the queue now
+    /// (its class, and its tenant's place under fair order), not behind everyone.
+    pub(crate) fn retry_after_for(&self, ticket: &Ticket) -> Duration {
+        // Under `[cluster]` the queue is shared (and FIFO): everyone waiting is ahead.
+        let ahead = self
+            .global()
+            .map_or_else(|| self.key.position_for(ticket).ahead, |g| g.queued);
         let reading = self.reading();
-        self.hold.retry_after(
-            self.waiting(&reading),
-            self.slots(&reading).unwrap_or(usize::MAX),
-        )
+        self.hold
+            .retry_after(ahead, self.slots(&reading).unwrap_or(usize::MAX))
+    }
+
+    /// The wait expected for a request with `ahead` waiters before it, from observed hold
+    /// times; `None` before any was observed.
+    pub(crate) fn expected_wait(&self, ahead: usize) -> Option<Duration> {
+        let reading = self.reading();
+        self.hold
+            .expected_wait(ahead, self.slots(&reading).unwrap_or(usize::MAX))
     }
 
     /// Requests waiting for this target's slots: across every replica under `[cluster]` (as

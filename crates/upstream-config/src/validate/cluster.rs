@@ -9,7 +9,9 @@ use url::Url;
 
 use super::{optional, required};
 use crate::raw::{KeyPath, Reader};
-use crate::types::{Cluster, ModelLimits, Secret, StoreDown, Upstream};
+use crate::types::{
+    Cluster, ModelLimits, Priority, QueueOrder, Secret, Server, StoreDown, Upstream,
+};
 
 const CLUSTER_KEYS: &[&str] = &[
     "redis_url",
@@ -125,7 +127,27 @@ pub(super) fn cluster(
 }
 
 /// Settings that would stay per replica under `[cluster]`: an error each, saying why.
-pub(super) fn per_replica_settings(r: &mut Reader<'_>, upstreams: &BTreeMap<String, Upstream>) {
+pub(super) fn per_replica_settings(
+    r: &mut Reader<'_>,
+    server: Option<&Server>,
+    upstreams: &BTreeMap<String, Upstream>,
+) {
+    if let Some(server) = server {
+        for (i, key) in server.api_keys.iter().enumerate() {
+            if key.priority != Priority::Normal {
+                r.issue(
+                    &KeyPath::root()
+                        .key("server")
+                        .key("api_keys")
+                        .index(i)
+                        .key("priority"),
+                    "priority classes order each gateway's own queue; the queue shared through \
+                     [cluster] is first come first served, so they would not hold across \
+                     replicas; leave priority at \"normal\"",
+                );
+            }
+        }
+    }
     let path = KeyPath::root().key("upstreams");
     for (name, upstream) in upstreams {
         if upstream.parallel.is_some() {
@@ -135,6 +157,24 @@ pub(super) fn per_replica_settings(r: &mut Reader<'_>, upstreams: &BTreeMap<Stri
                  [cluster]: with several replicas the engine would see it once per replica; \
                  remove it, or cap each model instead",
             );
+        }
+        for (model, queueing) in &upstream.queueing {
+            let at = path.key(name).key("models").key(model);
+            if queueing.order != QueueOrder::Fifo {
+                r.issue(
+                    &at.key("queue_order"),
+                    "\"fair\" orders each gateway's own queue; the queue shared through \
+                     [cluster] is first come first served across replicas; remove it",
+                );
+            }
+            if queueing.keepalive.is_some() {
+                r.issue(
+                    &at.key("queue_keepalive"),
+                    "under [cluster] every request waits on the shared store first, so a \
+                     keepalive stream would answer 200 before knowing the queue has room; \
+                     remove it",
+                );
+            }
         }
         for (model, limits) in &upstream.models {
             if matches!(limits, ModelLimits::Auto { .. }) {

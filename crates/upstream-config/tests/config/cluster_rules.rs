@@ -167,3 +167,43 @@ queue_timeout = "10s"
         "not shared through [cluster]",
     );
 }
+
+#[test]
+fn per_replica_queueing_is_refused_under_cluster() {
+    let toml = r#"
+[server]
+listen = "127.0.0.1:8080"
+api_keys = [{ key = "k1", priority = "high" }]
+
+[cluster]
+redis_url = "redis://127.0.0.1:6379/0"
+
+[upstreams.a]
+url = "http://10.0.0.1:8000"
+kind = "vllm"
+
+[upstreams.a.models.m]
+parallel = 2
+queue = 4
+queue_timeout = "10s"
+queue_order = "fair"
+queue_keepalive = "10s"
+"#;
+    let found = issues(toml);
+    let paths: Vec<&str> = found.iter().map(|issue| issue.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "server.api_keys[0].priority",
+            "upstreams.a.models.m.queue_order",
+            "upstreams.a.models.m.queue_keepalive",
+        ],
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .all(|issue| issue.message.contains("[cluster]")),
+        "{found:?}"
+    );
+}

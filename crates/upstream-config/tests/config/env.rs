@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use figment::Jail;
-use slotgate_config::{Config, ConfigError, ModelLimits, Secret};
+use slotgate_config::{Config, ConfigError, ModelLimits};
 
 use crate::support::VALID;
 
@@ -105,7 +105,12 @@ fn env_can_set_arrays_and_secrets() {
         ],
         |result| {
             let config = loaded(result);
-            let keys: Vec<_> = config.server.api_keys.iter().map(Secret::expose).collect();
+            let keys: Vec<_> = config
+                .server
+                .api_keys
+                .iter()
+                .map(|k| k.key.expose())
+                .collect();
             assert_eq!(keys, ["key-a", "key-b"]);
             assert_eq!(config.server.admin_token.unwrap().expose(), "tok-123");
             // Quoted, so an all-digit key stays a string.

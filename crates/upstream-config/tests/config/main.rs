@@ -8,6 +8,7 @@ mod examples;
 mod helpers;
 mod mistakes;
 mod model_rules;
+mod queueing_rules;
 mod server_rules;
 mod support;
 mod upstream_rules;

@@ -64,7 +64,7 @@ fn every_key_can_be_set() {
     assert_eq!(server.health_check_timeout, Duration::from_millis(750));
     assert_eq!(server.eject_after_failures, 1);
     assert_eq!(server.restore_after_successes, 5);
-    let keys: Vec<_> = server.api_keys.iter().map(Secret::expose).collect();
+    let keys: Vec<_> = server.api_keys.iter().map(|k| k.key.expose()).collect();
     assert_eq!(keys, ["key-one", "key-two"]);
     assert_eq!(
         server.api_keys_file.as_deref(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_test::task;
 
-use super::{Refused, enter};
+use super::{Refused, take};
 use crate::fixtures::Built;
 use crate::shutdown::shutdown_pair;
 
@@ -42,13 +42,19 @@ async fn a_queued_request_is_refused_after_queue_timeout_and_leaves_the_queue() 
     let built = Built::new(TWO_HOSTS);
     let a = built.target("m", "a");
     let (_trigger, mut stop) = shutdown_pair();
-    let _held = enter(&a, 1, &mut stop).await.expect("the free slot");
+    let _held = take(&a, 1, &mut stop).await.expect("the free slot");
 
     let start = Instant::now();
-    let refused = enter(&a, 1, &mut stop)
+    let refused = take(&a, 1, &mut stop)
         .await
         .expect_err("no slot comes free");
-    assert_eq!(refused, Refused::Timeout(Duration::from_secs(5)));
+    let Refused::Timeout { waited, wait } = refused else {
+        panic!("{refused:?}");
+    };
+    assert_eq!(
+        (waited, wait.bound),
+        (Duration::from_secs(5), Duration::from_secs(5))
+    );
     assert_eq!(
         start.elapsed(),
         Duration::from_secs(5),
@@ -63,17 +69,17 @@ async fn a_full_queue_is_refused_at_once_so_the_next_host_is_tried() {
     let built = Built::new(TWO_HOSTS);
     let (a, b) = (built.target("m", "a"), built.target("m", "b"));
     let (_trigger, mut stop) = shutdown_pair();
-    let _held = enter(&a, 1, &mut stop).await.expect("a's slot");
+    let _held = take(&a, 1, &mut stop).await.expect("a's slot");
     let mut stop_waiting = stop.clone();
-    let mut waiting = task::spawn(enter(&a, 1, &mut stop_waiting));
+    let mut waiting = task::spawn(take(&a, 1, &mut stop_waiting));
     assert!(waiting.poll().is_pending(), "a's one queue place is taken");
 
     let start = Instant::now();
     assert_eq!(
-        enter(&a, 1, &mut stop).await.expect_err("a is full"),
+        take(&a, 1, &mut stop).await.expect_err("a is full"),
         Refused::Full
     );
-    let slot = enter(&b, 1, &mut stop).await.expect("b has a free slot");
+    let slot = take(&b, 1, &mut stop).await.expect("b has a free slot");
     assert_eq!(
         start.elapsed(),
         Duration::ZERO,
@@ -90,9 +96,9 @@ async fn a_client_leaving_while_queued_gives_its_place_up_and_is_counted() {
     let built = Built::new(TWO_HOSTS);
     let a = built.target("m", "a");
     let (_trigger, mut stop) = shutdown_pair();
-    let held = enter(&a, 1, &mut stop).await.expect("the free slot");
+    let held = take(&a, 1, &mut stop).await.expect("the free slot");
     let mut stop_waiting = stop.clone();
-    let mut waiting = task::spawn(enter(&a, 1, &mut stop_waiting));
+    let mut waiting = task::spawn(take(&a, 1, &mut stop_waiting));
     assert!(waiting.poll().is_pending());
     assert_eq!(a.key.queued(), 1);
 
@@ -102,7 +108,7 @@ async fn a_client_leaving_while_queued_gives_its_place_up_and_is_counted() {
     assert_eq!(a.metrics.gone_queued.get(), 1);
     // The slot goes to the next arrival, not to the request that left.
     drop(held);
-    let _next = enter(&a, 1, &mut stop)
+    let _next = take(&a, 1, &mut stop)
         .await
         .expect("the slot is free again");
     assert_eq!(a.key.in_flight(), 1);
@@ -113,9 +119,9 @@ async fn shutdown_ends_a_wait_in_the_queue() {
     let built = Built::new(TWO_HOSTS);
     let a = built.target("m", "a");
     let (trigger, mut stop) = shutdown_pair();
-    let _held = enter(&a, 1, &mut stop).await.expect("the free slot");
+    let _held = take(&a, 1, &mut stop).await.expect("the free slot");
     let mut stop_waiting = stop.clone();
-    let mut waiting = task::spawn(enter(&a, 1, &mut stop_waiting));
+    let mut waiting = task::spawn(take(&a, 1, &mut stop_waiting));
     assert!(waiting.poll().is_pending());
     trigger.fire();
     assert!(waiting.is_woken());
@@ -132,7 +138,7 @@ async fn a_client_leaving_before_the_answer_keeps_the_slot_for_cancel_grace() {
     let a = built.target("m", "a");
     assert_eq!(a.cancel_grace, Duration::from_secs(2));
     let (_trigger, mut stop) = shutdown_pair();
-    let slot = enter(&a, 1, &mut stop).await.expect("the free slot");
+    let slot = take(&a, 1, &mut stop).await.expect("the free slot");
     let sending = slot.sending(a.cancel_grace);
 
     // A request queued behind it, which must not get the slot while the engine winds down.
@@ -140,7 +146,7 @@ async fn a_client_leaving_before_the_answer_keeps_the_slot_for_cancel_grace() {
         let a = std::sync::Arc::clone(&a);
         let mut stop = stop.clone();
         tokio::spawn(async move {
-            let slot = enter(&a, 1, &mut stop).await;
+            let slot = take(&a, 1, &mut stop).await;
             (slot.map(drop), Instant::now())
         })
     };
@@ -169,7 +175,7 @@ async fn an_answered_send_gives_the_slot_back_with_the_body_not_after_a_grace() 
     let built = Built::new(TWO_HOSTS);
     let a = built.target("m", "a");
     let (_trigger, mut stop) = shutdown_pair();
-    let slot = enter(&a, 1, &mut stop).await.expect("the free slot");
+    let slot = take(&a, 1, &mut stop).await.expect("the free slot");
     let slot = slot.sending(a.cancel_grace).answered();
     assert_eq!(a.key.in_flight(), 1);
     slot.abandon();
@@ -182,7 +188,7 @@ async fn a_request_heavier_than_parallel_is_refused_at_once_and_takes_nothing() 
     let built = Built::new(TWO_HOSTS);
     let a = built.target("m", "a");
     let (_trigger, mut stop) = shutdown_pair();
-    let refused = enter(&a, 2, &mut stop).await.expect_err("two slots of one");
+    let refused = take(&a, 2, &mut stop).await.expect_err("two slots of one");
     assert_eq!(
         refused,
         Refused::TooHeavy {
@@ -192,7 +198,7 @@ async fn a_request_heavier_than_parallel_is_refused_at_once_and_takes_nothing() 
     );
     assert_eq!((a.key.in_flight(), a.key.queued()), (0, 0));
     // A weight that fits is still served.
-    let slot = enter(&a, 1, &mut stop).await.expect("the free slot");
+    let slot = take(&a, 1, &mut stop).await.expect("the free slot");
     assert_eq!(a.key.in_flight(), 1);
     drop(slot);
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::fixtures::Built;
-use crate::proxy::admit::enter;
+use crate::proxy::admit::take;
 use crate::shutdown::shutdown_pair;
 
 /// `m` on two upstreams (`b` preferred by weight), `auto` on a third, and an alias.
@@ -44,7 +44,7 @@ queue = 4
 queue_timeout = "5s"
 "#;
 
-fn names(ranked: &[&crate::upstreams::target::Target]) -> Vec<String> {
+fn names(ranked: &[&Arc<crate::upstreams::target::Target>]) -> Vec<String> {
     ranked.iter().map(|t| t.upstream.name.clone()).collect()
 }
 
@@ -82,8 +82,8 @@ async fn ranking_follows_free_slots_times_weight_and_leaves_out_what_cannot_serv
     // b busy on both slots: a has free slots and goes first.
     let b = built.target("m", "b");
     let (_trigger, mut stop) = shutdown_pair();
-    let _one = enter(&b, 1, &mut stop).await.expect("b slot 1");
-    let _two = enter(&b, 1, &mut stop).await.expect("b slot 2");
+    let _one = take(&b, 1, &mut stop).await.expect("b slot 1");
+    let _two = take(&b, 1, &mut stop).await.expect("b slot 2");
     assert_eq!(names(&route.ranked()), ["a", "b"]);
 
     // Draining a: only b (busy, but it may queue) remains.
@@ -102,7 +102,7 @@ async fn a_request_in_flight_keeps_its_slot_across_a_reload_and_counts_in_the_ne
     let built = Built::new(TABLE);
     let old = built.target("m", "a");
     let (_trigger, mut stop) = shutdown_pair();
-    let slot = enter(&old, 1, &mut stop).await.expect("a slot");
+    let slot = take(&old, 1, &mut stop).await.expect("a slot");
 
     // The reload grows a's `parallel` to 3.
     let next = built.next(&TABLE.replacen("parallel = 2", "parallel = 3", 1));

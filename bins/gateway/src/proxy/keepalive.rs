@@ -1,0 +1,208 @@
+//! Steps 6 to 8 inside the response body, for a streamed request that has to queue on a model
+//! with `queue_keepalive`: the client gets `200 text/event-stream` at once, sees its place in
+//! line while it waits, and then the engine's stream on the same response.
+//!
+//! While queued, [`KeepaliveBody`] sends an SSE comment at once and then every interval:
+//!
+//! ```text
+//! : queued position=3 ahead=2 eta_s=8
+//! ```
+//!
+//! `position` is the request's place in line (1 is next), `ahead` the waiters expected to be
+//! served before it ([`QueuePosition::ahead`](slotgate_limiter::QueuePosition)), `eta_s` the
+//! wait expected from recent slot hold times, in whole seconds (the estimate behind
+//! `Retry-After`; before any hold was observed, a typical answer's length stands in). SSE
+//! clients ignore comments, and a proxy between them sees bytes often enough not to cut an idle
+//! connection. When the slot comes, one more comment (`: granted waited_ms=N`) precedes the
+//! engine's events; the `x-slotgate-queue-wait-ms` header cannot carry the wait, since the head
+//! went out before it was known.
+//!
+//! If no slot comes (the wait ends on `queue_timeout` or a client deadline, the gateway shuts
+//! down, a reload removes the model), or the engine does not answer with a stream (it refuses the
+//! connection, answers an error status, times out), the stream ends with one `data:` event
+//! carrying the problem document — with OpenAI's `error` member, its `type`, and
+//! `retry_after` where a retry may help — and then a clean end.
+//!
+//! The body owns every stage of the request, so dropping it (the client left) does exactly
+//! what dropping the request's future does on the ordinary path: while queued, the place in the
+//! queue is given up and the engine never sees the request; while sending, the slot is kept for
+//! `cancel_grace` ([`Sending`](crate::proxy::admit::Sending)); while streaming, the slot body
+//! ends as a client gone mid-stream.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http_body::{Body, Frame};
+use tokio::time::{Interval, MissedTickBehavior};
+
+use hyper::body::Incoming;
+
+use crate::error::BoxError;
+use crate::proxy::admit::{Queued, Refused, Slot};
+use crate::proxy::affinity::Sniff;
+use crate::proxy::body::SlotBody;
+use crate::upstreams::target::Target;
+
+/// An engine's answer streaming through with its slot (and, for the Responses API, searched
+/// for its id): what both the ordinary path and [`KeepaliveBody`] pass on.
+pub(crate) type Streamed = SlotBody<Sniff<Incoming>, Option<Slot>>;
+
+/// What the body does with the slot once granted: send the request and start the engine's
+/// stream, or give the last event to end with.
+pub(crate) type Forward =
+    Box<dyn FnOnce(Slot) -> BoxFuture<'static, Result<Streamed, Bytes>> + Send>;
+
+/// The last event for a wait that ended without a slot.
+pub(crate) type Refuse = Box<dyn FnOnce(Refused) -> Bytes + Send>;
+
+/// The response body of a request that queues under `queue_keepalive`; see the
+/// [module docs](self).
+pub(crate) struct KeepaliveBody {
+    stage: Stage,
+    ticker: Interval,
+    target: Arc<Target>,
+}
+
+enum Stage {
+    /// In the queue.
+    Queued {
+        queued: Queued,
+        forward: Forward,
+        refuse: Refuse,
+    },
+    /// The slot is granted and the request is with the engine.
+    Sending(BoxFuture<'static, Result<Streamed, Bytes>>),
+    /// The engine's stream, passed through.
+    Streaming(Pin<Box<Streamed>>),
+    /// The last event is out; the next poll ends the body.
+    Closing,
+    /// Ended.
+    Done,
+}
+
+impl fmt::Debug for KeepaliveBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let stage = match self.stage {
+            Stage::Queued { .. } => "queued",
+            Stage::Sending(_) => "sending",
+            Stage::Streaming(_) => "streaming",
+            Stage::Closing => "closing",
+            Stage::Done => "done",
+        };
+        f.debug_struct("KeepaliveBody")
+            .field("stage", &stage)
+            .field("upstream", &self.target.upstream.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KeepaliveBody {
+    /// The body of `queued`, a request waiting on `target`, with a comment `every` so often;
+    /// `forward` runs once it has its slot, `refuse` if the wait ends without one.
+    pub(crate) fn new(
+        queued: Queued,
+        target: Arc<Target>,
+        every: Duration,
+        forward: Forward,
+        refuse: Refuse,
+    ) -> Self {
+        let mut ticker = tokio::time::interval(every);
+        // A client slow to read gets the next comment late, not a burst of them.
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        Self {
+            stage: Stage::Queued {
+                queued,
+                forward,
+                refuse,
+            },
+            ticker,
+            target,
+        }
+    }
+
+    /// The comment that tells the client where it stands.
+    fn position_comment(&self, queued: &Queued) -> Option<Bytes> {
+        let position = queued.position()?;
+        let reading = self.target.reading();
+        let slots = self.target.slots(&reading).unwrap_or(usize::MAX);
+        let eta = self.target.hold.eta(position.ahead, slots);
+        let eta_s = eta.as_secs() + u64::from(eta.subsec_nanos() > 0);
+        Some(Bytes::from(format!(
+            ": queued position={} ahead={} eta_s={eta_s}\n\n",
+            position.ahead.saturating_add(1),
+            position.ahead,
+        )))
+    }
+}
+
+impl Body for KeepaliveBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        loop {
+            match &mut this.stage {
+                Stage::Queued { queued, .. } => {
+                    if let Poll::Ready(outcome) = Pin::new(&mut *queued).poll(cx) {
+                        let waited = queued.waited();
+                        let Stage::Queued {
+                            forward, refuse, ..
+                        } = std::mem::replace(&mut this.stage, Stage::Closing)
+                        else {
+                            unreachable!("matched as queued just above");
+                        };
+                        let frame = match outcome {
+                            Ok(slot) => {
+                                this.stage = Stage::Sending(forward(slot));
+                                let millis = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
+                                Bytes::from(format!(": granted waited_ms={millis}\n\n"))
+                            }
+                            // The stage stays `Closing`: this event is the last.
+                            Err(refused) => refuse(refused),
+                        };
+                        return Poll::Ready(Some(Ok(Frame::data(frame))));
+                    }
+                    ready!(this.ticker.poll_tick(cx));
+                    if let Stage::Queued { queued, .. } = &this.stage
+                        && let Some(comment) = this.position_comment(queued)
+                    {
+                        return Poll::Ready(Some(Ok(Frame::data(comment))));
+                    }
+                }
+                Stage::Sending(sending) => match ready!(sending.as_mut().poll(cx)) {
+                    Ok(streamed) => this.stage = Stage::Streaming(Box::pin(streamed)),
+                    Err(event) => {
+                        this.stage = Stage::Closing;
+                        return Poll::Ready(Some(Ok(Frame::data(event))));
+                    }
+                },
+                Stage::Streaming(streamed) => {
+                    let polled = ready!(streamed.as_mut().poll_frame(cx));
+                    if polled.is_none() {
+                        this.stage = Stage::Done;
+                    }
+                    return Poll::Ready(polled);
+                }
+                Stage::Closing => {
+                    this.stage = Stage::Done;
+                    return Poll::Ready(None);
+                }
+                Stage::Done => return Poll::Ready(None),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.stage, Stage::Done)
+    }
+}
