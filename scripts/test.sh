@@ -72,6 +72,11 @@ RUSTFLAGS="--cfg loom -C debug-assertions=on" LOOM_MAX_PREEMPTIONS=2 \
   CARGO_TARGET_DIR=target/loom \
   cargo test -p slotgate-limiter --release --lib --locked
 
+step "fuzz targets (cargo-fuzz on stable with RUSTC_BOOTSTRAP=1, ASan, 20 s each; docs/fuzzing.md)"
+# In-process parsers only, no network. Installs cargo-fuzz when missing; what the cold install,
+# build and runs cost on 2 cores is measured in docs/fuzzing.md.
+scripts/fuzz.sh 20
+
 step "benches compile"
 cargo bench --workspace --no-run --locked
 

@@ -751,14 +751,8 @@ impl Row {
 
     /// That the engine saw the gateway close its connection.
     async fn engine_saw_the_close(&self, id: &str) {
-        let record = self
-            .fake
-            .observer()
-            .wait_for_outcome(id, SOON)
-            .await
-            .expect("the request ended at the engine");
         assert_eq!(
-            record.outcome,
+            engine_outcome(&self.fake, id).await,
             Some(fake_upstream::Outcome::ClientGoneMidResponse)
         );
     }
@@ -896,6 +890,253 @@ async fn an_h2_client_that_stops_reading_is_cut_and_its_slot_freed() {
         closed.is_ok(),
         "the gateway kept the HTTP/2 connection open"
     );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// Health flapping under load: the engine's health check fails and passes by turns (every
+/// 150 ms, for 3 s) while 24 requests, streamed and not, run through one upstream. Every client
+/// gets either its whole answer or a problem document; every request that reached the engine
+/// completed there (flapping health never cuts a running answer); every slot and queue place
+/// comes back; and the answers that came are the ones counted as `completed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::float_cmp,
+    reason = "counters hold whole numbers, exact in an f64"
+)]
+async fn row_health_flapping_under_load() {
+    let fake = fake_upstream::FakeUpstream::start(fake_upstream::FakeConfig::vllm(4).model("m"))
+        .await
+        .unwrap();
+    let toml = server(
+        "health_check_interval = \"50ms\"\neject_after_failures = 1\nrestore_after_successes = 1",
+    ) + &upstream("a", &fake.url(), "m", 2, 8, "5s").replace("llama-server", "vllm");
+    let gw = gateway(&toml).await;
+    let admin = gw.admin_addr().unwrap();
+    let addr = gw.api_addr();
+    let key = support::authority(fake.addr());
+    let healthy = || async {
+        support::admin_sample(admin, r#"slotgate_upstream_healthy{upstream="a"}"#).await
+    };
+
+    let flap = async {
+        let mut saw_unhealthy = false;
+        for turn in 0..20 {
+            fake.set_healthy(turn % 2 == 1);
+            let until = tokio::time::Instant::now() + Duration::from_millis(150);
+            while tokio::time::Instant::now() < until {
+                saw_unhealthy |= healthy().await == Some(0.0);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        fake.set_healthy(true);
+        saw_unhealthy
+    };
+    let load = async {
+        let mut replies = Vec::new();
+        for wave in 0..3 {
+            let clients: Vec<_> = (0..8)
+                .map(|i| {
+                    let id = format!("flap-{wave}-{i}");
+                    tokio::spawn(async move {
+                        let reply = chat(
+                            addr,
+                            "m",
+                            i % 2 == 0,
+                            &[
+                                ("x-request-id", id.as_str()),
+                                ("x-fake-tokens", "5"),
+                                ("x-fake-chunk-interval-ms", "30"),
+                            ],
+                        )
+                        .await;
+                        (id, reply)
+                    })
+                })
+                .collect();
+            for client in clients {
+                replies.push(tokio::time::timeout(SOON, client).await.unwrap().unwrap());
+            }
+        }
+        replies
+    };
+    let (saw_unhealthy, replies) = tokio::join!(flap, load);
+    assert!(
+        saw_unhealthy,
+        "the gateway never saw the upstream unhealthy"
+    );
+
+    // What the clients got: a whole answer or a problem, never a cut or an empty one.
+    let mut served = 0_u32;
+    for (id, reply) in &replies {
+        if reply.status == 200 {
+            served += 1;
+            let text = reply.text();
+            assert!(
+                text.contains("[DONE]") || reply.json()["choices"].is_array(),
+                "{id}: {text}"
+            );
+            assert_eq!(
+                engine_outcome(&fake, id).await,
+                Some(fake_upstream::Outcome::Completed),
+                "{id}"
+            );
+        } else {
+            reply.assert_problem(503, "upstream-unavailable");
+        }
+    }
+    assert!(served > 0, "no request was served: {replies:?}");
+
+    // Nothing held, the upstream back in rotation, and the answers counted as completed.
+    support::eventually("slots and queue back to 0", SOON, || {
+        gw.limiter().in_flight(&key, "m") == 0 && gw.limiter().queued(&key, "m") == 0
+    })
+    .await;
+    let back = tokio::time::timeout(SOON, async {
+        while healthy().await != Some(1.0) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    assert!(back.await.is_ok(), "the upstream never came back");
+    let outcome = |outcome| requests_total(admin, outcome);
+    assert_eq!(outcome("completed").await, f64::from(served));
+    assert_eq!(outcome("upstream_error").await, 0.0);
+    assert_eq!(fake.observer().in_flight(), 0);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// How request `id` ended at `fake`, waiting for its end for at most [`SOON`].
+async fn engine_outcome(
+    fake: &fake_upstream::FakeUpstream,
+    id: &str,
+) -> Option<fake_upstream::Outcome> {
+    fake.observer()
+        .wait_for_outcome(id, SOON)
+        .await
+        .expect("the request ended at the engine")
+        .outcome
+}
+
+/// `slotgate_requests_total` of upstream `a`, model `m`, for `outcome` (0 when absent).
+async fn requests_total(admin: SocketAddr, outcome: &str) -> f64 {
+    support::admin_sample(
+        admin,
+        &format!("slotgate_requests_total{{upstream=\"a\",model=\"m\",outcome=\"{outcome}\"}}"),
+    )
+    .await
+    .unwrap_or(0.0)
+}
+
+/// HTTP/2 rapid reset (CVE-2023-44487): one client opens stream after stream, each a whole
+/// streamed request, and resets it at once, as fast as it can. h2's own protection (too many
+/// streams reset before the server took them: `GOAWAY` with `ENHANCE_YOUR_CALM`) ends the
+/// connection long before the client is done; only a few of the requests reach the engine (each
+/// is counted as a client that left, or as completed if the engine was quicker, never as an
+/// engine failure); every slot comes back; and another client is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::float_cmp,
+    reason = "counters hold whole numbers, exact in an f64"
+)]
+async fn row_h2_rapid_reset() {
+    const STREAMS: usize = 5_000;
+    // Far below what the client attempts (runs here showed 0 to 3): a bound on work, not a speed.
+    const AT_MOST_REACHED: u32 = 32;
+    let (fake, gw) = setup("h2_max_concurrent_streams = 8").await;
+    let admin = gw.admin_addr().unwrap();
+    let addr = gw.api_addr();
+    let key = support::authority(fake.addr());
+
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let connection = tokio::spawn(connection);
+    let body = Bytes::from(chat_body("m", true));
+    let reset = tokio::time::timeout(PATIENT, async move {
+        let mut reset = 0_usize;
+        for i in 0..STREAMS {
+            // `ready` waits for a free stream under the server's cap; it fails once the server
+            // has ended the connection.
+            let Ok(mut sender) = client.clone().ready().await else {
+                break;
+            };
+            let request = Request::post(format!("http://{addr}/v1/chat/completions"))
+                .header("content-type", "application/json")
+                .header("x-request-id", format!("rr-{i}"))
+                .header("x-fake-tokens", "50")
+                .body(())
+                .unwrap();
+            let Ok((_response, mut send)) = sender.send_request(request, false) else {
+                break;
+            };
+            if send.send_data(body.clone(), true).is_err() {
+                break;
+            }
+            send.send_reset(h2::Reason::CANCEL);
+            reset += 1;
+        }
+        reset
+    })
+    .await
+    .expect("the attack loop is bounded");
+
+    // Cut: the server ended the connection before the client was done.
+    let ended = tokio::time::timeout(SOON, connection).await;
+    assert!(
+        matches!(ended, Ok(Ok(Err(_)))),
+        "the connection was not ended by the server: {ended:?}"
+    );
+    assert!(
+        reset < STREAMS,
+        "all {STREAMS} streams were opened and reset"
+    );
+
+    // Another client is served.
+    let other = tokio::time::timeout(SOON, chat(addr, "m", false, &[])).await;
+    assert_eq!(other.expect("another client is answered").status, 200);
+
+    // Bounded work, nothing held, and what reached the engine ended there and was counted.
+    let reached: Vec<_> = fake
+        .observer()
+        .inference_requests()
+        .into_iter()
+        .filter(|r| r.id.starts_with("rr-"))
+        .collect();
+    assert!(
+        reached.len() <= AT_MOST_REACHED as usize,
+        "{} of {reset} reset streams reached the engine",
+        reached.len()
+    );
+    support::eventually("slots and queue back to 0", SOON, || {
+        gw.limiter().in_flight(&key, "m") == 0 && gw.limiter().queued(&key, "m") == 0
+    })
+    .await;
+    for record in &reached {
+        let outcome = engine_outcome(&fake, &record.id).await;
+        assert!(
+            matches!(
+                outcome,
+                Some(
+                    fake_upstream::Outcome::ClientGoneMidResponse
+                        | fake_upstream::Outcome::ClientGoneWhileQueued
+                        | fake_upstream::Outcome::Completed
+                )
+            ),
+            "{}: {outcome:?}",
+            record.id
+        );
+    }
+    let outcome = |outcome| requests_total(admin, outcome);
+    // Every request forwarded is counted (the other client's too), and few were: a request can
+    // be forwarded and cancelled before the engine read it, so this may exceed `reached`.
+    let counted = outcome("client_gone").await + outcome("completed").await;
+    let reached = f64::from(u32::try_from(reached.len()).unwrap());
+    let bound = f64::from(AT_MOST_REACHED);
+    assert!(
+        (reached + 1.0..=bound + 1.0).contains(&counted),
+        "{counted} forwarded requests counted, {reached} reached the engine"
+    );
+    assert_eq!(outcome("upstream_error").await, 0.0);
     gw.shutdown().await;
     fake.shutdown().await;
 }

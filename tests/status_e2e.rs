@@ -7,6 +7,7 @@
 
 mod support;
 
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -14,7 +15,11 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 use serde_json::Value;
-use support::{SOON, Streaming, chat_body, fake, gateway, open, post, send, server, upstream};
+use support::{
+    PATIENT, SOON, Streaming, admin_sample, chat_body, fake, gateway, open, post, send, server,
+    upstream,
+};
+use tokio::io::AsyncWriteExt;
 
 const TOKEN: &str = "let-me-in";
 
@@ -289,6 +294,51 @@ async fn event_streams_count_under_the_admin_connection_limit() {
         .unwrap();
     assert_eq!(reply.status, 200);
     drop(first);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// A page that stops reading is cut by `client_write_timeout`, but only once what it left unread
+/// has filled the buffers on the way: hyper's (a few events) and the kernel's send buffer, which
+/// Linux grows up to `net.ipv4.tcp_wmem`'s maximum (4 MiB by default) for a peer that stops
+/// reading. Six hundred models make each event about 200 KiB, so that takes seconds here
+/// rather than the better part of an hour that a small deployment's page would take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_that_stops_reading_is_cut_by_the_write_timeout() {
+    let fake = fake(1, "m").await;
+    let mut models = String::new();
+    for i in 0..600 {
+        let _ = write!(
+            models,
+            "[upstreams.a.models.model-{i}]\nparallel = 1\nqueue = 0\nqueue_timeout = \"5s\"\n"
+        );
+    }
+    let gw = gateway(&format!(
+        "{}[upstreams.a]\nurl = \"{}\"\nkind = \"llama-server\"\n{models}",
+        server("client_write_timeout = \"1s\""),
+        fake.url(),
+    ))
+    .await;
+    let admin = gw.admin_addr().unwrap();
+    let stalls = "slotgate_bounds_total{bound=\"client_stall\"}";
+    assert_eq!(admin_sample(admin, stalls).await, Some(0.0));
+    // A small receive window, and nothing read after the request.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(admin).await.unwrap();
+    stream
+        .write_all(b"GET /admin/events HTTP/1.1\r\nhost: admin\r\n\r\n")
+        .await
+        .unwrap();
+    // Some 4 MiB at about 200 KiB a second, then the timeout: twice that as the bound.
+    let cut = tokio::time::timeout(2 * PATIENT, async {
+        while admin_sample(admin, stalls).await < Some(1.0) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(cut.is_ok(), "the stalled event stream was never cut");
+    drop(stream);
     gw.shutdown().await;
     fake.shutdown().await;
 }

@@ -39,23 +39,8 @@ fi
 # Build first so the compile does not compete with the measurement.
 cargo build --release --locked -p slotgate-gateway -p fake-upstream
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-wait_port() {
-  for _ in $(seq 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.1
-  done
-  echo "nothing listens on port $1" >&2
-  return 1
-}
+# shellcheck source=benches/common.sh
+source benches/common.sh
 
 step "fake upstream on :$UPSTREAM_PORT (vLLM-like, effectively unlimited, instant answers)"
 target/release/fake-upstream --kind vllm --parallel 100000 --port "$UPSTREAM_PORT" \

@@ -99,6 +99,11 @@ mod base;
 mod error;
 #[cfg(test)]
 mod fixtures;
+// The entry points of the fuzz targets (`fuzz/`, docs/fuzzing.md): compiled only under
+// cargo-fuzz's `--cfg fuzzing` (and for its own unit tests), so none of it is public API.
+#[cfg(any(fuzzing, test))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod listener_tls;
 mod metrics;
 mod ops;

@@ -150,6 +150,10 @@ impl Admin {
                     generation: generation.number,
                     loaded_at: rfc3339(generation.loaded_at),
                     store: generation.cluster.as_ref().map(StoreDoc::new),
+                    last_reload_refused: self.reloader.last_refused().map(|refused| RefusedDoc {
+                        at: rfc3339(refused.at),
+                        issues: refused.issues,
+                    }),
                     upstreams,
                 },
             );
@@ -270,7 +274,16 @@ struct UpstreamsDoc<'g> {
     /// Under `[cluster]`: the shared slot store.
     #[serde(skip_serializing_if = "Option::is_none")]
     store: Option<StoreDoc>,
+    /// The last reload, when it was refused (`null` once one is applied, or before any).
+    last_reload_refused: Option<RefusedDoc>,
     upstreams: Vec<UpstreamDoc<'g>>,
+}
+
+/// A refused reload in `GET /admin/upstreams`.
+#[derive(Debug, Serialize)]
+struct RefusedDoc {
+    at: String,
+    issues: Vec<String>,
 }
 
 /// `[cluster]`: the shared slot store as this replica sees it.

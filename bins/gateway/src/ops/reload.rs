@@ -51,6 +51,18 @@ pub(crate) struct Reloader {
     /// The TLS listeners' certificates, renewed by every reload.
     slots: ListenerSlots,
     serial: tokio::sync::Mutex<()>,
+    /// The last reload, when it was refused: shown by `GET /admin/upstreams` until a reload
+    /// is applied, so an operator whose `SIGHUP` did nothing can see why without the logs.
+    refused: parking_lot::Mutex<Option<RefusedReload>>,
+}
+
+/// A refused reload: when, and every problem.
+#[derive(Debug, Clone)]
+pub(crate) struct RefusedReload {
+    /// When the reload was refused.
+    pub(crate) at: std::time::SystemTime,
+    /// Every problem, one per entry ([`ReloadError::issues`]).
+    pub(crate) issues: Vec<String>,
 }
 
 /// What a successful reload changed ([`Gateway::reload`](crate::Gateway::reload)).
@@ -139,7 +151,13 @@ impl Reloader {
             prober,
             slots,
             serial: tokio::sync::Mutex::new(()),
+            refused: parking_lot::Mutex::new(None),
         }
+    }
+
+    /// The last reload, if it was refused (none once a later one is applied).
+    pub(crate) fn last_refused(&self) -> Option<RefusedReload> {
+        self.refused.lock().clone()
     }
 
     /// Reads the file again and puts it in force (see the [module docs](self)). Logs the
@@ -148,6 +166,10 @@ impl Reloader {
         let _serial = self.serial.lock().await;
         let result = self.reload_locked().await;
         self.metrics.reload(result.is_ok());
+        *self.refused.lock() = result.as_ref().err().map(|refused| RefusedReload {
+            at: std::time::SystemTime::now(),
+            issues: refused.issues(),
+        });
         match &result {
             Ok(reloaded) => {
                 info!(

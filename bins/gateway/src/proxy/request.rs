@@ -270,6 +270,12 @@ where
 }
 
 impl ApiRequest {
+    /// Where the `model` value (with its quotes) sits in `body` (for the fuzz targets' checks).
+    #[cfg(any(fuzzing, test))]
+    pub(crate) fn model_span(&self) -> Range<usize> {
+        self.model_span.clone()
+    }
+
     /// The body to send to an upstream that calls the model `upstream_model`.
     ///
     /// The original bytes when the name is the one the client used (a cheap `Bytes` clone);

@@ -225,11 +225,7 @@ impl Prober {
         path: &str,
     ) -> Result<Samples, ProbeError> {
         let body = self.get_ok(target, path).await?;
-        let text = std::str::from_utf8(&body).map_err(|source| ProbeError::NotText {
-            path: path.to_owned(),
-            source,
-        })?;
-        Ok(Samples::parse(text))
+        decode_metrics(path, &body)
     }
 
     /// `GET path`, which must answer 2xx with JSON of type `T`.
@@ -239,10 +235,7 @@ impl Prober {
         path: &str,
     ) -> Result<T, ProbeError> {
         let body = self.get_ok(target, path).await?;
-        serde_json::from_slice(&body).map_err(|source| ProbeError::Json {
-            path: path.to_owned(),
-            source,
-        })
+        decode_json(path, &body)
     }
 
     // === llama-server ===
@@ -411,6 +404,25 @@ pub(crate) struct LlamaSlot {
     pub(crate) is_processing: bool,
 }
 
+/// A 2xx body of `GET path` read as a Prometheus text exposition: it must be UTF-8; lines that
+/// are not samples are skipped (separate from [`Prober::metrics`] so the fuzz targets drive this
+/// very code).
+pub(crate) fn decode_metrics(path: &str, body: &[u8]) -> Result<Samples, ProbeError> {
+    let text = std::str::from_utf8(body).map_err(|source| ProbeError::NotText {
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok(Samples::parse(text))
+}
+
+/// A 2xx body of `GET path` read as JSON of type `T`.
+pub(crate) fn decode_json<T: DeserializeOwned>(path: &str, body: &[u8]) -> Result<T, ProbeError> {
+    serde_json::from_slice(body).map_err(|source| ProbeError::Json {
+        path: path.to_owned(),
+        source,
+    })
+}
+
 /// `path?model=NAME&autoload=false`, the name percent-encoded.
 fn model_query(path: &str, model: &str) -> String {
     let name: String = url::form_urlencoded::byte_serialize(model.as_bytes()).collect();
@@ -433,7 +445,7 @@ fn strings<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<Stri
 
 /// The message of an error body: `{"error":{"message":…}}` (llama-server, vLLM, OpenAI),
 /// `{"error":"…"}` (Ollama native), `{"message":…}` (older vLLM); else a short plain-text body.
-fn error_message(body: &Bytes) -> Option<String> {
+pub(crate) fn error_message(body: &[u8]) -> Option<String> {
     const MAX: usize = 200;
     let text = match serde_json::from_slice::<serde_json::Value>(body) {
         Ok(json) => json
@@ -451,7 +463,21 @@ fn error_message(body: &Bytes) -> Option<String> {
 mod tests {
     use bytes::Bytes;
 
-    use super::{LlamaProps, LlamaSlot, ModelList, OllamaPs, error_message, model_query};
+    use super::{
+        LlamaProps, LlamaSlot, ModelList, OllamaPs, decode_json, error_message, model_query,
+    };
+
+    /// Found by the `engine_json` fuzz target: `serde_json` does not check UTF-8 inside a string
+    /// it skips, so an answer with a bad byte in a member the gateway ignores is read (harmless:
+    /// nothing of it is kept), while a bad byte in a member it keeps is refused.
+    #[test]
+    fn skipped_members_are_not_checked_for_utf8() {
+        let skipped = b"{\"models\":[{\"name\":\"m:latest\",\"expires_at\":\"14:3\xf8\"}]}";
+        let ps: OllamaPs = decode_json("/api/ps", skipped).expect("read");
+        assert_eq!(ps.models[0].name, "m:latest");
+        let kept = b"{\"models\":[{\"name\":\"m\xf8\"}]}";
+        assert!(decode_json::<OllamaPs>("/api/ps", kept).is_err());
+    }
 
     #[test]
     fn parses_a_router_listing() {

@@ -4,8 +4,9 @@
 //! ([`document`]); the first comes at once, then one per
 //! [`SAMPLE_EVERY`]. The stream is bounded like every admin answer: its connection counts under
 //! `server.admin_max_connections`, a client that stops reading is cut by
-//! `server.client_write_timeout` (the listener's own stall check), and the stream ends as soon
-//! as the gateway starts shutting down.
+//! `server.client_write_timeout` (the listener's own stall check, which starts once the unread
+//! events have filled hyper's buffer and the kernel's send buffer: see `docs/operations.md`),
+//! and the stream ends as soon as the gateway starts shutting down.
 
 use std::convert::Infallible;
 use std::sync::Arc;
