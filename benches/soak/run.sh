@@ -34,7 +34,7 @@ cargo build --release --locked -p slotgate-gateway -p fake-upstream
 # shellcheck source=benches/common.sh
 source benches/common.sh
 
-fake_cmd="target/release/fake-upstream --kind llama-server --parallel 16 --port $UPSTREAM_PORT --model m"
+fake_cmd="target/release/fake-upstream --kind vllm --parallel 16 --port $UPSTREAM_PORT --model m --model tight"
 step "fake engine on :$UPSTREAM_PORT"
 $fake_cmd >"$work/fake.log" 2>&1 &
 echo $! >"$work/fake.pid"
@@ -52,7 +52,7 @@ restore_after_successes = 1
 
 [upstreams.engine]
 url = "http://127.0.0.1:$UPSTREAM_PORT"
-kind = "llama-server"
+kind = "vllm"
 cancel_grace = "200ms"
 
 [upstreams.engine.models.m]
@@ -60,9 +60,8 @@ parallel = 8
 queue = 64
 queue_timeout = "10s"
 
-# The same engine model under a second name, with one slot and a short queue: the queue filler's.
+# One slot and a short queue: the queue filler's.
 [upstreams.engine.models.tight]
-engine_model = "m"
 parallel = 1
 queue = 3
 queue_timeout = "500ms"
@@ -73,8 +72,11 @@ RUST_LOG=${RUST_LOG:-error} target/release/slotgate serve --config "$work/slotga
   >"$work/slotgate.log" 2>&1 &
 gateway=$!
 pids+=("$gateway")
-wait_port "$API_PORT"
-wait_port "$ADMIN_PORT"
+if ! wait_port "$API_PORT" || ! wait_port "$ADMIN_PORT"; then
+  echo "slotgate did not start; its log:" >&2
+  cat "$work/slotgate.log" >&2
+  exit 1
+fi
 
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$gateway/status"; }
 fds() { find "/proc/$gateway/fd" -mindepth 1 -maxdepth 1 | wc -l; }

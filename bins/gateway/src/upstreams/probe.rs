@@ -479,6 +479,16 @@ mod tests {
         assert!(decode_json::<OllamaPs>("/api/ps", kept).is_err());
     }
 
+    /// Found by the same target: a number too large for an `f64` in a member the gateway skips
+    /// does not refuse the answer either.
+    #[test]
+    fn skipped_members_are_not_checked_for_range() {
+        let listing = br#"{"data":[{"id":"m","created":4.1e11111125}]}"#;
+        let list: ModelList = decode_json("/v1/models", listing).expect("read");
+        assert_eq!(list.data[0].id, "m");
+        assert!(serde_json::from_slice::<serde_json::Value>(listing).is_err());
+    }
+
     #[test]
     fn parses_a_router_listing() {
         let list: ModelList = serde_json::from_str(
