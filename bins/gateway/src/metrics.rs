@@ -11,7 +11,7 @@
 //! | `slotgate_queue_capacity` | gauge | upstream, model | `queue` |
 //! | `slotgate_queue_wait_seconds` | histogram | upstream, model | time from arrival in the queue to the grant (0 when a slot was free) |
 //! | `slotgate_requests_total` | counter | upstream, model, outcome | forwarded requests by how they ended: `completed`, `upstream_error`, `client_gone` |
-//! | `slotgate_rejections_total` | counter | model, reason | requests refused with 503: `queue_full`, `queue_timeout` |
+//! | `slotgate_rejections_total` | counter | model, reason | requests refused with 503: `queue_full`, `queue_timeout`, `store_unavailable` |
 //! | `slotgate_client_disconnects_total` | counter | upstream, model, phase | clients that left while `queued`, while `awaiting_response` (forwarded, no response head yet) or while `streaming` |
 //! | `slotgate_time_to_first_byte_seconds` | histogram | upstream, model | from sending upstream to its response head |
 //! | `slotgate_request_duration_seconds` | histogram | upstream, model | from the slot grant to the end of the response |
@@ -23,6 +23,15 @@
 //! | `slotgate_bounds_total` | counter | bound | a bound the gateway enforced on a slow or broken peer: `header_timeout` (a connection that sent no request head in time), `client_idle` (a connection closed for having no request in flight for `client_idle_timeout`), `body_timeout` (408), `body_budget` (503 `overloaded`), `stream_idle` (an upstream answer that stalled), `upstream_cut` (an upstream answer that failed mid-way) |
 //! | `slotgate_config_reloads_total` | counter | result | configuration reloads: `applied`, `refused` |
 //! | `slotgate_config_generation` | gauge | — | the configuration in force: 1 at start, +1 per applied reload |
+//! | `slotgate_store_round_trip_seconds` | histogram | — | `[cluster]`: calls to the shared slot store that succeeded |
+//! | `slotgate_store_up` | gauge | — | `[cluster]`: 1 while admission goes through the shared store, 0 while it is down or rejoining |
+//! | `slotgate_store_errors_total` | counter | — | `[cluster]`: calls to the store that failed or timed out |
+//! | `slotgate_store_down_total` | counter | — | `[cluster]`: times this replica marked the store down |
+//! | `slotgate_lease_renewals_total` | counter | — | `[cluster]`: leases renewed (one per lease per renewal round) |
+//! | `slotgate_leases_lost_total` | counter | — | `[cluster]`: leases of this replica the store had lost, put back at renewal |
+//! | `slotgate_leases_expired_total` | counter | — | `[cluster]`: leases (of any replica) this replica's calls found expired and removed |
+//! | `slotgate_cluster_slots_in_use` | gauge | upstream, model | `[cluster]`: slots held across every replica (as last seen) |
+//! | `slotgate_cluster_queue_depth` | gauge | upstream, model | `[cluster]`: requests waiting across every replica (as last seen) |
 //!
 //! `docs/metrics.md` is the operator's version of this table.
 //!
@@ -46,7 +55,7 @@ use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::metrics::recent::Recent;
@@ -120,6 +129,8 @@ pub(crate) struct Metrics {
     reloads: Family<ReloadLabels, Counter>,
     bounds: Family<BoundLabels, Counter>,
     recent: RecentMap,
+    /// Every call to the shared slot store (`[cluster]`).
+    store_round_trip: Histogram,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -211,6 +222,8 @@ pub(crate) struct RejectionMetrics {
     pub(crate) queue_full: Counter,
     /// `slotgate_rejections_total{reason="queue_timeout"}`.
     pub(crate) queue_timeout: Counter,
+    /// `slotgate_rejections_total{reason="store_unavailable"}` (`[cluster]`, fail-closed).
+    pub(crate) store_unavailable: Counter,
 }
 
 impl Default for Metrics {
@@ -232,7 +245,14 @@ impl Metrics {
             reloads: Family::default(),
             bounds: Family::default(),
             recent: RecentMap::default(),
+            // 100 µs to ~3.3 s in ×2 steps: a store call is bounded by `store_timeout`.
+            store_round_trip: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
         }
+    }
+
+    /// The histogram of the shared slot store's round trips, for the store to observe into.
+    pub(crate) fn store_round_trip(&self) -> Histogram {
+        self.store_round_trip.clone()
     }
 
     /// The counter of one [`Bound`], for the code that enforces it to keep.
@@ -306,6 +326,7 @@ impl Metrics {
         RejectionMetrics {
             queue_full: reason("queue_full"),
             queue_timeout: reason("queue_timeout"),
+            store_unavailable: reason("store_unavailable"),
         }
     }
 
@@ -340,7 +361,7 @@ impl Metrics {
 
     /// Drops the rejection series of a model that a reload removed from every upstream.
     pub(crate) fn forget_model(&self, model: &str) {
-        for reason in ["queue_full", "queue_timeout"] {
+        for reason in ["queue_full", "queue_timeout", "store_unavailable"] {
             self.rejections.remove(&RejectionLabels {
                 model: model.to_owned(),
                 reason,
@@ -392,6 +413,11 @@ impl Metrics {
             "bounds",
             "Bounds enforced on slow, hostile or broken clients and upstreams, by bound",
             self.bounds.clone(),
+        );
+        registry.register(
+            "store_round_trip_seconds",
+            "Calls to the shared slot store of [cluster] (Redis) that succeeded, by duration",
+            self.store_round_trip.clone(),
         );
         registry.register(
             "config_reloads",

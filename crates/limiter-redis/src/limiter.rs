@@ -227,6 +227,29 @@ impl RedisLimiter {
         }
     }
 
+    /// Calls `observe` with the duration of every successful call to Redis from now on (for a
+    /// round-trip histogram). Only the first observer is kept; returns false for a later one.
+    ///
+    /// ```no_run
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use std::sync::Arc;
+    /// use slotgate_limiter_redis::{RedisLimiter, Settings};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RedisLimiter::start(Settings::new("redis://127.0.0.1:6379/0"))?;
+    /// let slowest = Arc::new(AtomicU64::new(0));
+    /// let seen = slowest.clone();
+    /// limiter.observe_round_trips(move |took| {
+    ///     seen.fetch_max(took.as_micros() as u64, Ordering::Relaxed);
+    /// });
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn observe_round_trips(&self, observe: impl Fn(Duration) + Send + Sync + 'static) -> bool {
+        self.inner.store.observer.set(Box::new(observe)).is_ok()
+    }
+
     /// Every key this replica knows, with its limits: for metrics and status pages.
     pub fn keys(&self) -> Vec<(String, String)> {
         self.inner.keys.lock().keys().cloned().collect()
@@ -367,10 +390,16 @@ impl Inner {
     async fn acquire(self: Arc<Self>, key: Arc<KeyEntry>) -> Result<Slot, AdmitError> {
         let started = Instant::now();
         let _waiting = WaitingCount::new(&key);
+        // One lease id for the whole acquire: a call that failed may still have run in Redis,
+        // so a retry sends the same id, which the script recognises (one place in line, not
+        // two).
+        let mut pending: Option<LeaseGuard> = None;
         loop {
             let outcome = if self.store.mode() == Mode::Up {
-                self.acquire_shared(&key, started).await
+                self.acquire_shared(&key, started, &mut pending).await
             } else {
+                // The shared attempt is over: its entry in Redis, if any, is released.
+                drop(pending.take());
                 self.acquire_while_down(&key, started).await
             };
             if let Outcome::Done(result) = outcome {
@@ -380,16 +409,29 @@ impl Inner {
     }
 
     /// The store is up: one script call, then (if queued) a local wait for the grant.
-    async fn acquire_shared(self: &Arc<Self>, key: &Arc<KeyEntry>, started: Instant) -> Outcome {
+    ///
+    /// `pending` is the lease of an earlier attempt of the same acquire whose call failed or
+    /// whose wait was interrupted: it is sent again under the same id. On [`Outcome::Again`]
+    /// the lease is left there for the next attempt.
+    async fn acquire_shared(
+        self: &Arc<Self>,
+        key: &Arc<KeyEntry>,
+        started: Instant,
+        pending: &mut Option<LeaseGuard>,
+    ) -> Outcome {
         let (tx, rx) = oneshot::channel();
+        let waiting = LeaseState::Waiting {
+            tx: Some(tx),
+            joined: false,
+        };
         // In the table before the call: a grant message may overtake the script's reply.
-        let mut lease = self.new_lease(
-            key,
-            LeaseState::Waiting {
-                tx: Some(tx),
-                joined: false,
-            },
-        );
+        let mut lease = match pending.take() {
+            Some(lease) => {
+                self.set_state(&lease, waiting);
+                lease
+            }
+            None => self.new_lease(key, waiting),
+        };
         let reply = match self
             .store
             .call(&key.names, key.limits(), &Op::Acquire(&lease.id))
@@ -397,8 +439,10 @@ impl Inner {
         {
             Ok(reply) => reply,
             Err(error) => {
-                // The script may have run: the dropped lease is released in the background.
+                // The script may have run: the next attempt sends the same id, and if there is
+                // none, dropping the lease releases it in the background.
                 self.store_failed(&error);
+                *pending = Some(lease);
                 return Outcome::Again;
             }
         };
@@ -418,7 +462,10 @@ impl Inner {
                 match rx.await {
                     Ok(Wake::Granted) => {}
                     Ok(Wake::Closed) => return Outcome::Done(Err(AdmitError::Closed)),
-                    Ok(Wake::StoreDown) | Err(_) => return Outcome::Again,
+                    Ok(Wake::StoreDown) | Err(_) => {
+                        *pending = Some(lease);
+                        return Outcome::Again;
+                    }
                 }
             }
         }
@@ -446,6 +493,10 @@ impl Inner {
                 StoreError::Down,
             ))));
         }
+        // The replica that marks the store down shrinks every local key to its share just
+        // after; an acquire that saw the mode change first must not take an unlimited permit
+        // meanwhile, so it applies the share itself.
+        self.configure_local(key);
         let permit = match self.local.acquire(&key.host, &key.model).await {
             Ok(permit) => permit,
             Err(error) => return Outcome::Done(Err(error.into())),
@@ -495,6 +546,19 @@ impl Inner {
         {
             *joined = true;
         }
+    }
+
+    /// Puts a lease of an earlier attempt back in the table in `state` (a drop of its guard is
+    /// the only thing that removes it, but re-inserting keeps this obviously right).
+    fn set_state(&self, lease: &LeaseGuard, state: LeaseState) {
+        self.leases.lock().insert(
+            lease.n,
+            Lease {
+                key: lease.key.clone(),
+                id: lease.id.clone(),
+                state,
+            },
+        );
     }
 
     fn set_held(&self, n: u64) {

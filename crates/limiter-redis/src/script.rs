@@ -106,6 +106,14 @@ if op == 'acquire' then
   local id = ARGV[5]
   if redis.call('ZSCORE', KEYS[6], id) then
     status = 3
+  elseif redis.call('ZSCORE', KEYS[2], id) then
+    -- A retry of an acquire whose reply was lost: it holds already (one place, not two).
+    redis.call('ZADD', KEYS[2], now + ttl_of(id), id)
+    status = 1
+  elseif redis.call('ZSCORE', KEYS[3], id) then
+    -- A retry while it waits: keep its place in line.
+    redis.call('ZADD', KEYS[4], now + ttl_of(id), id)
+    status = 2
   elseif redis.call('ZCARD', KEYS[2]) < parallel then
     redis.call('ZADD', KEYS[2], now + ttl_of(id), id)
     status = 1

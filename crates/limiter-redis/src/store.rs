@@ -1,6 +1,7 @@
 //! The connection to Redis: every call bounded by `store_timeout`, timed for the round-trip
 //! metric, and the replica's view of whether the store is up, down or rejoining.
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -35,6 +36,9 @@ pub(crate) struct Stats {
     pub(crate) went_down: AtomicU64,
 }
 
+/// Told the duration of every successful call to Redis (a metrics histogram, say).
+pub(crate) type RoundTripObserver = Box<dyn Fn(Duration) + Send + Sync>;
+
 /// The shared store as one replica sees it.
 pub(crate) struct Store {
     client: redis::Client,
@@ -44,6 +48,8 @@ pub(crate) struct Store {
     conn: Mutex<Option<ConnectionManager>>,
     mode: Mutex<Mode>,
     pub(crate) stats: Stats,
+    /// Set at most once, by [`RedisLimiter::observe_round_trips`](crate::RedisLimiter::observe_round_trips).
+    pub(crate) observer: OnceLock<RoundTripObserver>,
 }
 
 impl Store {
@@ -54,6 +60,7 @@ impl Store {
             conn: Mutex::new(None),
             mode: Mutex::new(Mode::Up),
             stats: Stats::default(),
+            observer: OnceLock::new(),
         }
     }
 
@@ -140,7 +147,8 @@ impl Store {
         let result = tokio::time::timeout(self.timeout, call)
             .await
             .unwrap_or(Err(StoreError::Timeout(self.timeout)));
-        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let elapsed = started.elapsed();
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         let stats = &self.stats;
         if result.is_ok() {
             stats.round_trips.fetch_add(1, Ordering::Relaxed);
@@ -148,6 +156,9 @@ impl Store {
             stats
                 .last_round_trip_micros
                 .store(micros, Ordering::Relaxed);
+            if let Some(observe) = self.observer.get() {
+                observe(elapsed);
+            }
         } else {
             stats.errors.fetch_add(1, Ordering::Relaxed);
         }

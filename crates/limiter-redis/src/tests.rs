@@ -39,6 +39,8 @@ enum Action {
     Acquire {
         mortal: bool,
     },
+    /// The same id acquires again (a retry after a lost reply): it must not take a second place.
+    AcquireAgain(Index),
     Release(Index),
     Configure {
         parallel: usize,
@@ -54,6 +56,7 @@ fn action() -> impl Strategy<Value = Action> {
     prop_oneof![
         6 => Just(Action::Acquire { mortal: false }),
         1 => Just(Action::Acquire { mortal: true }),
+        2 => any::<Index>().prop_map(Action::AcquireAgain),
         4 => any::<Index>().prop_map(Action::Release),
         1 => (0usize..4, 0usize..4)
             .prop_map(|(parallel, queue)| Action::Configure { parallel, queue }),
@@ -108,6 +111,19 @@ impl Model {
         granted
     }
 
+    /// A new acquire after expiry and fill: granted, refused or queued.
+    fn admit(&mut self, lease: Lease) -> Status {
+        if self.holders.len() < self.parallel {
+            self.holders.push(lease);
+            Status::Yes
+        } else if self.waiters.len() >= self.queue {
+            Status::No
+        } else {
+            self.waiters.push_back(lease);
+            Status::Queued
+        }
+    }
+
     fn live(&self) -> Vec<Lease> {
         self.holders.iter().chain(&self.waiters).cloned().collect()
     }
@@ -137,6 +153,10 @@ fn seen(reply: &Reply) -> Expected {
     }
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one arm per action, each the call, the model's step and the comparison"
+)]
 fn run(
     rt: &tokio::runtime::Runtime,
     conn: &redis::aio::MultiplexedConnection,
@@ -163,15 +183,25 @@ fn run(
                 let reply = call(Op::Acquire(&id));
                 let expired = model.expire();
                 let granted = model.fill();
-                let lease = Lease { id, mortal };
-                let status = if model.holders.len() < model.parallel {
-                    model.holders.push(lease);
+                let status = model.admit(Lease { id, mortal });
+                assert_eq!(seen(&reply), model.expected(status, expired, granted));
+            }
+            Action::AcquireAgain(index) => {
+                let live = model.live();
+                if live.is_empty() {
+                    continue;
+                }
+                let lease = index.get(&live).clone();
+                let reply = call(Op::Acquire(&lease.id));
+                let expired = model.expire();
+                let granted = model.fill();
+                let status = if model.holders.contains(&lease) {
                     Status::Yes
-                } else if model.waiters.len() >= model.queue {
-                    Status::No
-                } else {
-                    model.waiters.push_back(lease);
+                } else if model.waiters.contains(&lease) {
                     Status::Queued
+                } else {
+                    // It expired at this very call: a new acquire like any other.
+                    model.admit(lease)
                 };
                 assert_eq!(seen(&reply), model.expected(status, expired, granted));
             }
@@ -272,5 +302,46 @@ fn key_names_are_unambiguous_and_share_one_hash_tag() {
     assert_ne!(a.keys()[0], b.keys()[0]);
     for key in a.keys() {
         assert!(key.starts_with("p:{3:h|x|m}:"), "{key}");
+    }
+}
+
+/// The bug behind a flaky `QueueFull`: an acquire retried after a timed-out call must keep its
+/// one place, not take a second one (the limiter retries with the same lease id).
+#[test]
+fn a_retried_acquire_takes_one_place_not_two() {
+    let client = connect(&redis_url());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut conn = rt
+        .block_on(client.get_multiplexed_async_connection())
+        .unwrap();
+    let prefix = format!("slotgate-test-retry-{}", uuid::Uuid::new_v4().simple());
+    let names = KeyNames::new(&prefix, "http://gpu-1:8080", "llama");
+    let mut call = |op: Op<'_>| rt.block_on(script::call(&mut conn, &names, (1, 1), &op));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let holder = call(Op::Acquire("r/1/60000")).unwrap();
+        assert_eq!((holder.status, holder.holders), (Status::Yes, 1));
+        let again = call(Op::Acquire("r/1/60000")).unwrap();
+        assert_eq!((again.status, again.holders), (Status::Yes, 1));
+        let waiter = call(Op::Acquire("r/2/60000")).unwrap();
+        assert_eq!((waiter.status, waiter.waiters), (Status::Queued, 1));
+        // The retry of the waiter: still queued, still one waiter, so the queue is not full
+        // of one client.
+        let retry = call(Op::Acquire("r/2/60000")).unwrap();
+        assert_eq!((retry.status, retry.waiters), (Status::Queued, 1));
+        // The holder leaves: the waiter is granted, once.
+        let release = call(Op::Release("r/1/60000")).unwrap();
+        assert_eq!(release.granted, vec!["r/2/60000".to_owned()]);
+        assert_eq!((release.holders, release.waiters), (1, 0));
+    }));
+    let mut sync = client.get_connection().unwrap();
+    redis::cmd("DEL")
+        .arg(names.keys().to_vec())
+        .query::<()>(&mut sync)
+        .unwrap();
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
     }
 }

@@ -531,6 +531,38 @@ impl Problem {
         .with_retry_after(retry_after)
     }
 
+    /// [`Kind::StoreUnavailable`] (503): the shared slot store of `[cluster]` cannot be reached
+    /// and the gateway refuses rather than risk exceeding `model`'s cap across its replicas.
+    ///
+    /// Sets `Retry-After` from `retry_after` and the extension member `model`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use slotgate_problem::Problem;
+    ///
+    /// let p = Problem::store_unavailable("llama", Duration::from_secs(3));
+    /// assert_eq!(p.status(), 503);
+    /// assert_eq!(p.retry_after_secs(), Some(3));
+    /// ```
+    #[must_use]
+    pub fn store_unavailable(model: &str, retry_after: Duration) -> Self {
+        let secs = retry_secs(retry_after);
+        Self::new(
+            Kind::StoreUnavailable,
+            format!(
+                "The gateway cannot reach the slot store it shares with its other replicas; the \
+                 request was not run. Retry in {secs} s."
+            ),
+        )
+        .with_detail(format!(
+            "The shared slot store (Redis, [cluster]) does not answer and on_store_down is \
+             fail-closed: requests for model `{model}` are refused rather than risk exceeding \
+             its cap."
+        ))
+        .ext("model", model)
+        .with_retry_after(retry_after)
+    }
+
     /// [`Kind::UpstreamStalled`] (504): the answer of `upstream` for `model` had begun, then
     /// stopped, `why` says how (no data within the stream idle timeout, or a failed
     /// connection). A streamed answer carries this as its last `error` event.

@@ -260,6 +260,17 @@ kinds! {
         code: "overloaded",
         openai_type: "server_error",
     }
+    /// The shared slot store of `[cluster]` (Redis) cannot be reached and the policy is
+    /// `on_store_down = "fail-closed"`: the request was refused rather than risk running more
+    /// than the cap across the gateway's replicas; nothing was forwarded (503, with
+    /// `Retry-After`).
+    StoreUnavailable {
+        slug: STORE_UNAVAILABLE = "store-unavailable",
+        status: SERVICE_UNAVAILABLE,
+        title: "Slot store unavailable",
+        code: "store_unavailable",
+        openai_type: "server_error",
+    }
     /// The upstream's answer had begun but then stopped: no data for the upstream's
     /// `stream_idle_timeout`, or the connection failed mid-answer. It is only seen as the
     /// `error` event that ends a streamed answer, or as a 504 before a non-streamed one began.

@@ -26,6 +26,7 @@
 //! | [`Problem::upstream_timeout`] | 504 | `upstream-timeout` | |
 //! | [`Problem::upstream_bad_response`] | 502 | `upstream-bad-response` | |
 //! | [`Problem::overloaded`] | 503 | `overloaded` | yes |
+//! | [`Problem::store_unavailable`] | 503 | `store-unavailable` | yes |
 //! | [`Problem::upstream_stalled`] | 504 | `upstream-stalled` | |
 //! | [`Problem::stream_timeout`] | 504 | `stream-timeout` | |
 //! | [`Problem::malformed_request`] | 400 | `malformed-request` | |

@@ -39,6 +39,7 @@ fn sample(kind: Kind) -> Problem {
         }
         Kind::UpstreamBadResponse => Problem::upstream_bad_response("http://gpu-a:8080", "llama"),
         Kind::Overloaded => Problem::overloaded(1 << 28, RETRY),
+        Kind::StoreUnavailable => Problem::store_unavailable("llama", RETRY),
         Kind::UpstreamStalled => Problem::upstream_stalled("gpu-a", "llama", "no data for 30 s"),
         Kind::StreamTimeout => Problem::stream_timeout("gpu-a", "llama", Duration::from_secs(3600)),
         Kind::MalformedRequest => Problem::malformed_request(),

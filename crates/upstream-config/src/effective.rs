@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::types::{ClientKey, Config, ModelLimits, Queueing, Secret, Server, Upstream};
+use crate::types::{ClientKey, Cluster, Config, ModelLimits, Queueing, Secret, Server, Upstream};
 
 /// What a secret prints as.
 const REDACTED: &str = "<redacted>";
@@ -69,6 +69,8 @@ fn unset_keys(server: &Server) -> Vec<&'static str> {
 #[derive(Serialize)]
 struct View<'a> {
     server: ServerView<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster: Option<ClusterView<'a>>,
     upstreams: BTreeMap<&'a str, UpstreamView<'a>>,
     aliases: &'a BTreeMap<String, String>,
 }
@@ -147,6 +149,17 @@ impl<'a> From<&'a ClientKey> for KeyView<'a> {
 }
 
 #[derive(Serialize)]
+struct ClusterView<'a> {
+    redis_url: String,
+    key_prefix: &'a str,
+    lease_ttl: String,
+    store_timeout: String,
+    on_store_down: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replicas: Option<usize>,
+}
+
+#[derive(Serialize)]
 struct UpstreamView<'a> {
     url: String,
     kind: &'static str,
@@ -220,6 +233,7 @@ impl<'a> From<&'a Config> for View<'a> {
     fn from(config: &'a Config) -> Self {
         View {
             server: ServerView::from(&config.server),
+            cluster: config.cluster.as_ref().map(ClusterView::from),
             upstreams: config
                 .upstreams
                 .iter()
@@ -266,6 +280,33 @@ impl<'a> From<&'a Server> for ServerView<'a> {
             admin_tls_cert: server.admin_tls.as_ref().map(|tls| display(&tls.cert)),
             admin_tls_key: server.admin_tls.as_ref().map(|tls| display(&tls.key)),
         }
+    }
+}
+
+impl<'a> From<&'a Cluster> for ClusterView<'a> {
+    fn from(cluster: &'a Cluster) -> Self {
+        ClusterView {
+            redis_url: redact_password(cluster.redis_url.expose()),
+            key_prefix: &cluster.key_prefix,
+            lease_ttl: human(cluster.lease_ttl),
+            store_timeout: human(cluster.store_timeout),
+            on_store_down: cluster.on_store_down.as_str(),
+            replicas: cluster.replicas,
+        }
+    }
+}
+
+/// A Redis URL with its password (if any) replaced by `<redacted>`: the rest is useful to see.
+fn redact_password(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            // Only fails for URLs that cannot have credentials, which this one has.
+            let _ = parsed.set_password(Some(REDACTED));
+            parsed.to_string()
+        }
+        Ok(_) => url.to_owned(),
+        // Validated as a URL; never echo something unparsed.
+        Err(_) => REDACTED.to_owned(),
     }
 }
 

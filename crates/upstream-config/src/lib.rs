@@ -27,6 +27,10 @@
 //! - `weight` is finite and > 0; durations are human strings (`"30s"`, `"2m"`, `"500ms"`).
 //! - Aliases point at a configured model, never at another alias, and never shadow a model.
 //! - `listen` is required; `admin_listen` is optional and must not collide with it.
+//! - `[cluster]` is optional; with it, `redis_url` is a `redis://` or `redis+unix://` URL,
+//!   `lease_ttl` is between 1s and 5m, `store_timeout` is above zero and at most a third of
+//!   `lease_ttl`, `on_store_down = "local-share"` needs `replicas` (≥ 1), and no upstream has an
+//!   engine-wide `parallel` (it is not shared across replicas).
 //! - Unknown keys are errors: a typo in a limits file must not be silently ignored.
 //!
 //! `docs/configuration.md` at the repository root documents every key and its default;
@@ -45,6 +49,6 @@ mod validate;
 pub use error::{ConfigError, Issue};
 pub use load::{ENV_PREFIX, env_provider};
 pub use types::{
-    CertAndKey, ClientKey, Config, Kind, ModelLimits, Priority, QueueOrder, Queueing, Secret,
-    Server, Upstream,
+    CertAndKey, ClientKey, Cluster, Config, Kind, ModelLimits, Priority, QueueOrder, Queueing,
+    Secret, Server, StoreDown, Upstream,
 };

@@ -21,8 +21,10 @@ use crate::types::{
     Server, Upstream, authority,
 };
 
+mod cluster;
+
 /// The top-level tables (also what an environment override has to start with).
-pub(crate) const ROOT_KEYS: &[&str] = &["server", "upstreams", "aliases"];
+pub(crate) const ROOT_KEYS: &[&str] = &["server", "upstreams", "aliases", "cluster"];
 const SERVER_KEYS: &[&str] = &[
     "listen",
     "admin_listen",
@@ -111,10 +113,18 @@ pub(crate) fn build(r: &mut Reader<'_>, root: &Value) -> Option<Config> {
         table.get("aliases"),
         &upstreams.models,
     );
+    let cluster = cluster::cluster(r, &path.key("cluster"), table.get("cluster"));
+    if let (Some(Some(_)), Some(built)) = (&cluster, &upstreams.built) {
+        cluster::per_replica_settings(r, server.as_ref(), built);
+        if r.has_issues() {
+            return None;
+        }
+    }
     Some(Config {
         server: server?,
         upstreams: upstreams.built?,
         aliases: aliases?,
+        cluster: cluster?,
     })
 }
 

@@ -149,6 +149,7 @@ impl Admin {
                 &UpstreamsDoc {
                     generation: generation.number,
                     loaded_at: rfc3339(generation.loaded_at),
+                    store: generation.cluster.as_ref().map(StoreDoc::new),
                     last_reload_refused: self.reloader.last_refused().map(|refused| RefusedDoc {
                         at: rfc3339(refused.at),
                         issues: refused.issues,
@@ -270,6 +271,9 @@ struct Readiness {
 struct UpstreamsDoc<'g> {
     generation: u64,
     loaded_at: String,
+    /// Under `[cluster]`: the shared slot store.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store: Option<StoreDoc>,
     /// The last reload, when it was refused (`null` once one is applied, or before any).
     last_reload_refused: Option<RefusedDoc>,
     upstreams: Vec<UpstreamDoc<'g>>,
@@ -280,6 +284,39 @@ struct UpstreamsDoc<'g> {
 struct RefusedDoc {
     at: String,
     issues: Vec<String>,
+}
+
+/// `[cluster]`: the shared slot store as this replica sees it.
+#[derive(Debug, Serialize)]
+struct StoreDoc {
+    up: bool,
+    rejoining: bool,
+    on_store_down: &'static str,
+    round_trips: u64,
+    last_round_trip_ms: f64,
+    errors: u64,
+    went_down: u64,
+    lease_renewals: u64,
+    leases_lost: u64,
+    leases_expired: u64,
+}
+
+impl StoreDoc {
+    fn new(cluster: &slotgate_limiter_redis::RedisLimiter) -> Self {
+        let status = cluster.status();
+        Self {
+            up: status.up,
+            rejoining: status.rejoining,
+            on_store_down: cluster.settings().on_store_down.as_str(),
+            round_trips: status.round_trips,
+            last_round_trip_ms: status.last_round_trip.as_secs_f64() * 1000.0,
+            errors: status.errors,
+            went_down: status.went_down,
+            lease_renewals: status.lease_renewals,
+            leases_lost: status.leases_lost,
+            leases_expired: status.leases_expired,
+        }
+    }
 }
 
 /// `POST /admin/reload`, when the new configuration is in force.

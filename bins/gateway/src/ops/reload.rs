@@ -239,11 +239,15 @@ impl Reloader {
         let new_models: BTreeSet<String> = new.routes.routes().map(|r| r.model.clone()).collect();
         // From the next handshake on; open connections keep the certificate they got.
         self.slots.renew(&new.listener_certs);
+        let new_cluster = new.cluster.clone();
         self.live.replace(new);
 
         for (authority, model) in old_keys.difference(&new_keys) {
             // Waiters fail with `Closed` (→ 503); held permits stay valid until released.
             self.limiter.remove(authority.as_str(), model.as_str());
+            if let Some(cluster) = &new_cluster {
+                slotgate_admission::Admission::remove(cluster, authority.as_str(), model.as_str());
+            }
         }
         for (upstream, model) in old_series.difference(&new_series) {
             self.metrics.forget_target(upstream, model);

@@ -15,6 +15,8 @@ use crate::metrics::{Metrics, TargetLabels};
 use crate::proxy::live::{Generation, Live};
 use crate::upstreams::state::UpstreamState;
 
+mod cluster;
+
 /// A registry with every family of `metrics`, plus the gauges read from the configuration in
 /// force at scrape time.
 pub(crate) fn registry(metrics: &Metrics, live: Arc<Live>) -> Registry {
@@ -77,7 +79,8 @@ fn key_gauges(generation: &Generation) -> Vec<KeyGauges> {
                 // Discovered for `parallel = "auto"` (absent while unknown).
                 capacity: target.slots(&reading),
                 in_use: reading.in_flight,
-                queued: reading.queued,
+                // Under `[cluster]` this replica's requests wait in the shared store.
+                queued: reading.queued + target.shared.as_ref().map_or(0, |s| s.local().queued),
                 queue_capacity: reading.limits.queue,
             }
         })
@@ -152,6 +155,7 @@ impl Collector for LiveGauges {
         ConstGauge::new(i64::try_from(generation.number).unwrap_or(i64::MAX)).encode(metric)?;
 
         encode_caps(&generation, &mut encoder)?;
+        cluster::encode(&generation, &mut encoder)?;
 
         for (name, help, pick) in per_upstream {
             let mut metric = encoder.encode_descriptor(

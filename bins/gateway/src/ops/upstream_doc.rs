@@ -86,7 +86,16 @@ fn model_status<'g>(model: &'g str, t: &Target) -> ModelDoc<'g> {
             last_error: view.error,
         }
     });
+    let cluster = t.shared.as_ref().map(|shared| {
+        let global = shared.global();
+        ClusterKeyDoc {
+            in_flight: global.map(|g| g.in_flight),
+            queued: global.map(|g| g.queued),
+            replica_queued: shared.local().queued,
+        }
+    });
     ModelDoc {
+        cluster,
         name: model,
         loaded: t.is_loaded(),
         parallel,
@@ -95,7 +104,8 @@ fn model_status<'g>(model: &'g str, t: &Target) -> ModelDoc<'g> {
         queue_timeout: t.queue_timeout.map(duration),
         capacity,
         in_flight: reading.in_flight,
-        queued: reading.queued,
+        // Under `[cluster]` this replica's requests wait in the shared queue.
+        queued: reading.queued + t.shared.as_ref().map_or(0, |s| s.local().queued),
         engine,
         discovery,
     }
@@ -164,6 +174,18 @@ struct ModelDoc<'g> {
     /// How the slot count of `parallel = "auto"` was found.
     #[serde(skip_serializing_if = "Option::is_none")]
     discovery: Option<DiscoveryDoc>,
+    /// Under `[cluster]`: the key across every replica (`in_flight`, `queued`: as last seen,
+    /// `null` before the first call) next to this replica's own (`in_flight` and `queued`
+    /// above; `replica_queued` of them waiting in the shared queue).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster: Option<ClusterKeyDoc>,
+}
+
+#[derive(Debug, Serialize)]
+struct ClusterKeyDoc {
+    in_flight: Option<usize>,
+    queued: Option<usize>,
+    replica_queued: usize,
 }
 
 /// `parallel` as configured: a count, or `"unlimited"` / `"auto"`.

@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use slotgate_admission::Slot as SharedSlot;
 use slotgate_limiter::{Acquire, AcquireError, Permit, QueuePosition, Ticket};
 use tokio::time::Sleep;
 use tracing::debug;
@@ -86,6 +87,18 @@ pub(crate) enum Refused {
     /// The gateway started shutting down while the request waited: only requests already
     /// running get the drain grace period.
     ShuttingDown,
+    /// Under `[cluster]`: the shared slot store cannot be reached and the policy is
+    /// `fail-closed`. Every target shares the store, so no other target can help.
+    StoreUnavailable {
+        /// The store's next probe.
+        retry_after: Duration,
+    },
+    /// Under `[cluster]`: the request needs `weight` slots, and the shared store counts one
+    /// per request (see [`shared`]).
+    Unshared {
+        /// The slots asked for.
+        weight: usize,
+    },
 }
 
 /// Whether a released slot's hold time feeds the `Retry-After` estimate and the duration
@@ -100,6 +113,8 @@ enum Hold {
 #[derive(Debug)]
 pub(crate) struct Slot {
     permit: Permit,
+    /// Under `[cluster]`: the slot in the shared store, released with the permit.
+    shared: Option<SharedSlot>,
     granted: Instant,
     hold: Arc<HoldStats>,
     metrics: Arc<TargetMetrics>,
@@ -126,6 +141,9 @@ pub(crate) fn join(
     if stop.is_fired() {
         return Err(Refused::ShuttingDown);
     }
+    if let Some(key) = &target.shared {
+        return shared::join(target, key, ticket, deadlines, stop);
+    }
     let acquire = target.key.acquire_with(ticket);
     if !acquire.is_queued() {
         // Granted or refused at call time: the first poll answers without waiting.
@@ -149,7 +167,7 @@ pub(crate) fn join(
     }
     let mut stop = stop.clone();
     Ok(Admission::Queued(Queued {
-        acquire,
+        acquire: Waiting::Local(acquire),
         wait,
         timer: wait.map(|wait| Box::pin(tokio::time::sleep_until(wait.until))),
         stop: Box::pin(async move { stop.fired().await }),
@@ -174,6 +192,7 @@ fn granted(
     metrics.queue_wait.observe(permit.waited());
     Ok(Slot {
         permit,
+        shared: None,
         granted: Instant::now(),
         hold: Arc::clone(hold),
         metrics: Arc::clone(metrics),
@@ -184,7 +203,7 @@ fn granted(
 /// the gateway shuts down. Dropping it gives up the place in the queue (counted as a client that
 /// left while queued, unless it had already finished).
 pub(crate) struct Queued {
-    acquire: Acquire,
+    acquire: Waiting,
     /// `None` only for a target without `queue_timeout`, which never queues.
     wait: Option<Wait>,
     timer: Option<Pin<Box<Sleep>>>,
@@ -194,6 +213,22 @@ pub(crate) struct Queued {
     armed: bool,
     hold: Arc<HoldStats>,
     metrics: Arc<TargetMetrics>,
+}
+
+/// What a [`Queued`] waits on: the target's local key, or (under `[cluster]`) the shared
+/// store and then the local key ([`shared`]).
+enum Waiting {
+    Local(Acquire),
+    Shared(BoxFuture<'static, Result<Slot, Refused>>),
+}
+
+impl std::fmt::Debug for Waiting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Waiting::Local(acquire) => acquire.fmt(f),
+            Waiting::Shared(_) => f.write_str("Shared"),
+        }
+    }
 }
 
 impl std::fmt::Debug for Queued {
@@ -208,7 +243,11 @@ impl std::fmt::Debug for Queued {
 impl Queued {
     /// Where the request stands in the queue now; `None` once it has an outcome.
     pub(crate) fn position(&self) -> Option<QueuePosition> {
-        self.acquire.position()
+        match &self.acquire {
+            Waiting::Local(acquire) => acquire.position(),
+            // The shared queue's place is not known here (only its length, `Target::global`).
+            Waiting::Shared(_) => None,
+        }
     }
 
     /// How long it has waited so far.
@@ -227,9 +266,15 @@ impl Future for Queued {
             this.armed = false;
             return Poll::Ready(Err(Refused::ShuttingDown));
         }
-        if let Poll::Ready(outcome) = Pin::new(&mut this.acquire).poll(cx) {
+        let outcome = match &mut this.acquire {
+            Waiting::Local(acquire) => Pin::new(acquire)
+                .poll(cx)
+                .map(|outcome| granted(outcome, &this.hold, &this.metrics)),
+            Waiting::Shared(slot) => slot.as_mut().poll(cx),
+        };
+        if let Poll::Ready(outcome) = outcome {
             this.armed = false;
-            return Poll::Ready(granted(outcome, &this.hold, &this.metrics));
+            return Poll::Ready(outcome);
         }
         if let (Some(timer), Some(wait)) = (this.timer.as_mut(), this.wait)
             && timer.as_mut().poll(cx).is_ready()
@@ -370,7 +415,11 @@ impl Slot {
 
     /// How long the request waited in the queue for this slot (zero when it was free).
     pub(crate) fn waited(&self) -> Duration {
-        self.permit.waited()
+        let shared = self
+            .shared
+            .as_ref()
+            .map_or(Duration::ZERO, SharedSlot::waited);
+        shared + self.permit.waited()
     }
 
     /// This slot's target metrics.
@@ -420,5 +469,6 @@ pub(crate) async fn take(
     }
 }
 
+mod shared;
 #[cfg(test)]
 mod tests;

@@ -15,12 +15,15 @@ use std::time::SystemTime;
 use arc_swap::ArcSwap;
 use slotgate_config::Config;
 use slotgate_limiter::Limiter;
+use slotgate_limiter_redis::RedisLimiter;
+use slotgate_limiter_redis::Settings;
 
 use crate::error::chain;
 use crate::listener_tls::{ListenerCerts, ListenerTlsError};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, observe};
 use crate::proxy::auth::{ApiKeys, ApiKeysError};
 use crate::proxy::route::Routes;
+use crate::upstreams::cluster::{self, ClusterError};
 use crate::upstreams::health::HealthPolicy;
 use crate::upstreams::monitor::Watched;
 use crate::upstreams::state::{UpstreamError, Upstreams};
@@ -54,6 +57,9 @@ pub(crate) enum ConfigProblem {
     /// A listener certificate.
     #[error(transparent)]
     ListenerTls(#[from] ListenerTlsError),
+    /// `[cluster]`.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
 }
 
 impl ConfigProblems {
@@ -63,21 +69,25 @@ impl ConfigProblems {
     }
 }
 
+/// What [`fallible_parts`] builds.
+type Parts = (Upstreams, ApiKeys, ListenerCerts, Option<Settings>);
+
 /// The parts of a generation that can fail, built together so that every problem is reported
-/// at once. Nothing shared is touched.
-fn fallible_parts(
-    config: &Config,
-    previous: Option<&Upstreams>,
-) -> Result<(Upstreams, ApiKeys, ListenerCerts), ConfigProblems> {
-    let upstreams = Upstreams::build(config, previous);
+/// at once. Nothing shared is touched: the shared slot store's settings are checked (against
+/// the `[cluster]` in force, on a reload), not started.
+fn fallible_parts(config: &Config, previous: Option<&Generation>) -> Result<Parts, ConfigProblems> {
+    let upstreams = Upstreams::build(config, previous.map(|p| &p.upstreams));
+    let cluster = cluster::check(config, previous.map(|p| &p.config));
     let api_keys = ApiKeys::load(
         &config.server.api_keys,
         config.server.api_keys_file.as_deref(),
     );
     let listener_certs = ListenerCerts::load(&config.server);
-    match (upstreams, api_keys, listener_certs) {
-        (Ok(upstreams), Ok(api_keys), Ok(certs)) => Ok((upstreams, api_keys, certs)),
-        (upstreams, api_keys, listener_certs) => {
+    match (upstreams, api_keys, listener_certs, cluster) {
+        (Ok(upstreams), Ok(api_keys), Ok(certs), Ok(cluster)) => {
+            Ok((upstreams, api_keys, certs, cluster))
+        }
+        (upstreams, api_keys, listener_certs, cluster) => {
             let mut problems: Vec<ConfigProblem> = upstreams
                 .err()
                 .unwrap_or_default()
@@ -92,6 +102,7 @@ fn fallible_parts(
                     .into_iter()
                     .map(ConfigProblem::from),
             );
+            problems.extend(cluster.err().map(ConfigProblem::from));
             Err(ConfigProblems(problems))
         }
     }
@@ -116,6 +127,9 @@ pub(crate) struct Generation {
     pub(crate) policy: HealthPolicy,
     /// The listeners' certificates, as read for this configuration.
     pub(crate) listener_certs: ListenerCerts,
+    /// The shared slot store under `[cluster]`: started with the first generation, kept by
+    /// every reload (one per process).
+    pub(crate) cluster: Option<RedisLimiter>,
 }
 
 impl Generation {
@@ -132,12 +146,23 @@ impl Generation {
         limiter: &Limiter,
         metrics: &Metrics,
     ) -> Result<Self, ConfigProblems> {
-        let (upstreams, api_keys, listener_certs) =
-            fallible_parts(&config, previous.map(|p| &p.upstreams))?;
+        let (upstreams, api_keys, listener_certs, settings) = fallible_parts(&config, previous)?;
+        let cluster = match (previous, settings) {
+            (Some(previous), _) => previous.cluster.clone(),
+            (None, Some(settings)) => {
+                let started =
+                    cluster::start(settings).map_err(|error| ConfigProblems(vec![error.into()]))?;
+                let round_trip = metrics.store_round_trip();
+                started.observe_round_trips(move |took| observe(&round_trip, took));
+                Some(started)
+            }
+            (None, None) => None,
+        };
         let routes = Routes::build(
             &config,
             &upstreams,
             limiter,
+            cluster.as_ref(),
             metrics,
             previous.map(|p| &p.routes),
         );
@@ -150,6 +175,7 @@ impl Generation {
             routes,
             api_keys,
             listener_certs,
+            cluster,
         })
     }
 

@@ -6,7 +6,7 @@
 //! | side     | variants | status |
 //! |----------|----------|--------|
 //! | client   | `NotFound`, `MethodNotAllowed`, `ModelNotFound`, `BadRequest`, `TooHeavy`, `BodyRead`, `BodyTooLarge`, `BodyTimeout`, `UnsupportedMediaType`, `Unauthorized` | 404, 405, 404, 400, 400, 400, 413, 408, 415, 401 |
-//! | capacity | `QueueFull`, `QueueTimeout`, `Overloaded` (the request never ran; retry) | 503 + `Retry-After` |
+//! | capacity | `QueueFull`, `QueueTimeout`, `Overloaded`, `StoreUnavailable` (the request never ran; retry) | 503 + `Retry-After` |
 //! | upstream | `UpstreamUnavailable` (nothing sent; retry), `UpstreamFailed`, `UpstreamTimeout` (maybe ran; the client decides) | 503 + `Retry-After`, 502, 504 |
 //! | gateway  | `ShuttingDown` (retry), `Internal` (a bug) | 503 + `Retry-After`, 500 |
 //! | operator (admin API) | `ReloadUnavailable`, `ConfigRefused` (the configuration in force stays) | 409, 422 |
@@ -169,6 +169,16 @@ pub(crate) enum Error {
         deadline: Option<Box<Deadline>>,
     },
 
+    /// Under `[cluster]`, the shared slot store cannot be reached and the policy is
+    /// `fail-closed`.
+    #[error("the shared slot store is unavailable; model {model:?} is refused (fail-closed)")]
+    StoreUnavailable {
+        /// The model asked for.
+        model: String,
+        /// The store's next probe.
+        retry_after: Duration,
+    },
+
     /// The gateway-wide budget of buffered request-body bytes is spent.
     #[error("the buffered request bodies fill the budget of {budget} bytes")]
     Overloaded {
@@ -297,6 +307,10 @@ pub(crate) struct Deadline {
 
 impl Error {
     /// The problem document for this error.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one arm per error, each its constructor call: splitting it hides the mapping"
+    )]
     pub(crate) fn to_problem(&self) -> Problem {
         match self {
             Error::NotFound { path } => Problem::not_found(path),
@@ -335,6 +349,9 @@ impl Error {
                 u64::try_from(*budget).unwrap_or(u64::MAX),
                 OVERLOADED_RETRY_AFTER,
             ),
+            Error::StoreUnavailable { model, retry_after } => {
+                Problem::store_unavailable(model, *retry_after)
+            }
             Error::UnsupportedMediaType { got } => Problem::unsupported_media_type(got.as_deref()),
             Error::Unauthorized => Problem::unauthorized(),
             Error::QueueFull {
@@ -548,6 +565,15 @@ mod tests {
                 Error::Overloaded { budget: 1 << 20 },
                 503,
                 "overloaded",
+                true,
+            ),
+            (
+                Error::StoreUnavailable {
+                    model: "m".into(),
+                    retry_after: Duration::from_secs(3),
+                },
+                503,
+                "store-unavailable",
                 true,
             ),
             (

@@ -26,10 +26,12 @@ use std::sync::Arc;
 
 use slotgate_config::{Config, ModelLimits, Queueing};
 use slotgate_limiter::{HostReading, Limiter, QueueOrder};
+use slotgate_limiter_redis::RedisLimiter;
 
 use crate::metrics::{Metrics, RejectionMetrics};
 use crate::proxy::endpoint::Endpoint;
 use crate::upstreams::auto_slots::AutoSlots;
+use crate::upstreams::cluster::SharedKey;
 use crate::upstreams::residency;
 use crate::upstreams::state::{UpstreamState, Upstreams};
 use crate::upstreams::target::{Sizing, Target};
@@ -54,14 +56,20 @@ pub(crate) struct Route {
 }
 
 impl Routes {
-    /// Builds the table for `config`, configures `limiter` with every (upstream, model) key
+    /// Builds the table for `config`, configures `limiter` (and the shared store `cluster`, for
+    /// the models with a cap, under `[cluster]`) with every (upstream, model) key
     /// (live: a changed limit applies to requests already waiting) and creates each key's
     /// metrics. `upstreams` must have been built from the same `config`; hold-time statistics,
     /// engine load readings and discovered slot counts are carried over from `previous`.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one pass over the upstreams' models, each configuring its keys and target"
+    )]
     pub(crate) fn build(
         config: &Config,
         upstreams: &Upstreams,
         limiter: &Limiter,
+        cluster: Option<&RedisLimiter>,
         metrics: &Metrics,
         previous: Option<&Routes>,
     ) -> Self {
@@ -98,6 +106,7 @@ impl Routes {
             }
             for (model, limits) in &upstream.models {
                 let previous = carried.get(&(authority, model.as_str()));
+                let mut shared = None;
                 let (sizing, queue_timeout) = match *limits {
                     ModelLimits::Limited {
                         parallel,
@@ -106,6 +115,9 @@ impl Routes {
                         capacity,
                     } => {
                         limiter.configure(authority, model.as_str(), parallel, queue);
+                        shared = cluster.map(|cluster| {
+                            SharedKey::configure(cluster, authority, model, parallel, queue)
+                        });
                         (Sizing::Fixed { capacity }, Some(queue_timeout))
                     }
                     ModelLimits::Unlimited => {
@@ -134,6 +146,7 @@ impl Routes {
                     model: model.clone(),
                     engine_model: engine_model.to_owned(),
                     key: limiter.handle(authority, model.as_str()),
+                    shared,
                     tagged_name: residency::tagged_name(state.kind, engine_model),
                     sizing,
                     queue_timeout,

@@ -436,6 +436,15 @@ impl App {
                     deadline: client_deadline(wait, None),
                 }
             }
+            Refused::StoreUnavailable { retry_after } => {
+                route.rejections.store_unavailable.inc();
+                Error::StoreUnavailable { model, retry_after }
+            }
+            Refused::Unshared { weight } => Error::BadRequest(format!(
+                "the request runs {weight} sequences (`n`, or `best_of` when larger), and this \
+                 gateway shares its slots with other replicas ([cluster]), which count one slot \
+                 per request; ask for one sequence"
+            )),
             Refused::Hopeless { expected, wait } => {
                 route.rejections.queue_timeout.inc();
                 Error::QueueTimeout {

@@ -4,6 +4,7 @@
 //!   [`residency`] (which models are loaded), draining.
 //! - [`target`]: one upstream's offer of one model, with the state kept per (upstream, model):
 //!   [`hold`] times, the [`auto_slots`] count, the [`engine_load`].
+//! - [`cluster`]: the shared slot store of `[cluster]`, and a target's key in it.
 //! - [`monitor`]: every health-check interval, the checks of each upstream, then
 //!   [`slot_discovery`] (`parallel = "auto"`) and [`reconcile`] (the engine's own busy count),
 //!   all through [`probe`], the typed client for the engines' own endpoints, and fanned out by
@@ -13,6 +14,7 @@
 //! ([`proxy`](crate::proxy)) and operations ([`ops`](crate::ops)) build on it.
 
 pub(crate) mod auto_slots;
+pub(crate) mod cluster;
 pub(crate) mod engine_load;
 pub(crate) mod fan_out;
 pub(crate) mod health;

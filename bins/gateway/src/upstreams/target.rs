@@ -9,12 +9,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use slotgate_admission::Occupancy;
 use slotgate_choose::Info;
 use slotgate_config::Queueing;
 use slotgate_limiter::{KeyHandle, KeyReading, Ticket};
 
 use crate::metrics::TargetMetrics;
 use crate::upstreams::auto_slots::AutoSlots;
+use crate::upstreams::cluster::SharedKey;
 use crate::upstreams::engine_load::EngineLoad;
 use crate::upstreams::hold::HoldStats;
 use crate::upstreams::state::UpstreamState;
@@ -32,6 +34,9 @@ pub(crate) struct Target {
     /// The model's limiter key on this upstream. Its `Limits` are the one home of `parallel`
     /// (the count in force, configured or read from the engine) and `queue`.
     pub(crate) key: KeyHandle,
+    /// Under `[cluster]`, for a model with a cap: its key in the shared slot store, which every
+    /// replica admits through first (see [`cluster`](crate::upstreams::cluster)).
+    pub(crate) shared: Option<SharedKey>,
     /// How `parallel` is decided.
     pub(crate) sizing: Sizing,
     /// The model's other resident name on this upstream ([`tagged_name`](crate::upstreams::residency::tagged_name): Ollama's
@@ -125,6 +130,10 @@ impl Target {
         if let Some(cap) = self.key.host_reading() {
             free = free.min(cap.parallel.saturating_sub(cap.in_flight));
         }
+        // Under `[cluster]` the cap is shared: every replica's holders count.
+        if let Some(global) = self.global() {
+            free = reading.limits.parallel.saturating_sub(global.in_flight);
+        }
         Info {
             healthy: self.upstream.health.is_routable(),
             draining: self.upstream.is_draining(),
@@ -133,7 +142,7 @@ impl Target {
             // the `residency` module.
             can_serve: true,
             free,
-            queued: reading.queued,
+            queued: self.waiting(&reading),
             weight: self.weight,
         }
     }
@@ -141,7 +150,10 @@ impl Target {
     /// The `Retry-After` for a request with `ticket`: where it would stand in the queue now
     /// (its class, and its tenant's place under fair order), not behind everyone.
     pub(crate) fn retry_after_for(&self, ticket: &Ticket) -> Duration {
-        let ahead = self.key.position_for(ticket).ahead;
+        // Under `[cluster]` the queue is shared (and FIFO): everyone waiting is ahead.
+        let ahead = self
+            .global()
+            .map_or_else(|| self.key.position_for(ticket).ahead, |g| g.queued);
         let reading = self.reading();
         self.hold
             .retry_after(ahead, self.slots(&reading).unwrap_or(usize::MAX))
@@ -153,5 +165,16 @@ impl Target {
         let reading = self.reading();
         self.hold
             .expected_wait(ahead, self.slots(&reading).unwrap_or(usize::MAX))
+    }
+
+    /// Requests waiting for this target's slots: across every replica under `[cluster]` (as
+    /// last seen), else here.
+    pub(crate) fn waiting(&self, reading: &KeyReading) -> usize {
+        self.global().map_or(reading.queued, |global| global.queued)
+    }
+
+    /// The shared key's holders and waiters across every replica, under `[cluster]`.
+    pub(crate) fn global(&self) -> Option<Occupancy> {
+        self.shared.as_ref().and_then(SharedKey::global)
     }
 }

@@ -125,7 +125,7 @@ fn unknown_root_keys_are_reported() {
     assert_only_issue(
         &toml,
         "listen",
-        "unknown key (expected one of: server, upstreams, aliases)",
+        "unknown key (expected one of: server, upstreams, aliases, cluster)",
     );
 }
 

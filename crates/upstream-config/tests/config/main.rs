@@ -1,6 +1,7 @@
 //! slotgate-config through its public API: every rule, environment overrides (in a
 //! `figment::Jail`), the effective config, and the sample configs under `examples/`.
 
+mod cluster_rules;
 mod effective;
 mod env;
 mod examples;

@@ -1,0 +1,80 @@
+//! Admission under `[cluster]`: the slot comes from the shared store (one cap and one FIFO
+//! queue across every replica, `docs/scale-out.md`), then the target's local key counts it.
+//!
+//! The request always gets a [`Queued`]: even a free slot takes a round trip to Redis. Its wait
+//! is bounded like a local one (`queue_timeout` and the client's deadline, the shutdown signal)
+//! and cancellable the same way: dropping it leaves the global queue. The local key always has
+//! room for a granted shared slot (this replica holds no more shared slots than the cap), so
+//! the local step does not wait in practice; the same timer bounds it anyway.
+//!
+//! Weights: the shared store counts one slot per request, so a request that needs several
+//! sequences (`n`, `best_of`) is refused with [`Refused::Unshared`] (a `400`) rather than let
+//! it take more of the engine than the cap says.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use slotgate_admission::AdmitError;
+use slotgate_limiter::{AcquireError, Ticket};
+
+use super::{Admission, Queued, Refused, Slot, Waiting};
+use crate::proxy::client::Deadlines;
+use crate::shutdown::ShutdownSignal;
+use crate::upstreams::cluster::SharedKey;
+use crate::upstreams::target::Target;
+
+/// Joins the global queue of `target`'s shared key for `ticket` (one slot).
+pub(super) fn join(
+    target: &Target,
+    key: &SharedKey,
+    ticket: &Ticket,
+    deadlines: &Deadlines,
+    stop: &ShutdownSignal,
+) -> Result<Admission, Refused> {
+    let weight = ticket.weight_units();
+    if weight > 1 {
+        return Err(Refused::Unshared { weight });
+    }
+    let now = tokio::time::Instant::now();
+    let wait = target
+        .queue_timeout
+        .map(|timeout| deadlines.wait(now, timeout, target.queueing.honor_sdk_timeout));
+    let shared = key.acquire();
+    let retry_after = key.store_retry_after();
+    let local = target.key.clone();
+    let hold = Arc::clone(&target.hold);
+    let metrics = Arc::clone(&target.metrics);
+    let slot = async move {
+        let shared_slot = shared.await.map_err(|error| match error {
+            AdmitError::QueueFull => Refused::Full,
+            AdmitError::StoreUnavailable(_) => Refused::StoreUnavailable { retry_after },
+            _ => Refused::Closed,
+        })?;
+        // The local key counts the slot for the gateway's own accounting.
+        let permit = local.acquire_many(1).await.map_err(|error| match error {
+            AcquireError::QueueFull => Refused::Full,
+            _ => Refused::Closed,
+        })?;
+        metrics
+            .queue_wait
+            .observe(shared_slot.waited() + permit.waited());
+        Ok(Slot {
+            permit,
+            shared: Some(shared_slot),
+            granted: Instant::now(),
+            hold,
+            metrics,
+        })
+    };
+    let mut stop = stop.clone();
+    Ok(Admission::Queued(Queued {
+        acquire: Waiting::Shared(Box::pin(slot)),
+        wait,
+        timer: wait.map(|wait| Box::pin(tokio::time::sleep_until(wait.until))),
+        stop: Box::pin(async move { stop.fired().await }),
+        since: now,
+        armed: true,
+        hold: Arc::clone(&target.hold),
+        metrics: Arc::clone(&target.metrics),
+    }))
+}

@@ -1,0 +1,740 @@
+//! `[cluster]` end to end: two `slotgate` processes (the built binary) in front of one fake
+//! engine share one cap and one FIFO queue through Redis (`docs/scale-out.md`).
+//!
+//! They need the Redis on `127.0.0.1:6379` (or `SLOTGATE_TEST_REDIS_URL`) and fail with a
+//! message saying so when it is missing; the store-down tests start their own `redis-server` on
+//! a free port and stop it. Every test uses its own key prefix and deletes its keys; every
+//! process a test starts, it stops (dropping a [`Replica`] kills it).
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use fake_upstream::{FakeConfig, FakeUpstream, Observer};
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use support::{slotgate, write};
+
+const MODEL: &str = "m";
+/// Bound on anything that should happen soon on a loaded 2-core machine (reached only when a
+/// test fails).
+const SOON: Duration = Duration::from_secs(20);
+
+fn redis_url() -> String {
+    std::env::var("SLOTGATE_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
+}
+
+/// A sync connection to `url`, failing the test with a clear message when Redis is missing.
+fn redis_conn(url: &str) -> redis::Connection {
+    let client = redis::Client::open(url).expect("a redis:// URL");
+    let mut conn = client
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .unwrap_or_else(|error| {
+            panic!(
+                "these tests need a Redis server at {url} ({error}); start one with \
+                 `redis-server --save '' --appendonly no &` or set SLOTGATE_TEST_REDIS_URL"
+            )
+        });
+    redis::cmd("PING")
+        .query::<String>(&mut conn)
+        .unwrap_or_else(|error| panic!("Redis at {url} does not answer PING: {error}"));
+    conn
+}
+
+/// This test's key prefix in a Redis; deletes every key under it when dropped.
+struct Prefix {
+    url: String,
+    name: String,
+}
+
+impl Prefix {
+    fn new(url: &str, test: &str) -> Self {
+        let prefix = Self {
+            url: url.to_owned(),
+            name: format!("slotgate-e2e-{test}-{}", std::process::id()),
+        };
+        prefix.cleanup();
+        prefix
+    }
+
+    /// The Redis key of `set` (`holders`, `waiters`) of the fake's key (see `KeyNames`).
+    fn key(&self, fake: &FakeUpstream, set: &str) -> String {
+        let host = format!("http://{}", fake.addr());
+        format!("{}:{{{}:{host}|{MODEL}}}:{set}", self.name, host.len())
+    }
+
+    fn zcard(&self, fake: &FakeUpstream, set: &str) -> usize {
+        redis::cmd("ZCARD")
+            .arg(self.key(fake, set))
+            .query(&mut redis_conn(&self.url))
+            .unwrap()
+    }
+
+    fn cleanup(&self) {
+        let Ok(client) = redis::Client::open(self.url.as_str()) else {
+            return;
+        };
+        let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_secs(1)) else {
+            return;
+        };
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}:*", self.name))
+            .query(&mut conn)
+            .unwrap_or_default();
+        if !keys.is_empty() {
+            let _: redis::RedisResult<()> = redis::cmd("DEL").arg(keys).query(&mut conn);
+        }
+    }
+}
+
+impl Drop for Prefix {
+    fn drop(&mut self) {
+        self.cleanup();
+    }
+}
+
+/// A private `redis-server` on a free loopback port, without persistence, stopped on drop.
+struct PrivateRedis {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl PrivateRedis {
+    fn start() -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free loopback port");
+        let mut redis = Self { port, child: None };
+        redis.restart();
+        redis
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Starts the server (again, on the same port, empty) and waits until it answers.
+    fn restart(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed (apt-get install redis-server)");
+        self.child = Some(child);
+        let deadline = Instant::now() + SOON;
+        loop {
+            let up = redis::Client::open(self.url().as_str())
+                .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                .is_ok();
+            if up {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the private redis-server answers"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the server (SIGKILL: its data is gone, as after a crash).
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One `slotgate serve` process; killed (SIGKILL) and reaped when dropped.
+struct Replica {
+    child: Child,
+    api: SocketAddr,
+    /// The admin listener, when the configuration has one.
+    admin: Option<SocketAddr>,
+}
+
+impl Replica {
+    fn start(name: &str, toml: &str) -> Self {
+        let path = write(&format!("cluster-{name}.toml"), toml);
+        let mut child = slotgate()
+            .args(["serve", "--log-format", "json", "--config"])
+            .arg(&path)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the slotgate binary starts");
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr is piped")).lines();
+        let deadline = Instant::now() + SOON;
+        let wants_admin = toml.contains("admin_listen");
+        let (mut api, mut admin) = (None, None);
+        while api.is_none() || (wants_admin && admin.is_none()) {
+            assert!(Instant::now() < deadline, "no 'listening' log lines");
+            let line = lines.next().expect("the gateway logs").expect("a log line");
+            let log: Value = serde_json::from_str(&line).unwrap_or_default();
+            let field =
+                |name: &str| -> Option<SocketAddr> { log["fields"][name].as_str()?.parse().ok() };
+            if line.contains("API listening") {
+                api = field("api_addr");
+            } else if line.contains("admin listening") {
+                admin = field("admin_addr");
+            }
+        }
+        let api = api.expect("api_addr in the log line");
+        // Keep reading the logs, so the gateway never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
+        Self { child, api, admin }
+    }
+
+    /// `kill -9`.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn config(fake: &FakeUpstream, cluster: &str, parallel: usize, queue: usize) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[cluster]
+{cluster}
+
+[upstreams.engine]
+url = "{url}"
+kind = "llama-server"
+
+[upstreams.engine.models.{MODEL}]
+parallel = {parallel}
+queue = {queue}
+queue_timeout = "30s"
+"#,
+        url = fake.url(),
+    )
+}
+
+fn cluster(url: &str, prefix: &Prefix, extra: &str) -> String {
+    format!(
+        "redis_url = \"{url}\"\nkey_prefix = \"{}\"\nlease_ttl = \"2s\"\nstore_timeout = \"300ms\"\n{extra}",
+        prefix.name
+    )
+}
+
+/// A complete answer: status, headers, body.
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    retry_after: Option<u64>,
+    body: Bytes,
+}
+
+impl Reply {
+    fn problem_type(&self) -> String {
+        let doc: Value = serde_json::from_slice(&self.body).unwrap_or_default();
+        doc["type"].as_str().unwrap_or_default().to_owned()
+    }
+
+    /// Asserts a 503 problem of `slug` with a `Retry-After`.
+    fn assert_503(&self, slug: &str) {
+        assert_eq!(self.status, 503, "{self:?}");
+        assert!(
+            self.problem_type().ends_with(&format!("/{slug}")),
+            "{self:?}"
+        );
+        assert!(
+            self.retry_after.is_some_and(|s| s >= 1),
+            "Retry-After: {self:?}"
+        );
+    }
+}
+
+/// A streamed `POST /v1/chat/completions` with `id` as the request id and `headers` for the
+/// fake, read to its end.
+async fn chat(addr: SocketAddr, id: String, headers: &[(&str, &str)]) -> Reply {
+    let body = serde_json::json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hello"}],
+        "stream": true,
+    });
+    let mut request = Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("x-request-id", id.as_str());
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let response = client.request(request).await.expect("the gateway answers");
+    let (head, body) = response.into_parts();
+    let body = body.collect().await.expect("the whole body").to_bytes();
+    Reply {
+        status: head.status.as_u16(),
+        retry_after: head
+            .headers
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()?.parse().ok()),
+        body,
+    }
+}
+
+/// `GET path` on `addr`: status and body.
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let request = Request::get(format!("http://{addr}{path}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let response = client
+        .request(request)
+        .await
+        .expect("the admin listener answers");
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// A chat request for `n` choices (no stream), answered at once.
+async fn chat_n(addr: SocketAddr, n: u32) -> Reply {
+    let body = serde_json::json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hello"}],
+        "n": n,
+    });
+    let request = Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let response = client.request(request).await.expect("the gateway answers");
+    let (head, body) = response.into_parts();
+    Reply {
+        status: head.status.as_u16(),
+        retry_after: None,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+/// Polls `done` until it holds, failing after [`SOON`].
+async fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + SOON;
+    while !done() {
+        assert!(Instant::now() < deadline, "not within {SOON:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Request ids in the order the engine started them.
+fn started_order(observer: &Observer, ids: &[String]) -> Vec<String> {
+    let mut started: Vec<_> = observer
+        .requests()
+        .into_iter()
+        .filter(|r| ids.contains(&r.id))
+        .filter_map(|r| Some((r.started_at?, r.id)))
+        .collect();
+    started.sort();
+    started.into_iter().map(|(_, id)| id).collect()
+}
+
+async fn engine(slots: usize) -> FakeUpstream {
+    FakeUpstream::start(FakeConfig::llama_server(slots).model(MODEL))
+        .await
+        .expect("the fake engine starts")
+}
+
+/// Spawns [`chat`].
+fn spawn_chat(
+    addr: SocketAddr,
+    id: impl Into<String>,
+    headers: &'static [(&'static str, &'static str)],
+) -> tokio::task::JoinHandle<Reply> {
+    tokio::spawn(chat(addr, id.into(), headers))
+}
+
+const QUICK: &[(&str, &str)] = &[("x-fake-hold-ms", "50")];
+const SHORT_HOLD: &[(&str, &str)] = &[("x-fake-hold-ms", "400")];
+const QUEUED_HOLD: &[(&str, &str)] = &[("x-fake-hold-ms", "1600")];
+const LONG_HOLD: &[(&str, &str)] = &[("x-fake-hold-ms", "3000")];
+const HOLDS: [&[(&str, &str)]; 4] = [
+    &[("x-fake-hold-ms", "4000")],
+    &[("x-fake-hold-ms", "4400")],
+    &[("x-fake-hold-ms", "4800")],
+    &[("x-fake-hold-ms", "5200")],
+];
+/// A stream of 20 s: long enough to be held until the test ends it.
+const STREAM: &[(&str, &str)] = &[("x-fake-tokens", "400"), ("x-fake-chunk-interval-ms", "50")];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_share_one_cap_and_one_fifo_queue() {
+    let url = redis_url();
+    redis_conn(&url);
+    let prefix = Prefix::new(&url, "cap");
+    // The engine has room for 16: only the shared cap keeps it at 4.
+    let fake = engine(16).await;
+    let toml = config(&fake, &cluster(&url, &prefix, ""), 4, 8);
+    let a = Replica::start("cap-a", &toml);
+    let b = Replica::start("cap-b", &toml);
+    let gateways = [a.api, b.api];
+
+    // 4 holders, 2 through each gateway, released 400 ms apart so that each release grants
+    // one waiter at a time and the grant order is plain to see at the engine.
+    let mut served = Vec::new();
+    for (i, hold) in HOLDS.into_iter().enumerate() {
+        served.push(spawn_chat(gateways[i % 2], format!("hold-{i}"), hold));
+    }
+    eventually("4 slots held on the engine", || {
+        fake.observer().in_flight() == 4
+    })
+    .await;
+
+    // 8 queued, alternating gateways, each in the global queue before the next arrives.
+    let mut arrival = Vec::new();
+    for i in 0..8 {
+        let id = format!("queued-{i}");
+        arrival.push(id.clone());
+        served.push(spawn_chat(gateways[i % 2], id, QUEUED_HOLD));
+        eventually("the request waits in the global queue", || {
+            prefix.zcard(&fake, "waiters") == i + 1
+        })
+        .await;
+    }
+    // The last 28 of the 40 find the global queue full: refused at once, whichever gateway.
+    let refused: Vec<_> = (0..28)
+        .map(|i| spawn_chat(gateways[i % 2], format!("refused-{i}"), QUICK))
+        .collect();
+    for task in refused {
+        task.await.unwrap().assert_503("queue-full");
+    }
+    for task in served {
+        let reply = task.await.unwrap();
+        assert_eq!(reply.status, 200, "{reply:?}");
+    }
+    assert_eq!(
+        fake.observer().peak_in_flight(),
+        4,
+        "the engine saw one cap, not two"
+    );
+    assert_eq!(
+        started_order(fake.observer(), &arrival),
+        arrival,
+        "grants follow arrival across the two gateways"
+    );
+    assert!(
+        fake.observer()
+            .requests()
+            .iter()
+            .all(|r| !r.id.starts_with("refused-"))
+    );
+
+    // The store's state and the key's global counts, on the admin listener.
+    let admin = a.admin.expect("an admin listener");
+    let (status, metrics) = get(admin, "/metrics").await;
+    assert_eq!(status, 200);
+    for series in [
+        "slotgate_store_up 1",
+        "slotgate_store_round_trip_seconds_count",
+        "slotgate_lease_renewals_total",
+        "slotgate_leases_expired_total",
+        "slotgate_cluster_slots_in_use{upstream=\"engine\",model=\"m\"}",
+        "slotgate_cluster_queue_depth{upstream=\"engine\",model=\"m\"}",
+    ] {
+        assert!(metrics.contains(series), "{series} in {metrics}");
+    }
+    let (status, upstreams) = get(admin, "/admin/upstreams").await;
+    assert_eq!(status, 200);
+    let upstreams: Value = serde_json::from_str(&upstreams).unwrap();
+    assert_eq!(upstreams["store"]["up"], true, "{upstreams}");
+    assert!(
+        upstreams["store"]["round_trips"].as_u64() > Some(0),
+        "{upstreams}"
+    );
+    let model = &upstreams["upstreams"][0]["models"][0];
+    assert!(model["cluster"]["in_flight"].is_u64(), "{model}");
+
+    // Several sequences cannot be counted by the shared store: a 400 that says why.
+    let heavy = chat_n(b.api, 2).await;
+    assert_eq!(heavy.status, 400, "{heavy:?}");
+    assert!(heavy.problem_type().ends_with("/bad-request"), "{heavy:?}");
+    assert!(
+        String::from_utf8_lossy(&heavy.body).contains("[cluster]"),
+        "{heavy:?}"
+    );
+    drop((a, b));
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_gateways_slots_come_back_when_its_leases_expire() {
+    let url = redis_url();
+    redis_conn(&url);
+    let prefix = Prefix::new(&url, "kill");
+    let fake = engine(16).await;
+    let toml = config(&fake, &cluster(&url, &prefix, ""), 4, 8);
+    let mut a = Replica::start("kill-a", &toml);
+    let b = Replica::start("kill-b", &toml);
+
+    // Long streams: 2 through each gateway hold the 4 slots.
+    let streams: Vec<_> = (0..4)
+        .map(|i| spawn_chat([a.api, b.api][i % 2], format!("stream-{i}"), STREAM))
+        .collect();
+    eventually("4 streams on the engine", || {
+        fake.observer().in_flight() == 4
+    })
+    .await;
+    let queued: Vec<_> = (0..2)
+        .map(|i| spawn_chat(b.api, format!("queued-{i}"), QUICK))
+        .collect();
+    eventually("2 wait in the global queue", || {
+        prefix.zcard(&fake, "waiters") == 2
+    })
+    .await;
+
+    a.kill();
+    let killed = Instant::now();
+    for task in queued {
+        let reply = task.await.unwrap();
+        assert_eq!(reply.status, 200, "{reply:?}");
+    }
+    // lease_ttl (2 s) after A's last renewal, which was at most one renewal interval (2/3 s)
+    // before the kill; plus slack for a loaded machine.
+    let bound = Duration::from_millis(2000 + 667 + 2000);
+    assert!(
+        killed.elapsed() < bound,
+        "served {:?} after the kill",
+        killed.elapsed()
+    );
+    assert!(fake.observer().peak_in_flight() <= 4, "never above the cap");
+    for task in streams {
+        task.abort();
+    }
+    drop(b);
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_client_that_leaves_leaves_the_global_queue() {
+    let url = redis_url();
+    redis_conn(&url);
+    let prefix = Prefix::new(&url, "leave");
+    let fake = engine(16).await;
+    let toml = config(&fake, &cluster(&url, &prefix, ""), 4, 8);
+    let a = Replica::start("leave-a", &toml);
+    let b = Replica::start("leave-b", &toml);
+    let held: Vec<_> = (0..4)
+        .map(|i| spawn_chat(a.api, format!("hold-{i}"), LONG_HOLD))
+        .collect();
+    eventually("4 slots held", || fake.observer().in_flight() == 4).await;
+    let leaving = spawn_chat(b.api, "leaving", QUICK);
+    eventually("it waits in the global queue", || {
+        prefix.zcard(&fake, "waiters") == 1
+    })
+    .await;
+    // The client goes away: its connection closes, the gateway drops the wait.
+    leaving.abort();
+    eventually("it left the global queue", || {
+        prefix.zcard(&fake, "waiters") == 0
+    })
+    .await;
+    for task in held {
+        assert_eq!(task.await.unwrap().status, 200);
+    }
+    assert!(
+        fake.observer().request("leaving").is_none(),
+        "it never reached the engine"
+    );
+    drop((a, b));
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_fail_closed_refuses_then_recovers() {
+    let mut redis = PrivateRedis::start();
+    let prefix = Prefix::new(&redis.url(), "down-closed");
+    let fake = engine(16).await;
+    let toml = config(&fake, &cluster(&redis.url(), &prefix, ""), 4, 8);
+    let a = Replica::start("closed-a", &toml);
+    assert_eq!(chat(a.api, "before".into(), QUICK).await.status, 200);
+
+    redis.stop();
+    chat(a.api, "down".into(), QUICK)
+        .await
+        .assert_503("store-unavailable");
+    assert!(fake.observer().request("down").is_none());
+
+    redis.restart();
+    let mut n = 0;
+    let deadline = Instant::now() + SOON;
+    loop {
+        n += 1;
+        let reply = chat(a.api, format!("back-{n}"), QUICK).await;
+        if reply.status == 200 {
+            break;
+        }
+        reply.assert_503("store-unavailable");
+        assert!(
+            Instant::now() < deadline,
+            "not admitting again after Redis came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(a);
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_local_share_admits_each_replicas_share() {
+    let mut redis = PrivateRedis::start();
+    let prefix = Prefix::new(&redis.url(), "down-share");
+    let fake = engine(16).await;
+    let extra = "on_store_down = \"local-share\"\nreplicas = 2";
+    let toml = config(&fake, &cluster(&redis.url(), &prefix, extra), 4, 8);
+    let a = Replica::start("share-a", &toml);
+    let b = Replica::start("share-b", &toml);
+    assert_eq!(chat(a.api, "before".into(), QUICK).await.status, 200);
+
+    redis.stop();
+    fake.observer().reset_peak();
+    // A replica admits its share, floor(4 / 2) = 2, at once and queues floor(8 / 2) = 4: all 6
+    // served, never more than 2 at once on the engine.
+    let tasks: Vec<_> = (0..6)
+        .map(|i| spawn_chat(a.api, format!("down-{i}"), SHORT_HOLD))
+        .collect();
+    for task in tasks {
+        let reply = task.await.unwrap();
+        assert_eq!(reply.status, 200, "{reply:?}");
+    }
+    assert_eq!(fake.observer().peak_in_flight(), 2, "one replica's share");
+
+    redis.restart();
+    eventually("the store is used again", || {
+        redis::Client::open(redis.url().as_str())
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(200)))
+            .and_then(|mut c| {
+                redis::cmd("KEYS")
+                    .arg(format!("{}:*", prefix.name))
+                    .query::<Vec<String>>(&mut c)
+            })
+            .is_ok_and(|keys| !keys.is_empty())
+    })
+    .await;
+    assert_eq!(chat(b.api, "after".into(), QUICK).await.status, 200);
+    drop((a, b));
+    fake.shutdown().await;
+}
+
+#[test]
+fn check_prints_the_cluster_table_and_refuses_bad_settings() {
+    let good = r#"
+[server]
+listen = "127.0.0.1:0"
+
+[cluster]
+redis_url = "redis://:hunter2@127.0.0.1:6379/0"
+key_prefix = "check"
+
+[upstreams.engine]
+url = "http://127.0.0.1:9"
+kind = "vllm"
+
+[upstreams.engine.models.m]
+parallel = 4
+queue = 8
+queue_timeout = "30s"
+"#;
+    let out = slotgate()
+        .args(["check", "--config"])
+        .arg(write("cluster-check.toml", good))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    for line in [
+        "[cluster]",
+        "key_prefix = \"check\"",
+        "lease_ttl = \"10s\"",
+        "store_timeout = \"1s\"",
+        "on_store_down = \"fail-closed\"",
+    ] {
+        assert!(stdout.contains(line), "{line} in {stdout}");
+    }
+    assert!(
+        !stdout.contains("hunter2"),
+        "the password is redacted: {stdout}"
+    );
+
+    let bad = good.replace("key_prefix = \"check\"", "on_store_down = \"local-share\"");
+    let out = slotgate()
+        .args(["check", "--config"])
+        .arg(write("cluster-bad.toml", &bad))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(stderr.contains("cluster.replicas"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_changes_limits_in_the_store_but_not_the_cluster_table() {
+    let url = redis_url();
+    redis_conn(&url);
+    let prefix = Prefix::new(&url, "reload");
+    let fake = engine(16).await;
+    let path = write(
+        "cluster-reload.toml",
+        &config(&fake, &cluster(&url, &prefix, ""), 4, 8),
+    );
+    let loaded = slotgate_config::Config::load(&path).unwrap();
+    let gateway = slotgate_gateway::Gateway::bind_file(&loaded, &path)
+        .await
+        .expect("the gateway starts");
+    let limits = || -> Option<usize> {
+        let key = prefix.key(&fake, "limits");
+        redis::cmd("HGET")
+            .arg(key)
+            .arg("parallel")
+            .query(&mut redis_conn(&url))
+            .ok()
+            .flatten()
+    };
+    eventually("the limits are written to Redis", || limits() == Some(4)).await;
+
+    std::fs::write(&path, config(&fake, &cluster(&url, &prefix, ""), 2, 8)).unwrap();
+    gateway.reload().await.expect("a limits change reloads");
+    eventually("the new limit is in Redis", || limits() == Some(2)).await;
+
+    std::fs::write(
+        &path,
+        config(&fake, &cluster(&url, &prefix, "replicas = 3"), 2, 8),
+    )
+    .unwrap();
+    let refused = gateway.reload().await.expect_err("[cluster] changed");
+    let issues = refused.issues().join("\n");
+    assert!(issues.contains("[cluster] changed"), "{issues}");
+    gateway.shutdown().await;
+    fake.shutdown().await;
+}
