@@ -565,6 +565,16 @@ async fn one_client_name_reaches_each_engine_under_its_own_engine_model() {
         seen(&ollama, "em-ollama").as_deref(),
         Some("qwen2.5:7b-instruct")
     );
+    // Its answer names the model as the client did.
+    let text = reply.text();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert!(!lines.is_empty(), "{text}");
+    for line in &lines {
+        assert_eq!(line["model"], "qwen", "{text}");
+    }
     let reply = send(post(
         addr,
         "/v1/score",
@@ -588,6 +598,7 @@ async fn one_client_name_reaches_each_engine_under_its_own_engine_model() {
         ))
         .await;
         assert_eq!(reply.status, 200, "{}", reply.text());
+        assert_eq!(reply.json()["model"], "chat", "the alias comes back");
         let names = (seen(&ollama, &id), seen(&vllm, &id));
         assert!(
             matches!(
@@ -596,6 +607,31 @@ async fn one_client_name_reaches_each_engine_under_its_own_engine_model() {
             ),
             "{id}: {names:?}"
         );
+    }
+
+    // Streamed: every SSE event names the alias, whichever engine answered.
+    for i in 0..4 {
+        let mut streamed: serde_json::Value = serde_json::from_str(&body(Some("chat"))).unwrap();
+        streamed["stream"] = serde_json::Value::Bool(true);
+        let reply = send(post(
+            addr,
+            "/v1/chat/completions",
+            streamed.to_string(),
+            &[("x-request-id", &format!("em-sse-{i}"))],
+        ))
+        .await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let text = reply.text();
+        let events: Vec<serde_json::Value> = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .filter(|data| *data != "[DONE]")
+            .map(|data| serde_json::from_str(data).unwrap())
+            .collect();
+        assert!(events.len() > 1, "{text}");
+        for event in &events {
+            assert_eq!(event["model"], "chat", "{text}");
+        }
     }
 
     // Clients see their own name; residency is asked by the engine's (Ollama lists
@@ -738,7 +774,10 @@ async fn an_upload_draws_on_the_shared_body_budget() {
     let fake = start(FakeConfig::vllm(4).model("m")).await;
     let gw = gateway(&format!(
         "{}{}",
-        server("max_upload_bytes = 8192\nmax_buffered_body_bytes = 1024"),
+        server(
+            "max_body_bytes = 4096\nmax_upload_bytes = 4096\nmax_buffered_body_bytes = 4096\n\
+             body_read_timeout = \"30s\""
+        ),
         upstream_of("vllm", "engine", &fake.url(), "m", 2, "")
     ))
     .await;
@@ -746,18 +785,53 @@ async fn an_upload_draws_on_the_shared_body_budget() {
     // Under the budget: through.
     let reply = send(transcription(addr, "/v1/audio/transcriptions", "m", &[])).await;
     assert_eq!(reply.status, 200, "{}", reply.text());
-    // Within the upload limit but past the budget: refused, the engine never asked.
-    let mut big = transcription(addr, "/v1/audio/transcriptions", "m", &[]);
-    let mut bytes =
-        b"--b0undary\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\n"
+    // A JSON body declared at 3000 bytes holds that much of the budget from its head on.
+    let mut holder = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(
+        &mut holder,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n\
+          Content-Type: application/json\r\nContent-Length: 3000\r\n\r\n{",
+    )
+    .await
+    .unwrap();
+    // Within the upload limit but past what is left of the budget: refused, the engine never
+    // asked.
+    let big = || {
+        let mut big = transcription(addr, "/v1/audio/transcriptions", "m", &[]);
+        let mut bytes = b"--b0undary\r\nContent-Disposition: form-data; name=\"file\"; \
+                          filename=\"a.wav\"\r\n\r\n"
             .to_vec();
-    bytes.extend_from_slice(&[b'x'; 2000]);
-    bytes.extend_from_slice(
-        b"\r\n--b0undary\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--b0undary--\r\n",
-    );
-    *big.body_mut() = Full::new(Bytes::from(bytes));
-    send(big).await.assert_problem(503, "overloaded");
+        bytes.extend_from_slice(&[b'x'; 2000]);
+        bytes.extend_from_slice(
+            b"\r\n--b0undary\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n\
+              --b0undary--\r\n",
+        );
+        *big.body_mut() = Full::new(Bytes::from(bytes));
+        big
+    };
+    // The holder's head may not have been read yet: the refusal comes once it has.
+    let mut reply = send(big()).await;
+    for _ in 0..100 {
+        if reply.status == 503 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        reply = send(big()).await;
+    }
+    reply.assert_problem(503, "overloaded");
     assert_eq!(fake.observer().inference_requests().len(), 1);
+    // The holder gone, its bytes come back and the same upload goes through.
+    drop(holder);
+    let mut status = 0;
+    for _ in 0..100 {
+        status = send(big()).await.status.as_u16();
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(status, 200, "the budget came back once the holder left");
+    assert_eq!(fake.observer().inference_requests().len(), 2);
     gw.shutdown().await;
     fake.shutdown().await;
 }

@@ -222,7 +222,11 @@ async fn a_stalled_h2_body_gets_408_on_its_stream() {
 /// with `Retry-After`, and its bytes come back when the holder goes.
 #[tokio::test]
 async fn the_body_budget_refuses_with_503_overloaded_and_recovers() {
-    let (fake, gw) = setup("max_buffered_body_bytes = 1000\nbody_read_timeout = \"30s\"").await;
+    let (fake, gw) = setup(
+        "max_body_bytes = 1000\nmax_upload_bytes = 1000\nmax_buffered_body_bytes = 1000\n\
+         body_read_timeout = \"30s\"",
+    )
+    .await;
     let admin = gw.admin_addr().unwrap();
     let addr = gw.api_addr();
     // A client that declares 950 bytes and sends one.

@@ -818,6 +818,44 @@ async fn a_reload_applies_new_upstreams_models_and_limits_without_dropping_reque
     std::fs::remove_file(&path).unwrap();
 }
 
+/// The request-body budget is read at start only: a reload that raises a body limit past the
+/// budget in force is refused, even when the file raises the budget too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_cannot_raise_a_body_limit_past_the_budget_in_force() {
+    let a = fake(2, "qwen").await;
+    let limits = |bytes: usize| {
+        format!(
+            "{}{}",
+            server(&format!(
+                "max_body_bytes = {bytes}\nmax_upload_bytes = 4096\nmax_buffered_body_bytes = {bytes}"
+            )),
+            upstream_of("llama-server", "a", &a.url(), "qwen", 1, 2),
+        )
+    };
+    let path = temp_file("reload-budget.toml", &limits(8192));
+    let gw = gateway_from_file(&path).await;
+    std::fs::write(&path, limits(16384)).unwrap();
+    let error = gw.reload().await.expect_err("past the budget in force");
+    let issues = error.issues();
+    assert_eq!(issues.len(), 1, "{issues:?}");
+    assert!(
+        issues[0].starts_with(
+            "server.max_body_bytes: 16384 is more than the max_buffered_body_bytes in force (8192)"
+        ),
+        "{issues:?}"
+    );
+    // Within the budget in force: applied.
+    std::fs::write(
+        &path,
+        limits(8192).replace("max_body_bytes = 8192", "max_body_bytes = 6000"),
+    )
+    .unwrap();
+    gw.reload().await.expect("within the budget");
+    gw.shutdown().await;
+    a.shutdown().await;
+    std::fs::remove_file(&path).unwrap();
+}
+
 // === /v1/models ===
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

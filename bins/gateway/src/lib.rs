@@ -218,9 +218,11 @@ impl Gateway {
         // Each TLS listener presents the certificate in its slot; a reload renews the slots.
         let slots = ListenerSlots::new(&generation.listener_certs);
         let (api_tls, admin_tls) = slots.acceptors();
+        let body_budget = server.max_buffered_body_bytes;
         let live = Arc::new(Live::new(generation));
         let reloader = Arc::new(Reloader::new(
             source,
+            body_budget,
             Arc::clone(&live),
             limiter.clone(),
             metrics.clone(),

@@ -247,6 +247,15 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         secret(r, p, v).map(Some)
     });
     let (tls, admin_tls) = listener_tls(r, t, path, admin_listen.as_ref());
+    buffer_fits_bodies(
+        r,
+        path,
+        bounds.max_buffered_body_bytes,
+        [
+            ("max_body_bytes", max_body_bytes),
+            ("max_upload_bytes", max_upload_bytes),
+        ],
+    );
 
     Some(Server {
         listen: listen?,
@@ -303,6 +312,33 @@ fn listener_tls(
         );
     }
     (tls, admin_tls)
+}
+
+/// `max_buffered_body_bytes` must hold one body of each limit: a request under its own limit
+/// but over the whole buffer would be refused with `503 overloaded` every time, and its
+/// `Retry-After` would be a lie. Only checked when all three values are valid (a wrong one is
+/// reported already).
+fn buffer_fits_bodies(
+    r: &mut Reader<'_>,
+    path: &KeyPath,
+    buffered: Option<usize>,
+    limits: [(&str, Option<usize>); 2],
+) {
+    let Some(buffered) = buffered else { return };
+    for (key, limit) in limits {
+        if let Some(limit) = limit
+            && limit > buffered
+        {
+            r.issue(
+                &path.key("max_buffered_body_bytes"),
+                format!(
+                    "is {buffered}, less than server.{key} ({limit}): a body under {key} but \
+                     over the whole buffer could never be accepted; raise \
+                     max_buffered_body_bytes to at least {limit} or lower {key}"
+                ),
+            );
+        }
+    }
 }
 
 /// A file path: a non-empty string.

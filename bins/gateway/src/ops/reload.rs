@@ -44,6 +44,9 @@ use crate::upstreams::slot_discovery;
 #[derive(Debug)]
 pub(crate) struct Reloader {
     source: Option<PathBuf>,
+    /// `max_buffered_body_bytes` as read at start: the budget in force whatever later files
+    /// say, which every reloaded body limit must fit in.
+    body_budget: usize,
     live: Arc<Live>,
     limiter: Limiter,
     metrics: Metrics,
@@ -134,9 +137,11 @@ impl ReloadError {
 
 impl Reloader {
     /// A reloader for the gateway whose configuration is in `live`; `source` is the file to
-    /// read again (`None`: reloads are refused); `slots` are the TLS listeners' certificates.
+    /// read again (`None`: reloads are refused); `body_budget` is the `max_buffered_body_bytes`
+    /// the gateway started with; `slots` are the TLS listeners' certificates.
     pub(crate) fn new(
         source: Option<PathBuf>,
+        body_budget: usize,
         live: Arc<Live>,
         limiter: Limiter,
         metrics: Metrics,
@@ -145,6 +150,7 @@ impl Reloader {
     ) -> Self {
         Self {
             source,
+            body_budget,
             live,
             limiter,
             metrics,
@@ -208,6 +214,12 @@ impl Reloader {
             }
             other => ReloadError::Load(other),
         })?;
+
+        // The file's own budget was checked against its limits; the one in force is the start's.
+        let too_big = body_limits_over_budget(&config.server, self.body_budget);
+        if !too_big.is_empty() {
+            return Err(ReloadError::Invalid(too_big));
+        }
 
         let old = self.live.current();
         let new = Generation::build(config, Some(&old), &self.limiter, &self.metrics)
@@ -297,6 +309,26 @@ fn summarise(old: &Generation, new: &Generation) -> Reloaded {
             .collect(),
         restart_required: restart_required(&old.config.server, &new.config.server),
     }
+}
+
+/// One problem per body limit of `server` that the request-body budget in force (`budget`,
+/// read at start) could not hold: such a body would be refused with `503 overloaded` however
+/// long its client waited.
+fn body_limits_over_budget(server: &Server, budget: usize) -> Vec<String> {
+    [
+        ("max_body_bytes", server.max_body_bytes),
+        ("max_upload_bytes", server.max_upload_bytes),
+    ]
+    .into_iter()
+    .filter(|&(_, limit)| limit > budget)
+    .map(|(key, limit)| {
+        format!(
+            "server.{key}: {limit} is more than the max_buffered_body_bytes in force ({budget}), \
+             which only changes at restart; restart the gateway to raise both, or keep {key} at \
+             most {budget}"
+        )
+    })
+    .collect()
 }
 
 /// The `[server]` keys read only at start that differ between `old` and `new`.

@@ -47,11 +47,12 @@ use crate::error::BoxError;
 use crate::proxy::admit::{Queued, Refused, Slot};
 use crate::proxy::affinity::Sniff;
 use crate::proxy::body::SlotBody;
+use crate::proxy::rename::Rename;
 use crate::upstreams::target::Target;
 
 /// An engine's answer streaming through with its slot (and, for the Responses API, searched
 /// for its id): what both the ordinary path and [`KeepaliveBody`] pass on.
-pub(crate) type Streamed = SlotBody<Sniff<Incoming>, Option<Slot>>;
+pub(crate) type Streamed = SlotBody<Sniff<Rename<Incoming>>, Option<Slot>>;
 
 /// What the body does with the slot once granted: send the request and start the engine's
 /// stream, or give the last event to end with.

@@ -17,6 +17,7 @@ pub(crate) mod live;
 pub(crate) mod ollama;
 pub(crate) mod problems;
 pub(crate) mod refusals;
+pub(crate) mod rename;
 pub(crate) mod request;
 pub(crate) mod route;
 pub(crate) mod server;

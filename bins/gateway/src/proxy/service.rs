@@ -31,6 +31,7 @@ use crate::proxy::keepalive::{Forward, KeepaliveBody, Refuse, Streamed};
 use crate::proxy::live::{Generation, Live};
 use crate::proxy::ollama;
 use crate::proxy::problems::{self, Deadline, Error, GET_ONLY, POST_ONLY, allow};
+use crate::proxy::rename::{self, Rename};
 use crate::proxy::request;
 use crate::proxy::route::Route;
 use crate::request_id::{REQUEST_ID, request_id};
@@ -332,7 +333,9 @@ impl App {
                     mark_routed(response.headers_mut(), target, waited);
                     // Step 8: the slot rides in the body until the answer is over, and the body
                     // bounds the upstream's silences.
-                    let answer = self.answer(target, endpoint, request_id, response, slot, sent);
+                    let asked = api.model.as_deref();
+                    let answer =
+                        self.answer(target, endpoint, request_id, response, slot, sent, asked);
                     return Ok(answer.map(|body| Either::Right(Either::Left(body))));
                 }
                 Err(ForwardError::Connect(error)) => {
@@ -376,16 +379,21 @@ impl App {
     }
 
     /// Step 8: the engine's `response` to a request sent at `sent`, streaming through with its
-    /// slot; the body bounds the upstream's silences, and a Responses answer's id is recorded
-    /// on the way.
+    /// slot; the body bounds the upstream's silences, a Responses answer's id is recorded on the
+    /// way, and the model the client `asked` for is named in place of the engine's name for it.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one request's parts, each used once; a struct would only rename them"
+    )]
     fn answer(
         &self,
         target: &Target,
         endpoint: &Endpoint,
         request_id: &HeaderValue,
-        response: Response<Incoming>,
+        mut response: Response<Incoming>,
         slot: Option<Slot>,
         sent: Instant,
+        asked: Option<&str>,
     ) -> Response<Streamed> {
         if let Some(slot) = &slot {
             slot.metrics().first_byte.observe(sent.elapsed());
@@ -394,7 +402,10 @@ impl App {
         let recorder = (endpoint.path == RESPONSES && response.status().is_success())
             .then(|| Recorder::new(Arc::clone(&self.affinity), target.upstream.name.clone()));
         let watch = self.watch(target, &target.model, request_id, response.headers(), sent);
-        response.map(|body| SlotBody::new(Sniff::new(body, recorder), slot).watched(watch))
+        let names = rename::prepare(&mut response, asked, &target.engine_model);
+        response.map(|body| {
+            SlotBody::new(Sniff::new(Rename::new(body, names), recorder), slot).watched(watch)
+        })
     }
 
     /// The error for a request whose admission on `target` was `refused` other than by a full
@@ -522,7 +533,8 @@ impl App {
         let error = match outcome {
             Ok(response) => {
                 let endpoint = request.endpoint;
-                let answer = self.answer(target, endpoint, request_id, response, slot, sent);
+                let asked = api.model.as_deref();
+                let answer = self.answer(target, endpoint, request_id, response, slot, sent, asked);
                 if answer.status().is_success() {
                     return Ok(answer.into_body());
                 }
@@ -931,7 +943,12 @@ fn eligible<'r>(route: &'r Route, endpoint: &Endpoint) -> Result<Vec<&'r Arc<Tar
 
 /// An upstream's answer to a route that holds no slot, passed through as it comes.
 fn passed_through(response: Response<Incoming>) -> Response<ResponseBody> {
-    response.map(|body| Either::Right(Either::Left(SlotBody::new(Sniff::new(body, None), None))))
+    response.map(|body| {
+        Either::Right(Either::Left(SlotBody::new(
+            Sniff::new(Rename::new(body, None), None),
+            None,
+        )))
+    })
 }
 
 /// `GET` and `DELETE`, for a stored response.

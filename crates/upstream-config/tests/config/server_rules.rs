@@ -376,3 +376,29 @@ fn client_write_timeout_defaults_to_a_minute_and_must_be_positive() {
         "must be greater than zero",
     );
 }
+
+#[test]
+fn the_body_buffer_must_hold_one_body_of_each_limit() {
+    // Equal is enough: one largest body fits.
+    let config = ok(&with_server(
+        "listen = \"127.0.0.1:8080\"\nmax_body_bytes = 4096\nmax_upload_bytes = 4096\n\
+         max_buffered_body_bytes = 4096",
+    ));
+    assert_eq!(config.server.max_buffered_body_bytes, 4096);
+    assert_only_issue(
+        &with_server(
+            "listen = \"127.0.0.1:8080\"\nmax_body_bytes = 4097\nmax_upload_bytes = 1024\n\
+             max_buffered_body_bytes = 4096",
+        ),
+        "server.max_buffered_body_bytes",
+        "less than server.max_body_bytes (4097)",
+    );
+    // A limit left at its default counts too.
+    assert_only_issue(
+        &with_server(
+            "listen = \"127.0.0.1:8080\"\nmax_upload_bytes = 1000\nmax_buffered_body_bytes = 1000",
+        ),
+        "server.max_buffered_body_bytes",
+        "raise max_buffered_body_bytes to at least 33554432 or lower max_body_bytes",
+    );
+}
