@@ -12,6 +12,7 @@
 //! | `slotgate_queue_wait_seconds` | histogram | upstream, model | time from arrival in the queue to the grant (0 when a slot was free) |
 //! | `slotgate_requests_total` | counter | upstream, model, outcome | forwarded requests by how they ended: `completed`, `upstream_error`, `client_gone` |
 //! | `slotgate_rejections_total` | counter | model, reason | requests refused with 503: `queue_full`, `queue_timeout`, `store_unavailable` |
+//! | `slotgate_retries_total` | counter | upstream, model, status | engine answers of 502, 503 or 504 that were not passed through: the request went on to the next-ranked upstream (`engine_error_retries`); `upstream` is the one that answered `status` |
 //! | `slotgate_client_disconnects_total` | counter | upstream, model, phase | clients that left while `queued`, while `awaiting_response` (forwarded, no response head yet) or while `streaming` |
 //! | `slotgate_time_to_first_byte_seconds` | histogram | upstream, model | from sending upstream to its response head |
 //! | `slotgate_request_duration_seconds` | histogram | upstream, model | from the slot grant to the end of the response |
@@ -83,6 +84,20 @@ struct RejectionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RetryLabels {
+    upstream: String,
+    model: String,
+    status: &'static str,
+}
+
+/// The engine statuses that are retried on the next host, with their `status` label.
+const RETRIED: [(http::StatusCode, &str); 3] = [
+    (http::StatusCode::BAD_GATEWAY, "502"),
+    (http::StatusCode::SERVICE_UNAVAILABLE, "503"),
+    (http::StatusCode::GATEWAY_TIMEOUT, "504"),
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DisconnectLabels {
     upstream: String,
     model: String,
@@ -123,6 +138,7 @@ pub(crate) struct Metrics {
     requests: Family<OutcomeLabels, Counter>,
     rejections: Family<RejectionLabels, Counter>,
     disconnects: Family<DisconnectLabels, Counter>,
+    retries: Family<RetryLabels, Counter>,
     queue_wait: HistogramFamily,
     first_byte: HistogramFamily,
     duration: HistogramFamily,
@@ -213,6 +229,22 @@ pub(crate) struct TargetMetrics {
     pub(crate) gone_awaiting: Counter,
     /// `slotgate_client_disconnects_total{phase="streaming"}`.
     pub(crate) gone_streaming: Counter,
+    /// `slotgate_retries_total`, one counter per retried status (in [`RETRIED`]'s order).
+    retries: [Counter; 3],
+}
+
+impl TargetMetrics {
+    /// Counts an engine answer of `status` that the request did not pass through but retried
+    /// on the next host; only 502, 503 and 504 are retried, and counted.
+    pub(crate) fn retried(&self, status: http::StatusCode) {
+        let counter = RETRIED
+            .iter()
+            .zip(&self.retries)
+            .find(|((retried, _), _)| *retried == status);
+        if let Some((_, counter)) = counter {
+            counter.inc();
+        }
+    }
 }
 
 /// Pre-resolved rejection counters for one model.
@@ -239,6 +271,7 @@ impl Metrics {
             requests: Family::default(),
             rejections: Family::default(),
             disconnects: Family::default(),
+            retries: Family::default(),
             queue_wait: Family::new_with_constructor(seconds_histogram),
             first_byte: Family::new_with_constructor(seconds_histogram),
             duration: Family::new_with_constructor(seconds_histogram),
@@ -312,6 +345,13 @@ impl Metrics {
             gone_queued: phase("queued"),
             gone_awaiting: phase("awaiting_response"),
             gone_streaming: phase("streaming"),
+            retries: RETRIED.map(|(_, status)| {
+                self.retries.get_or_create_owned(&RetryLabels {
+                    upstream: upstream.to_owned(),
+                    model: model.to_owned(),
+                    status,
+                })
+            }),
         }
     }
 
@@ -357,6 +397,13 @@ impl Metrics {
                 phase,
             });
         }
+        for (_, status) in RETRIED {
+            self.retries.remove(&RetryLabels {
+                upstream: upstream.to_owned(),
+                model: model.to_owned(),
+                status,
+            });
+        }
     }
 
     /// Drops the rejection series of a model that a reload removed from every upstream.
@@ -385,6 +432,12 @@ impl Metrics {
             "client_disconnects",
             "Clients that went away while queued, before their answer began, or while it streamed",
             self.disconnects.clone(),
+        );
+        registry.register(
+            "retries",
+            "Engine answers of 502, 503 or 504 retried on the next-ranked upstream, by the \
+             upstream that answered",
+            self.retries.clone(),
         );
         registry.register(
             "queue_wait_seconds",
