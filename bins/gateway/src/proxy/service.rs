@@ -24,7 +24,7 @@ use crate::metrics::{Bound, Metrics};
 use crate::proxy::access::{Access, Counted, Logged};
 use crate::proxy::admit::{self, Admission, Queued, Refused, Slot};
 use crate::proxy::affinity::{LocalAffinity, Recorder, ResponseAffinity, Sniff};
-use crate::proxy::body::meter::Meter;
+use crate::proxy::body::meter::{self, Meter};
 use crate::proxy::body::{SlotBody, Watch, sse_event};
 use crate::proxy::client::{Client, Deadlines, Limit, Wait};
 use crate::proxy::endpoint::{Endpoint, ModelIn};
@@ -1117,12 +1117,7 @@ fn failed_after_connect(
 
 /// Whether an answer is an SSE stream of no declared length, which can take one more event.
 fn is_open_ended_sse(headers: &http::HeaderMap) -> bool {
-    let sse = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|text| text.split(';').next())
-        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"));
-    sse && !headers.contains_key(header::CONTENT_LENGTH)
+    meter::is_sse(headers) && !headers.contains_key(header::CONTENT_LENGTH)
 }
 
 fn json_response(status: StatusCode, body: String) -> Response<ResponseBody> {

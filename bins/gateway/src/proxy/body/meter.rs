@@ -9,9 +9,9 @@
 //!   one that answered. Observed into `slotgate_time_to_first_token_seconds`, counted from when
 //!   the request was sent. For a non-streamed answer the first token comes with the whole
 //!   answer.
-//! - **Tokens**: only the last [`TAIL`] bytes of the answer are kept, as references to the
-//!   frames already passed on (nothing is copied or held back while it streams). When the
-//!   answer ends cleanly, the last `"usage"` member in them is read: a non-streamed JSON answer
+//! - **Tokens**: a copy of the last [`TAIL`] bytes of the answer is kept (each frame goes on to
+//!   the client at once; none is held back or kept alive, so hyper reuses its read buffers).
+//!   When the answer ends cleanly, the last `"usage"` member in them is read: a non-streamed JSON answer
 //!   ends with it, and a stream carries it in its final chunk when the client asked for
 //!   `stream_options.include_usage` (OpenAI, vLLM, llama-server) or the Responses API's
 //!   `response.completed` event. Ollama's own API ends with `prompt_eval_count` and
@@ -30,9 +30,11 @@ use super::Completion;
 use crate::metrics::{TargetMetrics, observe};
 use crate::proxy::access::{Access, Outcome};
 
-/// How much of an answer's end is kept to find its usage, in bytes: the final chunk of a stream,
-/// or the end of a JSON document, fits many times over.
-pub(crate) const TAIL: usize = 16 * 1024;
+/// How much of an answer's end is kept to find its usage, in bytes: the final usage chunk of a
+/// stream (about 300 bytes), or what follows `usage` at the end of a JSON document (llama-server's
+/// `timings`, the Responses API's `user` and `metadata`), fits many times over; 10,000 streams
+/// keep 40 MiB.
+pub(crate) const TAIL: usize = 4 * 1024;
 
 /// Watches one answer's frames; see the [module docs](self).
 #[derive(Debug)]
@@ -55,11 +57,7 @@ impl Meter {
         headers: &HeaderMap,
         status: StatusCode,
     ) -> Self {
-        let sse = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|text| text.split(';').next())
-            .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"));
+        let sse = is_sse(headers);
         Self {
             metrics,
             access,
@@ -93,11 +91,11 @@ impl Meter {
             Completion::Dropped => Outcome::ClientGone,
         };
         self.access.outcome(outcome);
-        let tail = std::mem::take(&mut self.tail);
+        let mut tail = std::mem::take(&mut self.tail);
         if how != Completion::Ended {
             return;
         }
-        if let (Some(metrics), Some(tokens)) = (&self.metrics, usage(&tail.bytes())) {
+        if let (Some(metrics), Some(tokens)) = (&self.metrics, usage(tail.bytes())) {
             if let Some(prompt) = tokens.prompt {
                 metrics.prompt_tokens.inc_by(prompt);
             }
@@ -106,6 +104,15 @@ impl Meter {
             }
         }
     }
+}
+
+/// Whether an answer with `headers` is an SSE stream (`text/event-stream`).
+pub(crate) fn is_sse(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"))
 }
 
 /// Finds the first frame that carries a token.
@@ -160,36 +167,23 @@ impl FirstToken {
     }
 }
 
-/// The last [`TAIL`] bytes of an answer (at least), as the frames that hold them.
+/// A copy of the last [`TAIL`] bytes of an answer, in a ring that never grows past them.
 #[derive(Debug, Default)]
 struct Tail {
-    frames: VecDeque<Bytes>,
-    len: usize,
+    ring: VecDeque<u8>,
 }
 
 impl Tail {
-    fn push(&mut self, data: &Bytes) {
-        self.frames.push_back(data.clone());
-        self.len += data.len();
-        while let Some(front) = self.frames.front() {
-            if self.len - front.len() < TAIL {
-                break;
-            }
-            self.len -= front.len();
-            self.frames.pop_front();
-        }
+    fn push(&mut self, data: &[u8]) {
+        let data = &data[data.len().saturating_sub(TAIL)..];
+        let excess = (self.ring.len() + data.len()).saturating_sub(TAIL);
+        self.ring.drain(..excess);
+        self.ring.extend(data);
     }
 
-    /// The last [`TAIL`] bytes, in one piece.
-    fn bytes(&self) -> Vec<u8> {
-        let mut skip = self.len.saturating_sub(TAIL);
-        let mut out = Vec::with_capacity(self.len.min(TAIL));
-        for frame in &self.frames {
-            let take = skip.min(frame.len());
-            skip -= take;
-            out.extend_from_slice(&frame[take..]);
-        }
-        out
+    /// The bytes kept, in one piece.
+    fn bytes(&mut self) -> &[u8] {
+        self.ring.make_contiguous()
     }
 }
 
@@ -254,8 +248,6 @@ fn last_member<'t>(text: &'t [u8], key: &[u8]) -> Option<&'t [u8]> {
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
-
     use super::{FirstToken, TAIL, Tail, Tokens, usage};
 
     #[test]
@@ -324,17 +316,21 @@ mod tests {
     #[test]
     fn the_tail_keeps_the_last_bytes_only() {
         let mut tail = Tail::default();
-        for _ in 0..100 {
-            tail.push(&Bytes::from(vec![b'x'; 1000]));
+        tail.push(b"start");
+        assert_eq!(tail.bytes(), b"start");
+        for i in 0..100_u8 {
+            tail.push(&[b'a' + i % 26; 1000]);
         }
-        tail.push(&Bytes::from_static(b"end"));
-        let bytes = tail.bytes();
+        tail.push(b"end");
+        let bytes = tail.bytes().to_vec();
         assert_eq!(bytes.len(), TAIL);
-        assert!(bytes.ends_with(b"xend"));
-        assert!(
-            tail.frames.len() <= TAIL / 1000 + 2,
-            "{}",
-            tail.frames.len()
-        );
+        assert!(bytes.ends_with(b"vvvend"), "{:?}", &bytes[TAIL - 8..]);
+        // A frame larger than the tail leaves only its own end.
+        let mut big = vec![b'x'; 3 * TAIL];
+        big.extend_from_slice(b"usage");
+        tail.push(&big);
+        assert_eq!(tail.bytes().len(), TAIL);
+        assert!(tail.bytes().ends_with(b"xusage"));
+        assert!(tail.ring.capacity() < 2 * TAIL, "{}", tail.ring.capacity());
     }
 }
