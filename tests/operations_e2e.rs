@@ -18,6 +18,7 @@ use serde_json::Value;
 use slotgate_exposition::{self as exposition, Line, Sample};
 use support::{
     PATIENT, Reply, SOON, chat, chat_body, fake, gateway, get, open, post, sample, send, server,
+    status, upstream_status,
 };
 
 /// An `[upstreams.NAME]` table of `kind` with one limited model.
@@ -44,25 +45,6 @@ async fn admin_request(admin: SocketAddr, method: &str, path: &str, token: Optio
         builder = builder.header("authorization", format!("Bearer {token}"));
     }
     send(builder.body(Full::new(Bytes::new())).unwrap()).await
-}
-
-/// `GET /admin/upstreams`, parsed.
-async fn status(admin: SocketAddr) -> Value {
-    let reply = get(admin, "/admin/upstreams").await;
-    assert_eq!(reply.status, 200, "{}", reply.text());
-    reply.json()
-}
-
-/// The status document of one upstream.
-async fn upstream_status(admin: SocketAddr, name: &str) -> Value {
-    let all = status(admin).await;
-    all["upstreams"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|u| u["name"] == name)
-        .unwrap_or_else(|| panic!("no upstream {name} in {all}"))
-        .clone()
 }
 
 /// Polls the admin API until `check` holds for the upstream's status.

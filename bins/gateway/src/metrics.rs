@@ -13,6 +13,7 @@
 //! | `slotgate_requests_total` | counter | upstream, model, outcome | forwarded requests by how they ended: `completed`, `upstream_status_error` (the engine answered 5xx), `upstream_error`, `client_gone` |
 //! | `slotgate_upstream_responses_total` | counter | upstream, model, class | the engines' response heads by status class: `2xx`, `3xx`, `4xx`, `5xx` |
 //! | `slotgate_rejections_total` | counter | model, reason | refused requests by reason (`docs/metrics.md` lists them); `model` is empty when the request named no configured model |
+//! | `slotgate_retries_total` | counter | upstream, model, status | engine answers of 502, 503 or 504 that were not passed through: the request went on to the next-ranked upstream (`engine_error_retries`); `upstream` is the one that answered `status` |
 //! | `slotgate_client_disconnects_total` | counter | upstream, model, phase | clients that left while `queued`, while `awaiting_response` (forwarded, no response head yet) or while `streaming` |
 //! | `slotgate_time_to_response_head_seconds` | histogram | upstream, model | from sending upstream to its response head |
 //! | `slotgate_time_to_first_token_seconds` | histogram | upstream, model | from sending upstream to the first body frame that carries data (for SSE, the first `data:` line) |
@@ -131,6 +132,20 @@ const MODEL_REASONS: [&str; 5] = [
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RetryLabels {
+    upstream: String,
+    model: String,
+    status: &'static str,
+}
+
+/// The engine statuses that are retried on the next host, with their `status` label.
+const RETRIED: [(http::StatusCode, &str); 3] = [
+    (http::StatusCode::BAD_GATEWAY, "502"),
+    (http::StatusCode::SERVICE_UNAVAILABLE, "503"),
+    (http::StatusCode::GATEWAY_TIMEOUT, "504"),
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DisconnectLabels {
     upstream: String,
     model: String,
@@ -173,6 +188,7 @@ pub(crate) struct Metrics {
     tokens: Family<TokenLabels, Counter>,
     rejections: Family<RejectionLabels, Counter>,
     disconnects: Family<DisconnectLabels, Counter>,
+    retries: Family<RetryLabels, Counter>,
     queue_wait: HistogramFamily,
     response_head: HistogramFamily,
     first_token: HistogramFamily,
@@ -274,9 +290,23 @@ pub(crate) struct TargetMetrics {
     pub(crate) gone_awaiting: Counter,
     /// `slotgate_client_disconnects_total{phase="streaming"}`.
     pub(crate) gone_streaming: Counter,
+    /// `slotgate_retries_total`, one counter per retried status (in [`RETRIED`]'s order).
+    retries: [Counter; 3],
 }
 
 impl TargetMetrics {
+    /// Counts an engine answer of `status` that the request did not pass through but retried
+    /// on the next host; only 502, 503 and 504 are retried, and counted.
+    pub(crate) fn retried(&self, status: http::StatusCode) {
+        let counter = RETRIED
+            .iter()
+            .zip(&self.retries)
+            .find(|((retried, _), _)| *retried == status);
+        if let Some((_, counter)) = counter {
+            counter.inc();
+        }
+    }
+
     /// Counts an engine's response head with `status` in `slotgate_upstream_responses_total`
     /// (a status past 599 counts as `5xx`: an engine that broke HTTP).
     pub(crate) fn response(&self, status: http::StatusCode) {
@@ -322,6 +352,7 @@ impl Metrics {
             disconnects: Family::default(),
             responses: Family::default(),
             tokens: Family::default(),
+            retries: Family::default(),
             queue_wait: Family::new_with_constructor(seconds_histogram),
             response_head: Family::new_with_constructor(seconds_histogram),
             first_token: Family::new_with_constructor(seconds_histogram),
@@ -415,6 +446,13 @@ impl Metrics {
             gone_queued: phase("queued"),
             gone_awaiting: phase("awaiting_response"),
             gone_streaming: phase("streaming"),
+            retries: RETRIED.map(|(_, status)| {
+                self.retries.get_or_create_owned(&RetryLabels {
+                    upstream: upstream.to_owned(),
+                    model: model.to_owned(),
+                    status,
+                })
+            }),
         }
     }
 
@@ -489,6 +527,13 @@ impl Metrics {
                 phase,
             });
         }
+        for (_, status) in RETRIED {
+            self.retries.remove(&RetryLabels {
+                upstream: upstream.to_owned(),
+                model: model.to_owned(),
+                status,
+            });
+        }
     }
 
     /// Drops the rejection series of a model that a reload removed from every upstream.
@@ -527,6 +572,12 @@ impl Metrics {
             "client_disconnects",
             "Clients that went away while queued, before their answer began, or while it streamed",
             self.disconnects.clone(),
+        );
+        registry.register(
+            "retries",
+            "Engine answers of 502, 503 or 504 retried on the next-ranked upstream, by the \
+             upstream that answered",
+            self.retries.clone(),
         );
         registry.register(
             "queue_wait_seconds",

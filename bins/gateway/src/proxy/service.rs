@@ -17,7 +17,7 @@ use http_body::Body;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use prometheus_client::metrics::counter::Counter;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::error::{BoxError, chain};
 use crate::metrics::{Bound, Metrics};
@@ -32,12 +32,12 @@ use crate::proxy::forward::{Authorization, Destination, ForwardError, Forwarder}
 use crate::proxy::keepalive::{Forward, KeepaliveBody, Refuse, Streamed};
 use crate::proxy::live::{Generation, Live};
 use crate::proxy::ollama;
-use crate::proxy::problems::{self, Deadline, Error, GET_ONLY, POST_ONLY, allow};
+use crate::proxy::problems::{self, BadRequest, Deadline, Error, GET_ONLY, POST_ONLY, allow};
 use crate::proxy::request;
 use crate::proxy::route::Route;
 use crate::request_id::{REQUEST_ID, request_id};
 use crate::shutdown::ShutdownSignal;
-use crate::upstreams::health::HealthPolicy;
+use crate::upstreams::health::{HealthPolicy, Verdict, judge};
 use crate::upstreams::state::UpstreamState;
 use crate::upstreams::target::Target;
 use slotgate_config::Kind;
@@ -255,13 +255,12 @@ impl App {
                 .ok_or_else(|| Error::ModelNotFound {
                     model: name.clone(),
                 })?,
-            None => generation.routes.only_model(endpoint).ok_or_else(|| {
-                Error::BadRequest(format!(
-                    "the request body has no `model` member, and {} does not serve exactly \
-                     one model; name one",
-                    endpoint.path
-                ))
-            })?,
+            None => generation
+                .routes
+                .only_model(endpoint)
+                .ok_or(BadRequest::ModelNeeded {
+                    route: endpoint.path,
+                })?,
         };
         access.route(route);
         let model = route.model.as_str();
@@ -295,7 +294,12 @@ impl App {
         // The first upstream with fewer slots than the request needs: (name, weight, parallel).
         let mut too_heavy: Option<(&str, usize, usize)> = None;
         let mut connect_error: Option<BoxError> = None;
-        for target in ranked {
+        // An engine's 502/503/504 that was not passed through, to try the next host: kept
+        // unread, and passed through after all if no later host gets the request.
+        let mut engine_error: Option<Response<ResponseBody>> = None;
+        let mut retries_left = server.engine_error_retries;
+        let candidates = ranked.len();
+        for (rank, target) in ranked.into_iter().enumerate() {
             // Steps 5 and 6: a slot on this target, or on to the next when its queue is full.
             // A shutdown ends the wait: only requests already running get the grace period.
             // A metadata route takes none.
@@ -343,6 +347,10 @@ impl App {
                     continue;
                 }
                 Err(refused) => {
+                    // A retry that found no room: the client gets the engine's own answer.
+                    if let Some(answer) = engine_error {
+                        return Ok(answer);
+                    }
                     let interval = server.health_check_interval;
                     return Err(self.wait_ended(refused, target, route, &ticket, interval));
                 }
@@ -360,11 +368,26 @@ impl App {
                     let waited = slot.as_ref().map_or(Duration::ZERO, Slot::waited);
                     mark_routed(response.headers_mut(), target, waited);
                     access.queue_wait(waited);
+                    let status = response.status();
+                    judged(target, status, &generation.policy);
+                    let retry = retries_left > 0 && rank + 1 < candidates && is_retried(status);
+                    let slot = if retry {
+                        retries_left -= 1;
+                        retrying(target, status, slot, request_id);
+                        None
+                    } else {
+                        slot
+                    };
                     // Step 8: the slot rides in the body until the answer is over, and the body
                     // bounds the upstream's silences.
                     let answer =
                         self.answer(target, endpoint, request_id, response, (slot, sent), access);
-                    return Ok(answer.map(|body| Either::Right(Either::Left(body))));
+                    let answer = answer.map(|body| Either::Right(Either::Left(body)));
+                    if !retry {
+                        return Ok(answer);
+                    }
+                    // Dropped unread once another host answers (its connection is closed).
+                    engine_error = Some(answer);
                 }
                 Err(ForwardError::Connect(error)) => {
                     // Nothing was sent: safe to try the next host.
@@ -377,8 +400,13 @@ impl App {
                 Err(failure) => return Err(failed_after_connect(failure, target, model, slot)),
             }
         }
-        // No target took it. A full queue says more (with an estimate) than a refused
-        // connection, so it wins when both happened.
+        // No target took it. An engine's answer is passed through as it came: the request
+        // reached an engine, which said why it did not run it.
+        if let Some(answer) = engine_error {
+            return Ok(answer);
+        }
+        // A full queue says more (with an estimate) than a refused connection, so it wins when
+        // both happened.
         if let Some((upstream, retry_after)) = full_on {
             route.rejections.queue_full.inc();
             return Err(Error::QueueFull {
@@ -443,7 +471,6 @@ impl App {
             }
             None => target.metrics.response(response.status()),
         }
-        target.upstream.health.record_answer();
         let recorder = (endpoint.path == RESPONSES && response.status().is_success())
             .then(|| Recorder::new(Arc::clone(&self.affinity), target.upstream.name.clone()));
         let mut watch = self.watch(target, &target.model, request_id, response.headers(), sent);
@@ -497,11 +524,7 @@ impl App {
                 route.rejections.store_unavailable.inc();
                 Error::StoreUnavailable { model, retry_after }
             }
-            Refused::Unshared { weight } => Error::BadRequest(format!(
-                "the request runs {weight} sequences (`n`, or `best_of` when larger), and this \
-                 gateway shares its slots with other replicas ([cluster]), which count one slot \
-                 per request; ask for one sequence"
-            )),
+            Refused::Unshared { weight } => BadRequest::Unshared { weight }.into(),
             Refused::Hopeless { expected, wait } => {
                 route.rejections.queue_timeout.inc();
                 Error::QueueTimeout {
@@ -580,6 +603,9 @@ impl App {
             .await;
         let error = match outcome {
             Ok(response) => {
+                // The client already has its `200`: an error answer is not retried here, it
+                // ends the stream (`engine_refused`).
+                judged(target, response.status(), policy);
                 let endpoint = request.endpoint;
                 let answer = self.answer(
                     target,
@@ -927,7 +953,59 @@ impl Admitted {
 fn connect_failed(target: &Target, error: &BoxError, policy: &HealthPolicy) {
     let reason = chain(&**error);
     warn!(upstream = %target.upstream.name, error = %reason, "connect failed");
-    target.upstream.record_connect_error(reason, policy);
+    target
+        .upstream
+        .record_forward_failure(reason, policy, "connect errors");
+}
+
+/// What the `status` of an engine's answer says about `target`'s upstream, recorded: a 5xx
+/// counts towards ejecting it, as a refused connection does, unless it only says the engine
+/// is busy ([`judge`]); any other answer breaks the failure streak.
+fn judged(target: &Target, status: StatusCode, policy: &HealthPolicy) {
+    match judge(target.upstream.kind, status) {
+        Verdict::Well => target.upstream.health.record_answer(),
+        Verdict::Failing => target.upstream.record_forward_failure(
+            format!("answered {status} to a forwarded request"),
+            policy,
+            "engine errors",
+        ),
+        Verdict::Busy => {}
+    }
+}
+
+/// Gives up `target`'s answer of `status` (a 502, 503 or 504) to try the next host: the
+/// retry is counted and logged, and the slot, if the route took one, is given back.
+///
+/// Whether the engine still runs the request decides when the slot goes back. A 503 is the
+/// engine's own refusal (loading, or its queue full): it never ran it, so the slot is free
+/// at once. A 502 or 504 comes from a proxy in front of the engine (`KServe`'s, an ingress)
+/// that lost patience or its connection: the engine behind it may still be winding the
+/// request down, so the slot is kept for `cancel_grace`, as after a first-byte timeout.
+/// Both count as an upstream error of the target.
+fn retrying(target: &Target, status: StatusCode, slot: Option<Slot>, request_id: &HeaderValue) {
+    target.metrics.retried(status);
+    info!(
+        request_id = request_id.to_str().unwrap_or_default(),
+        upstream = %target.upstream.name,
+        model = %target.model,
+        %status,
+        "engine error answer: retrying on the next upstream"
+    );
+    match slot {
+        Some(slot) if status == StatusCode::SERVICE_UNAVAILABLE => slot.fail(),
+        Some(slot) => slot.timed_out(target.cancel_grace),
+        None => {}
+    }
+}
+
+/// Whether an engine's answer of `status` goes on to the next host (within
+/// `engine_error_retries`): a 502, 503 or 504, which says the request did not run there, or
+/// did not finish. Any other status, 4xx and 500 included, is the answer.
+fn is_retried(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+    )
 }
 
 /// The keepalive interval for `api` on `target`: `queue_keepalive`, for a streamed request on

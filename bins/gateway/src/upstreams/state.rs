@@ -203,11 +203,17 @@ impl UpstreamState {
         }
     }
 
-    /// Records a connect error while forwarding, logging an ejection.
-    pub(crate) fn record_connect_error(&self, reason: String, policy: &HealthPolicy) {
+    /// Records a failure seen while forwarding, logging an ejection: `by` says what kind
+    /// (`connect errors`, `engine errors`).
+    pub(crate) fn record_forward_failure(
+        &self,
+        reason: String,
+        policy: &HealthPolicy,
+        by: &'static str,
+    ) {
         let logged = reason.clone();
-        if let Some(status) = self.health.record_connect_error(reason, policy) {
-            self.log_transition(status, Some(&logged), "connect errors");
+        if let Some(status) = self.health.record_forward_failure(reason, policy) {
+            self.log_transition(status, Some(&logged), by);
         }
     }
 
