@@ -13,6 +13,7 @@
 //!
 //! Exit codes: `0` success, `64` (`EX_USAGE`) invalid configuration, `1` any other failure.
 
+use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -274,8 +275,10 @@ fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuar
         .lossy(true)
         .thread_name("slotgate-log")
         .finish(std::io::stderr());
+    // Colours only for a person at a terminal: the journal and log files get plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(writer);
     match format {
         LogFormat::Text => builder.init(),

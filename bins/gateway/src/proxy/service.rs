@@ -565,6 +565,10 @@ impl App {
                     ..
                 } = &*request;
                 let error = app.wait_ended(refused, target, route, ticket, *health_check_interval);
+                // The refusals `wait_ended` does not count itself (a shutdown).
+                if let Some((model, reason)) = error.rejection() {
+                    app.metrics.refused(model, reason);
+                }
                 request.last_event(&error)
             })
         };
