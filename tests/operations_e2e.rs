@@ -881,6 +881,7 @@ fn parse_exposition(text: &str) -> Vec<Sample> {
                 let suffixes: &[&str] = match metric_type.as_str() {
                     "counter" => &["_total", "_created"],
                     "histogram" => &["_bucket", "_sum", "_count", "_created"],
+                    "info" => &["_info"],
                     _ => &[""],
                 };
                 suffixes
@@ -1077,7 +1078,8 @@ async fn metrics_and_status_under_held_load_match_what_the_upstream_sees() {
     );
     for histogram in [
         "slotgate_queue_wait_seconds_count",
-        "slotgate_time_to_first_byte_seconds_count",
+        "slotgate_time_to_response_head_seconds_count",
+        "slotgate_time_to_first_token_seconds_count",
         "slotgate_request_duration_seconds_count",
     ] {
         assert_eq!(int_of(&samples, histogram, &gpu_qwen), 5, "{histogram}");

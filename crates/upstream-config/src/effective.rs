@@ -118,6 +118,7 @@ struct ServerView<'a> {
     admin_tls_cert: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     admin_tls_key: Option<String>,
+    access_log: bool,
 }
 
 /// An `api_keys` entry: a bare key as it was written, a key with queueing attributes as a
@@ -281,6 +282,7 @@ impl<'a> From<&'a Server> for ServerView<'a> {
             tls_key: server.tls.as_ref().map(|tls| display(&tls.key)),
             admin_tls_cert: server.admin_tls.as_ref().map(|tls| display(&tls.cert)),
             admin_tls_key: server.admin_tls.as_ref().map(|tls| display(&tls.key)),
+            access_log: server.access_log,
         }
     }
 }

@@ -205,6 +205,9 @@ pub struct Server {
     pub tls: Option<CertAndKey>,
     /// `admin_tls_cert` / `admin_tls_key`: the same for the admin listener.
     pub admin_tls: Option<CertAndKey>,
+    /// Write one access-log line per API request (tracing target `slotgate::access`, at
+    /// `info`) when it ends (default `true`).
+    pub access_log: bool,
 }
 
 /// A PEM certificate chain and the PEM private key that goes with it (two keys that are set

@@ -59,6 +59,7 @@ const SERVER_KEYS: &[&str] = &[
     "tls_key",
     "admin_tls_cert",
     "admin_tls_key",
+    "access_log",
 ];
 const UPSTREAM_KEYS: &[&str] = &[
     "url",
@@ -248,6 +249,7 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         secret(r, p, v).map(Some)
     });
     let (tls, admin_tls) = listener_tls(r, t, path, admin_listen.as_ref());
+    let access_log = optional(r, t, path, "access_log", true, Reader::boolean);
 
     Some(Server {
         listen: listen?,
@@ -281,6 +283,7 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         admin_token: admin_token?,
         tls: tls?,
         admin_tls: admin_tls?,
+        access_log: access_log?,
     })
 }
 

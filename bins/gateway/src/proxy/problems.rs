@@ -528,6 +528,72 @@ impl Error {
         }
     }
 
+    /// The word for this error in `slotgate_rejections_total{reason}` and the access log's
+    /// `reason`.
+    pub(crate) fn reason(&self) -> &'static str {
+        match self {
+            Error::NotFound { .. } => "not_found",
+            Error::MethodNotAllowed { .. } => "method_not_allowed",
+            Error::ModelNotFound { .. } => "model_not_found",
+            Error::RouteNotServed { .. } => "route_not_served",
+            Error::RouteDisabled { .. } => "route_disabled",
+            Error::ResponseNotFound { .. } => "response_not_found",
+            Error::ResponseUpstreamUnavailable { .. } => "response_upstream_unavailable",
+            Error::BadRequest(_) | Error::BodyRead(_) => "bad_request",
+            Error::BodyTooLarge { .. } => "body_too_large",
+            Error::BodyTimeout { .. } => "body_timeout",
+            Error::UnsupportedMediaType { .. } => "unsupported_media_type",
+            Error::TooHeavy { .. } => "too_heavy",
+            Error::Unauthorized => "unauthorized",
+            Error::QueueFull { .. } => "queue_full",
+            Error::QueueTimeout { .. } => "queue_timeout",
+            Error::StoreUnavailable { .. } => "store_unavailable",
+            Error::Overloaded { .. } => "overloaded",
+            // The request path tells `model_unavailable` apart where it knows (no upstream could
+            // take requests at all), and says so first.
+            Error::UpstreamUnavailable { .. } => "upstream_unavailable",
+            Error::UpstreamFailed { .. } => "upstream_failed",
+            Error::UpstreamTls { .. } => "upstream_tls",
+            Error::UpstreamTimeout { .. } => "upstream_timeout",
+            Error::ShuttingDown { .. } => "shutting_down",
+            Error::ReloadUnavailable { .. } | Error::ConfigRefused { .. } => "reload_refused",
+            Error::Internal { .. } => "internal",
+        }
+    }
+
+    /// Whether the engine gave no usable answer (counted as an `upstream_error` outcome, not as
+    /// a refusal).
+    pub(crate) fn is_upstream_failure(&self) -> bool {
+        matches!(
+            self,
+            Error::UpstreamFailed { .. }
+                | Error::UpstreamTls { .. }
+                | Error::UpstreamTimeout { .. }
+        )
+    }
+
+    /// The refusal to count in `slotgate_rejections_total` when the request ends with this
+    /// error: (the configured model, or `""`, and the reason). `None` for the refusals the
+    /// request path counts where they happen (they also end a `queue_keepalive` stream, which
+    /// never becomes an error response), for engine failures and for the admin API's errors.
+    pub(crate) fn rejection(&self) -> Option<(&str, &'static str)> {
+        let model = match self {
+            Error::QueueFull { .. }
+            | Error::QueueTimeout { .. }
+            | Error::StoreUnavailable { .. }
+            | Error::UpstreamUnavailable { .. }
+            | Error::ReloadUnavailable { .. }
+            | Error::ConfigRefused { .. } => return None,
+            _ if self.is_upstream_failure() => return None,
+            // Configured names (a client's unknown name never becomes a label).
+            Error::RouteNotServed { model, .. }
+            | Error::RouteDisabled { model, .. }
+            | Error::TooHeavy { model, .. } => model.as_str(),
+            _ => "",
+        };
+        Some((model, self.reason()))
+    }
+
     /// Whether the gateway or an upstream is at fault (worth a warning in the log), rather than
     /// the client or plain load.
     fn is_fault(&self) -> bool {

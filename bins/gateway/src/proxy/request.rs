@@ -175,7 +175,9 @@ where
     let (body, held) = read_body(&parts.headers, body, limits).await?;
     let parsed = match boundary {
         Some(boundary) => {
-            let (model, span) = form::model(boundary, &body).await?;
+            // Boxed: the multipart parser's future is large, and every request's future would
+            // carry room for it; only uploads pay for the allocation.
+            let (model, span) = Box::pin(form::model(boundary, &body)).await?;
             Parsed {
                 model: Some(model),
                 stream: false,

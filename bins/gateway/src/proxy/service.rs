@@ -21,8 +21,10 @@ use tracing::{debug, info, warn};
 
 use crate::error::{BoxError, chain};
 use crate::metrics::{Bound, Metrics};
+use crate::proxy::access::{Access, Counted, Logged};
 use crate::proxy::admit::{self, Admission, Queued, Refused, Slot};
 use crate::proxy::affinity::{LocalAffinity, Recorder, ResponseAffinity, Sniff};
+use crate::proxy::body::meter::{self, Meter};
 use crate::proxy::body::{SlotBody, Watch, sse_event};
 use crate::proxy::client::{Client, Deadlines, Limit, Wait};
 use crate::proxy::endpoint::{Endpoint, ModelIn};
@@ -76,6 +78,8 @@ pub(crate) struct App {
     pub(crate) body_budget: request::BodyBudget,
     /// Which upstream holds each Responses id.
     pub(crate) affinity: Arc<dyn ResponseAffinity>,
+    /// For the refusals counted when they become a response.
+    pub(crate) metrics: Metrics,
 }
 
 impl App {
@@ -102,23 +106,42 @@ impl App {
             stalled: metrics.bound(Bound::StreamIdle),
             cut: metrics.bound(Bound::UpstreamCut),
             too_long: metrics.bound(Bound::StreamTimeout),
+            metrics: metrics.clone(),
         }
     }
 
-    /// Answers one request.
-    pub(crate) async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<ResponseBody>
+    /// Answers one request; its access-log line is written when the response is over
+    /// ([`access`](crate::proxy::access)).
+    pub(crate) async fn handle<B>(
+        self: Arc<Self>,
+        req: Request<B>,
+    ) -> Response<Logged<ResponseBody>>
     where
         B: Body<Data = Bytes>,
         B::Error: Into<BoxError>,
     {
         let request_id = request_id(req.headers());
         let generation = self.live.current();
-        let mut response = match self.dispatch(req, &generation, &request_id).await {
+        let access = Access::start(
+            generation.config.server.access_log,
+            &request_id,
+            req.method(),
+            req.uri().path(),
+        );
+        let req = req.map(|body| Counted::new(body, access.clone()));
+        let mut response = match self.dispatch(req, &generation, &request_id, &access).await {
             Ok(response) => response,
-            Err(error) => problems::respond::<Full<Bytes>>(&error, &request_id).map(Either::Left),
+            Err(error) => {
+                if let Some((model, reason)) = error.rejection() {
+                    self.metrics.refused(model, reason);
+                }
+                access.failed(&error);
+                problems::respond::<Full<Bytes>>(&error, &request_id).map(Either::Left)
+            }
         };
         response.headers_mut().insert(REQUEST_ID, request_id);
-        response
+        let status = response.status();
+        response.map(|body| Logged::new(body, status, access))
     }
 
     async fn dispatch<B>(
@@ -126,6 +149,7 @@ impl App {
         req: Request<B>,
         generation: &Generation,
         request_id: &HeaderValue,
+        access: &Access,
     ) -> Result<Response<ResponseBody>, Error>
     where
         B: Body<Data = Bytes>,
@@ -135,8 +159,9 @@ impl App {
         if let Some(endpoint) = Endpoint::find(path) {
             allow(&req, POST_ONLY)?;
             let client = generation.api_keys.verify(req.headers())?;
+            access.key_name(client.tenant.as_ref());
             return self
-                .proxy(req, generation, request_id, endpoint, client)
+                .proxy(req, generation, request_id, endpoint, client, access)
                 .await;
         }
         if path == "/v1/models" {
@@ -189,6 +214,7 @@ impl App {
         request_id: &HeaderValue,
         endpoint: &'static Endpoint,
         mut client: Client,
+        access: &Access,
     ) -> Result<Response<ResponseBody>, Error>
     where
         B: Body<Data = Bytes>,
@@ -236,6 +262,7 @@ impl App {
                     route: endpoint.path,
                 })?,
         };
+        access.route(route);
         let model = route.model.as_str();
         let mut ranked = eligible(route, endpoint)?;
         // A Responses follow-up goes to the host that has the conversation, or nowhere.
@@ -292,6 +319,7 @@ impl App {
                                 client_keys,
                                 health_check_interval: server.health_check_interval,
                                 policy: generation.policy,
+                                access: access.clone(),
                             };
                             return Ok(self.keep_alive(queued, every, request));
                         }
@@ -331,6 +359,7 @@ impl App {
             // Step 7: forward the original bytes (the model renamed only where the client's name
             // is not the engine's: an alias, or an `engine_model`).
             let sent = Instant::now();
+            access.upstream(&target.upstream);
             let (outcome, slot) = self
                 .forward(target, slot, &api, request_id, client_keys)
                 .await;
@@ -338,6 +367,7 @@ impl App {
                 Ok(mut response) => {
                     let waited = slot.as_ref().map_or(Duration::ZERO, Slot::waited);
                     mark_routed(response.headers_mut(), target, waited);
+                    access.queue_wait(waited);
                     let status = response.status();
                     judged(target, status, &generation.policy);
                     let retry = retries_left > 0 && rank + 1 < candidates && is_retried(status);
@@ -350,7 +380,8 @@ impl App {
                     };
                     // Step 8: the slot rides in the body until the answer is over, and the body
                     // bounds the upstream's silences.
-                    let answer = self.answer(target, endpoint, request_id, response, slot, sent);
+                    let answer =
+                        self.answer(target, endpoint, request_id, response, (slot, sent), access);
                     let answer = answer.map(|body| Either::Right(Either::Left(body)));
                     if !retry {
                         return Ok(answer);
@@ -394,6 +425,12 @@ impl App {
                 parallel,
             });
         }
+        if connect_error.is_some() {
+            route.rejections.upstream_unavailable.inc();
+        } else {
+            route.rejections.model_unavailable.inc();
+            access.reason("model_unavailable");
+        }
         Err(Error::UpstreamUnavailable {
             model: model.to_owned(),
             retry_after: server.health_check_interval,
@@ -412,15 +449,32 @@ impl App {
         endpoint: &Endpoint,
         request_id: &HeaderValue,
         response: Response<Incoming>,
-        slot: Option<Slot>,
-        sent: Instant,
+        (mut slot, sent): (Option<Slot>, Instant),
+        access: &Access,
     ) -> Response<Streamed> {
-        if let Some(slot) = &slot {
-            slot.metrics().first_byte.observe(sent.elapsed());
+        // What the body tells: the first token and the usage of a request that holds a slot,
+        // and the outcome for the access log.
+        let meter = (slot.is_some() || access.is_on()).then(|| {
+            let metrics = slot.as_ref().map(|_| Arc::clone(&target.metrics));
+            Meter::new(
+                metrics,
+                access.clone(),
+                sent,
+                response.headers(),
+                response.status(),
+            )
+        });
+        match &mut slot {
+            Some(slot) => {
+                slot.metrics().response_head.observe(sent.elapsed());
+                slot.engine_status(response.status());
+            }
+            None => target.metrics.response(response.status()),
         }
         let recorder = (endpoint.path == RESPONSES && response.status().is_success())
             .then(|| Recorder::new(Arc::clone(&self.affinity), target.upstream.name.clone()));
-        let watch = self.watch(target, &target.model, request_id, response.headers(), sent);
+        let mut watch = self.watch(target, &target.model, request_id, response.headers(), sent);
+        watch.meter = meter;
         response.map(|body| SlotBody::new(Sniff::new(body, recorder), slot).watched(watch))
     }
 
@@ -441,7 +495,10 @@ impl App {
                 retry_after: self.shutdown_retry_after,
             },
             // A reload removed this model from this upstream while the request waited.
-            Refused::Closed => removed_by_reload(target, &model, health_check_interval),
+            Refused::Closed => {
+                route.rejections.model_unavailable.inc();
+                removed_by_reload(target, &model, health_check_interval)
+            }
             Refused::Full => Error::QueueFull {
                 upstream,
                 model,
@@ -508,6 +565,10 @@ impl App {
                     ..
                 } = &*request;
                 let error = app.wait_ended(refused, target, route, ticket, *health_check_interval);
+                // The refusals `wait_ended` does not count itself (a shutdown).
+                if let Some((model, reason)) = error.rejection() {
+                    app.metrics.refused(model, reason);
+                }
                 request.last_event(&error)
             })
         };
@@ -538,6 +599,8 @@ impl App {
             policy,
             ..
         } = request;
+        request.access.upstream(&target.upstream);
+        request.access.queue_wait(slot.waited());
         let sent = Instant::now();
         let (outcome, slot) = self
             .forward(target, Some(slot), api, request_id, *client_keys)
@@ -548,7 +611,14 @@ impl App {
                 // ends the stream (`engine_refused`).
                 judged(target, response.status(), policy);
                 let endpoint = request.endpoint;
-                let answer = self.answer(target, endpoint, request_id, response, slot, sent);
+                let answer = self.answer(
+                    target,
+                    endpoint,
+                    request_id,
+                    response,
+                    (slot, sent),
+                    &request.access,
+                );
                 if answer.status().is_success() {
                     return Ok(answer.into_body());
                 }
@@ -559,6 +629,7 @@ impl App {
                 if let Some(slot) = slot {
                     slot.abandon();
                 }
+                route.rejections.upstream_unavailable.inc();
                 Error::UpstreamUnavailable {
                     model: route.model.clone(),
                     retry_after: *health_check_interval,
@@ -798,6 +869,7 @@ impl App {
                 .stream_timeout
                 .map(|timeout| (tokio::time::Instant::from_std(sent) + timeout, timeout)),
             too_long: self.too_long.clone(),
+            meter: None,
         }
     }
 
@@ -836,6 +908,8 @@ pub(crate) struct Admitted {
     client_keys: bool,
     health_check_interval: Duration,
     policy: HealthPolicy,
+    /// The request's access-log record.
+    access: Access,
 }
 
 /// The most of an engine's error answer read to explain it.
@@ -844,6 +918,7 @@ const ENGINE_ERROR_LIMIT: usize = 64 * 1024;
 impl Admitted {
     /// The stream's last event for `error`.
     fn last_event(&self, error: &Error) -> Bytes {
+        self.access.failed(error);
         sse_event(
             error.to_problem(),
             self.request_id.to_str().unwrap_or_default(),
@@ -1095,8 +1170,9 @@ fn failed_after_connect(
             }
         }
         ForwardError::Tls(source) => {
-            // Nothing reached the engine: the slot is free at once.
-            slot.abandon();
+            // Nothing reached the engine: the slot is free at once, and the request counts as an
+            // upstream error.
+            slot.fail();
             Error::UpstreamTls {
                 upstream,
                 model,
@@ -1123,12 +1199,7 @@ fn failed_after_connect(
 
 /// Whether an answer is an SSE stream of no declared length, which can take one more event.
 fn is_open_ended_sse(headers: &http::HeaderMap) -> bool {
-    let sse = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|text| text.split(';').next())
-        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"));
-    sse && !headers.contains_key(header::CONTENT_LENGTH)
+    meter::is_sse(headers) && !headers.contains_key(header::CONTENT_LENGTH)
 }
 
 fn json_response(status: StatusCode, body: String) -> Response<ResponseBody> {
