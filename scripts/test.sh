@@ -80,5 +80,12 @@ scripts/fuzz.sh 20
 step "benches compile"
 cargo bench --workspace --no-run --locked
 
+step "Debian package (scripts/deb-check.sh: cargo-deb, a release build, dpkg-deb -x, slotgate check)"
+# Installs cargo-deb 3.8.0 when missing; most of the time is the release build of the gateway
+# (docs/operations.md, "Install from the Debian package").
+deb_started=$SECONDS
+timeout 1800 scripts/deb-check.sh
+echo "debian package check: $((SECONDS - deb_started))s"
+
 echo
 echo "all checks passed in ${SECONDS}s"

@@ -18,6 +18,7 @@ use serde_json::Value;
 use slotgate_exposition::{self as exposition, Line, Sample};
 use support::{
     PATIENT, Reply, SOON, chat, chat_body, fake, gateway, get, open, post, sample, send, server,
+    status, upstream_status,
 };
 
 /// An `[upstreams.NAME]` table of `kind` with one limited model.
@@ -44,25 +45,6 @@ async fn admin_request(admin: SocketAddr, method: &str, path: &str, token: Optio
         builder = builder.header("authorization", format!("Bearer {token}"));
     }
     send(builder.body(Full::new(Bytes::new())).unwrap()).await
-}
-
-/// `GET /admin/upstreams`, parsed.
-async fn status(admin: SocketAddr) -> Value {
-    let reply = get(admin, "/admin/upstreams").await;
-    assert_eq!(reply.status, 200, "{}", reply.text());
-    reply.json()
-}
-
-/// The status document of one upstream.
-async fn upstream_status(admin: SocketAddr, name: &str) -> Value {
-    let all = status(admin).await;
-    all["upstreams"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|u| u["name"] == name)
-        .unwrap_or_else(|| panic!("no upstream {name} in {all}"))
-        .clone()
 }
 
 /// Polls the admin API until `check` holds for the upstream's status.
@@ -937,6 +919,7 @@ fn parse_exposition(text: &str) -> Vec<Sample> {
                 let suffixes: &[&str] = match metric_type.as_str() {
                     "counter" => &["_total", "_created"],
                     "histogram" => &["_bucket", "_sum", "_count", "_created"],
+                    "info" => &["_info"],
                     _ => &[""],
                 };
                 suffixes
@@ -1133,7 +1116,8 @@ async fn metrics_and_status_under_held_load_match_what_the_upstream_sees() {
     );
     for histogram in [
         "slotgate_queue_wait_seconds_count",
-        "slotgate_time_to_first_byte_seconds_count",
+        "slotgate_time_to_response_head_seconds_count",
+        "slotgate_time_to_first_token_seconds_count",
         "slotgate_request_duration_seconds_count",
     ] {
         assert_eq!(int_of(&samples, histogram, &gpu_qwen), 5, "{histogram}");

@@ -106,6 +106,8 @@ async def queue_filler(args, deadline):
 
 
 async def reloader(args, deadline):
+    if args.reload_every <= 0:
+        return
     queue = 64
     while True:
         await asyncio.sleep(args.reload_every)
@@ -123,6 +125,8 @@ async def reloader(args, deadline):
 
 async def restarter(args, deadline, start):
     """Kills the fake engine half-way and starts it again on the same port."""
+    if args.no_restart:
+        return
     await asyncio.sleep(max(0.0, (deadline - start) / 2))
     if time.monotonic() >= deadline:
         return
@@ -169,10 +173,18 @@ async def slowloris(args, deadline):
         finally:
             writer.close()
 
+    if args.slowloris_every <= 0:
+        return
+    warm_until = time.monotonic() + args.warmup
     while time.monotonic() < deadline:
         await asyncio.gather(*(one() for _ in range(50)))
         COUNTS["slowloris_batches"] += 1
-        await asyncio.sleep(args.slowloris_every)
+        # Batches come every 10 s during the warm-up: each one makes the gateway's allocator
+        # hold more of the memory of 50 connections at once, until it holds enough (a few
+        # batches); the warm-up's RSS then already includes that, as it includes the rest of
+        # the load (docs/benchmarks.md, "Soak").
+        warm = time.monotonic() < warm_until
+        await asyncio.sleep(min(10.0, args.slowloris_every) if warm else args.slowloris_every)
 
 
 async def main():
@@ -183,8 +195,11 @@ async def main():
     parser.add_argument("--gateway-pid", type=int, required=True)
     parser.add_argument("--fake-pidfile", required=True)
     parser.add_argument("--fake-cmd", required=True)
+    # 0 switches the part off (to tell which part memory grows with).
     parser.add_argument("--reload-every", type=float, default=20.0)
     parser.add_argument("--slowloris-every", type=float, default=60.0)
+    parser.add_argument("--no-restart", action="store_true")
+    parser.add_argument("--warmup", type=float, default=0.0)
     args = parser.parse_args()
 
     start = time.monotonic()

@@ -11,6 +11,14 @@
 #   benches/soak/run.sh                    # 10 minutes
 #   SOAK_SECONDS=60 benches/soak/run.sh    # a short run
 #
+# Knobs for finding what memory grows with (docs/benchmarks.md, "Soak"):
+#   SOAK_DRIVE_ARGS="--reload-every 0 --slowloris-every 0 --no-restart"   # switch parts off
+#   SOAK_ENV="MALLOC_ARENA_MAX=2"          # environment of the gateway only
+#   SOAK_WRAP="valgrind --tool=massif --massif-out-file=/tmp/soak.massif"  # runs the gateway
+#                                          # under it (RSS is then the tool's: read its output)
+#   SOAK_BIN=/some/dir                     # its slotgate and fake-upstream, without building
+#   API_PORT, ADMIN_PORT, UPSTREAM_PORT    # two soaks side by side
+#
 # Not part of CI (scripts/test.sh): ten minutes is most of a CI run. Figures and the command of
 # the last full run are in docs/benchmarks.md. Everything listens on 127.0.0.1 only, and every
 # process started here is stopped on exit.
@@ -28,13 +36,18 @@ SETTLE_SECONDS=30
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
-step "build (release)"
-cargo build --release --locked -p slotgate-gateway -p fake-upstream
+if [[ -n ${SOAK_BIN:-} ]]; then
+  bin=$SOAK_BIN # slotgate and fake-upstream built already (an A/B of two builds)
+else
+  step "build (release)"
+  cargo build --release --locked -p slotgate-gateway -p fake-upstream
+  bin=${CARGO_TARGET_DIR:-target}/release
+fi
 
 # shellcheck source=benches/common.sh
 source benches/common.sh
 
-fake_cmd="target/release/fake-upstream --kind vllm --parallel 16 --port $UPSTREAM_PORT --model m --model tight"
+fake_cmd="$bin/fake-upstream --kind vllm --parallel 16 --port $UPSTREAM_PORT --model m --model tight"
 step "fake engine on :$UPSTREAM_PORT"
 $fake_cmd >"$work/fake.log" 2>&1 &
 echo $! >"$work/fake.pid"
@@ -68,17 +81,21 @@ queue_timeout = "500ms"
 TOML
 
 step "slotgate on :$API_PORT (admin :$ADMIN_PORT)"
-RUST_LOG=${RUST_LOG:-error} target/release/slotgate serve --config "$work/slotgate.toml" \
-  >"$work/slotgate.log" 2>&1 &
+# shellcheck disable=SC2086 # SOAK_ENV and SOAK_WRAP are word lists on purpose
+env RUST_LOG="${RUST_LOG:-error}" ${SOAK_ENV:-} ${SOAK_WRAP:-} "$bin/slotgate" serve \
+  --config "$work/slotgate.toml" >"$work/slotgate.log" 2>&1 &
 gateway=$!
 pids+=("$gateway")
-if ! wait_port "$API_PORT" || ! wait_port "$ADMIN_PORT"; then
+if ! wait_port "$API_PORT" 120 || ! wait_port "$ADMIN_PORT" 120; then
   echo "slotgate did not start; its log:" >&2
   cat "$work/slotgate.log" >&2
   exit 1
 fi
 
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$gateway/status"; }
+# RSS split: anonymous (the allocator's heap and arenas, thread stacks) and file-backed (the
+# binary's code pages, faulted in as new paths run: bounded by the binary's size).
+rss_split() { awk '/^RssAnon:/ { a = $2 } /^RssFile:/ { f = $2 } END { print a " " f }' "/proc/$gateway/status"; }
 fds() { find "/proc/$gateway/fd" -mindepth 1 -maxdepth 1 | wc -l; }
 metrics() { curl -sf --max-time 5 "http://127.0.0.1:$ADMIN_PORT/metrics"; }
 # The sum of every sample of the series named $1.
@@ -88,15 +105,18 @@ held() { echo $(( $(series_sum slotgate_slots_in_use) + $(series_sum slotgate_qu
 fd_baseline=$(fds)
 rss_start=$(rss_kib)
 step "load for ${SOAK_SECONDS}s (warm-up ${WARMUP}s); baseline: $fd_baseline fds, RSS $rss_start KiB"
-python3 benches/soak/drive.py --port "$API_PORT" --seconds "$SOAK_SECONDS" \
+# shellcheck disable=SC2086 # SOAK_DRIVE_ARGS is a word list on purpose
+python3 benches/soak/drive.py --port "$API_PORT" --seconds "$SOAK_SECONDS" --warmup "$WARMUP" \
   --config "$work/slotgate.toml" --gateway-pid "$gateway" \
-  --fake-pidfile "$work/fake.pid" --fake-cmd "$fake_cmd" >"$work/drive.out" &
+  --fake-pidfile "$work/fake.pid" --fake-cmd "$fake_cmd" ${SOAK_DRIVE_ARGS:-} >"$work/drive.out" &
 driver=$!
 pids+=("$driver")
 
 # RSS every 10 s while the load runs; the sample at the end of the warm-up is the reference.
 samples=()
 rss_warm=
+split_warm=
+split_end=$(rss_split)
 elapsed=0
 while kill -0 "$driver" 2>/dev/null; do
   sleep 10
@@ -104,12 +124,17 @@ while kill -0 "$driver" 2>/dev/null; do
   kill -0 "$gateway" || { echo "the gateway died; its log:" >&2; cat "$work/slotgate.log" >&2; exit 1; }
   if kill -0 "$driver" 2>/dev/null; then
     samples+=("$(rss_kib)")
-    if [[ -z $rss_warm && $elapsed -ge $WARMUP ]]; then rss_warm=${samples[-1]}; fi
+    if [[ -z $rss_warm && $elapsed -ge $WARMUP ]]; then
+      rss_warm=${samples[-1]}
+      split_warm=$(rss_split)
+    fi
+    split_end=$(rss_split)
   fi
 done
 wait "$driver"
 rss_end=${samples[-1]}
 rss_warm=${rss_warm:-${samples[0]}}
+split_warm=${split_warm:-$split_end}
 
 step "settling (at most ${SETTLE_SECONDS}s)"
 for _ in $(seq "$SETTLE_SECONDS"); do
@@ -127,6 +152,7 @@ soak of ${SOAK_SECONDS}s, $(nproc) cores, load average at the end: $(cut -d' ' -
 traffic: $(cat "$work/drive.out")
 RSS KiB: start $rss_start, after warm-up $rss_warm, end of load $rss_end (growth ${growth} %), idle after $rss_idle
 RSS samples every 10 s (KiB): ${samples[*]}
+RSS anon + file KiB: after warm-up ${split_warm/ / + }, end of load ${split_end/ / + }
 open fds: before the load $fd_baseline, after $fd_end
 slots in use + queued after the load: $held_end
 reloads applied: $(series_sum 'slotgate_config_reloads_total')

@@ -196,6 +196,25 @@ pub async fn get(addr: SocketAddr, path: &str) -> Reply {
     send(req).await
 }
 
+/// `GET /admin/upstreams` of the admin listener at `admin`, parsed.
+pub async fn status(admin: SocketAddr) -> Value {
+    let reply = get(admin, "/admin/upstreams").await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    reply.json()
+}
+
+/// The `GET /admin/upstreams` document of the upstream called `name`.
+pub async fn upstream_status(admin: SocketAddr, name: &str) -> Value {
+    let all = status(admin).await;
+    all["upstreams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == name)
+        .unwrap_or_else(|| panic!("no upstream {name} in {all}"))
+        .clone()
+}
+
 /// A request on its own connection, whose answer has not necessarily arrived: the client can
 /// go away at any moment by dropping the connection.
 pub struct Open {

@@ -184,6 +184,7 @@ pub fn stream(
             cut: Counter::default(),
             deadline: None,
             too_long: Counter::default(),
+            meter: None,
         };
         let mut body = SlotBody::new(Sniff::new(inner, Some(sniffer)), ()).watched(watch);
         let mut frames = Vec::new();

@@ -48,8 +48,12 @@
 //! 5. [`proxy::admit`]: a slot from `slotgate-limiter`, falling through to the next host when a
 //!    queue is full, waiting under `queue_timeout` otherwise.
 //! 6. [`proxy::forward`]: the pooled upstream client, timeouts, hop-by-hop headers, request id.
-//! 7. [`proxy::body`]: the response body that holds the slot until it ends, fails or is dropped.
+//! 7. [`proxy::body`]: the response body that holds the slot until it ends, fails or is dropped;
+//!    [`proxy::body::meter`] reads the first token and the usage on the way.
 //! 8. [`proxy::problems`]: every error → its problem document, in one place.
+//!
+//! [`proxy::access`] follows each request through these steps and writes its access-log line
+//! when it is over.
 //!
 //! Which path is which API is in [`proxy::endpoint`]: where the model is named, whether the
 //! route takes a slot, which kinds of upstream serve it. [`proxy::ollama`] answers Ollama's

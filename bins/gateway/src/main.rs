@@ -13,6 +13,7 @@
 //!
 //! Exit codes: `0` success, `64` (`EX_USAGE`) invalid configuration, `1` any other failure.
 
+use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -66,7 +67,8 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check { config } => check(&config),
         Command::Serve { config } => {
-            init_logging(cli.log_format);
+            // Kept until the gateway has stopped: dropping it writes out what is still queued.
+            let _log = init_logging(cli.log_format);
             serve(&config)
         }
     }
@@ -262,16 +264,31 @@ impl Hangup {
     }
 }
 
-fn init_logging(format: LogFormat) {
+/// Logs to stderr through a background thread: a request hands its line (an access-log line
+/// at the end of every request) to a queue of [`LOG_QUEUE_LINES`] and goes on, never waiting
+/// on stderr or its lock, even when whatever reads stderr is slow. Lines past a full queue are
+/// dropped rather than stalling requests (`docs/operations.md`, "Logs").
+fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .buffered_lines_limit(LOG_QUEUE_LINES)
+        .lossy(true)
+        .thread_name("slotgate-log")
+        .finish(std::io::stderr());
+    // Colours only for a person at a terminal: the journal and log files get plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(writer);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    guard
 }
+
+/// The most log lines waiting for the writer thread.
+const LOG_QUEUE_LINES: usize = 128_000;
 
 /// An error and its causes, `: `-separated.
 fn chain(error: &dyn std::error::Error) -> String {

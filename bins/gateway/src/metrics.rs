@@ -10,11 +10,16 @@
 //! | `slotgate_queue_depth` | gauge | upstream, model | requests waiting for a slot now |
 //! | `slotgate_queue_capacity` | gauge | upstream, model | `queue` |
 //! | `slotgate_queue_wait_seconds` | histogram | upstream, model | time from arrival in the queue to the grant (0 when a slot was free) |
-//! | `slotgate_requests_total` | counter | upstream, model, outcome | forwarded requests by how they ended: `completed`, `upstream_error`, `client_gone` |
-//! | `slotgate_rejections_total` | counter | model, reason | requests refused with 503: `queue_full`, `queue_timeout`, `store_unavailable` |
+//! | `slotgate_requests_total` | counter | upstream, model, outcome | forwarded requests by how they ended: `completed`, `upstream_status_error` (the engine answered 5xx), `upstream_error`, `client_gone` |
+//! | `slotgate_upstream_responses_total` | counter | upstream, model, class | the engines' response heads by status class: `2xx`, `3xx`, `4xx`, `5xx` |
+//! | `slotgate_rejections_total` | counter | model, reason | refused requests by reason (`docs/metrics.md` lists them); `model` is empty when the request named no configured model |
+//! | `slotgate_retries_total` | counter | upstream, model, status | engine answers of 502, 503 or 504 that were not passed through: the request went on to the next-ranked upstream (`engine_error_retries`); `upstream` is the one that answered `status` |
 //! | `slotgate_client_disconnects_total` | counter | upstream, model, phase | clients that left while `queued`, while `awaiting_response` (forwarded, no response head yet) or while `streaming` |
-//! | `slotgate_time_to_first_byte_seconds` | histogram | upstream, model | from sending upstream to its response head |
-//! | `slotgate_request_duration_seconds` | histogram | upstream, model | from the slot grant to the end of the response |
+//! | `slotgate_time_to_response_head_seconds` | histogram | upstream, model | from sending upstream to its response head |
+//! | `slotgate_time_to_first_token_seconds` | histogram | upstream, model | from sending upstream to the first body frame that carries data (for SSE, the first `data:` line) |
+//! | `slotgate_request_duration_seconds` | histogram | upstream, model | from joining the queue to the end of the response: the queue wait included |
+//! | `slotgate_tokens_total` | counter | upstream, model, kind | tokens the engines reported in `usage`: `prompt`, `completion` |
+//! | `slotgate_build_info` | info | version, os, arch | 1, labelled with this build |
 //! | `slotgate_upstream_healthy` | gauge | upstream | 1 while the upstream passes its health checks (or has not been checked yet), 0 while ejected |
 //! | `slotgate_upstream_draining` | gauge | upstream | 1 while an operator drains the upstream |
 //! | `slotgate_model_loaded` | gauge | upstream, model | 1 when the last residency discovery listed the configured model as resident |
@@ -41,9 +46,11 @@
 //! that records into them: they are resolved per (upstream, model) once, when the routing table is
 //! built: the request path increments pre-resolved handles and never hashes labels.
 //!
-//! The queue-wait and first-byte timings are also counted into [`recent`] bucket counts, which
-//! the gateway can read back for its status page.
+//! The queue-wait and response-head timings are also counted into [`recent`] bucket counts, which
+//! the gateway can read back for its status page. The process metrics (`process_*`, without the
+//! prefix) are read from `/proc` at scrape time ([`process`]).
 
+pub(crate) mod process;
 pub(crate) mod recent;
 
 use std::collections::HashMap;
@@ -56,6 +63,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 use crate::metrics::recent::Recent;
@@ -81,6 +89,61 @@ struct RejectionLabels {
     model: String,
     reason: &'static str,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassLabels {
+    upstream: String,
+    model: String,
+    class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TokenLabels {
+    upstream: String,
+    model: String,
+    kind: &'static str,
+}
+
+/// The status classes of `slotgate_upstream_responses_total`, in [`TargetMetrics::responses`]
+/// order.
+const CLASSES: [&str; 4] = ["2xx", "3xx", "4xx", "5xx"];
+
+/// The outcomes of `slotgate_requests_total`.
+const OUTCOMES: [&str; 4] = [
+    "completed",
+    "upstream_status_error",
+    "upstream_error",
+    "client_gone",
+];
+
+/// The reasons of `slotgate_rejections_total` for a configured model that appear only at their
+/// first refusal (the request path counts them through [`Metrics::refused`]).
+pub(crate) const RARE_MODEL_REASONS: [&str; 3] =
+    ["too_heavy", "route_not_served", "route_disabled"];
+
+/// The reasons of `slotgate_rejections_total` that every model has from the start (at 0), so an
+/// alert on them needs no `absent()`; the rarer ones appear at their first refusal.
+const MODEL_REASONS: [&str; 5] = [
+    "queue_full",
+    "queue_timeout",
+    "store_unavailable",
+    "upstream_unavailable",
+    "model_unavailable",
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RetryLabels {
+    upstream: String,
+    model: String,
+    status: &'static str,
+}
+
+/// The engine statuses that are retried on the next host, with their `status` label.
+const RETRIED: [(http::StatusCode, &str); 3] = [
+    (http::StatusCode::BAD_GATEWAY, "502"),
+    (http::StatusCode::SERVICE_UNAVAILABLE, "503"),
+    (http::StatusCode::GATEWAY_TIMEOUT, "504"),
+];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DisconnectLabels {
@@ -121,10 +184,14 @@ fn seconds_histogram() -> Histogram {
 #[derive(Debug, Clone)]
 pub(crate) struct Metrics {
     requests: Family<OutcomeLabels, Counter>,
+    responses: Family<ClassLabels, Counter>,
+    tokens: Family<TokenLabels, Counter>,
     rejections: Family<RejectionLabels, Counter>,
     disconnects: Family<DisconnectLabels, Counter>,
+    retries: Family<RetryLabels, Counter>,
     queue_wait: HistogramFamily,
-    first_byte: HistogramFamily,
+    response_head: HistogramFamily,
+    first_token: HistogramFamily,
     duration: HistogramFamily,
     reloads: Family<ReloadLabels, Counter>,
     bounds: Family<BoundLabels, Counter>,
@@ -196,12 +263,22 @@ struct ReloadLabels {
 pub(crate) struct TargetMetrics {
     /// `slotgate_queue_wait_seconds`.
     pub(crate) queue_wait: Timing,
-    /// `slotgate_time_to_first_byte_seconds`.
-    pub(crate) first_byte: Timing,
+    /// `slotgate_time_to_response_head_seconds`.
+    pub(crate) response_head: Timing,
+    /// `slotgate_time_to_first_token_seconds`.
+    pub(crate) first_token: Histogram,
     /// `slotgate_request_duration_seconds`.
     pub(crate) duration: Histogram,
+    /// `slotgate_upstream_responses_total`, by class in [`CLASSES`] order.
+    responses: [Counter; 4],
+    /// `slotgate_tokens_total{kind="prompt"}`.
+    pub(crate) prompt_tokens: Counter,
+    /// `slotgate_tokens_total{kind="completion"}`.
+    pub(crate) completion_tokens: Counter,
     /// `slotgate_requests_total{outcome="completed"}`.
     pub(crate) completed: Counter,
+    /// `slotgate_requests_total{outcome="upstream_status_error"}`: the engine answered 5xx.
+    pub(crate) upstream_status_error: Counter,
     /// `slotgate_requests_total{outcome="upstream_error"}`.
     pub(crate) upstream_error: Counter,
     /// `slotgate_requests_total{outcome="client_gone"}`.
@@ -213,6 +290,34 @@ pub(crate) struct TargetMetrics {
     pub(crate) gone_awaiting: Counter,
     /// `slotgate_client_disconnects_total{phase="streaming"}`.
     pub(crate) gone_streaming: Counter,
+    /// `slotgate_retries_total`, one counter per retried status (in [`RETRIED`]'s order).
+    retries: [Counter; 3],
+}
+
+impl TargetMetrics {
+    /// Counts an engine answer of `status` that the request did not pass through but retried
+    /// on the next host; only 502, 503 and 504 are retried, and counted.
+    pub(crate) fn retried(&self, status: http::StatusCode) {
+        let counter = RETRIED
+            .iter()
+            .zip(&self.retries)
+            .find(|((retried, _), _)| *retried == status);
+        if let Some((_, counter)) = counter {
+            counter.inc();
+        }
+    }
+
+    /// Counts an engine's response head with `status` in `slotgate_upstream_responses_total`
+    /// (a status past 599 counts as `5xx`: an engine that broke HTTP).
+    pub(crate) fn response(&self, status: http::StatusCode) {
+        let class = match status.as_u16() / 100 {
+            0..=2 => 0,
+            3 => 1,
+            4 => 2,
+            _ => 3,
+        };
+        self.responses[class].inc();
+    }
 }
 
 /// Pre-resolved rejection counters for one model.
@@ -224,6 +329,12 @@ pub(crate) struct RejectionMetrics {
     pub(crate) queue_timeout: Counter,
     /// `slotgate_rejections_total{reason="store_unavailable"}` (`[cluster]`, fail-closed).
     pub(crate) store_unavailable: Counter,
+    /// `slotgate_rejections_total{reason="upstream_unavailable"}`: every upstream that could
+    /// take the request refused the connection.
+    pub(crate) upstream_unavailable: Counter,
+    /// `slotgate_rejections_total{reason="model_unavailable"}`: no upstream of the model could
+    /// take requests (unhealthy, draining, an unknown `auto` slot count, removed by a reload).
+    pub(crate) model_unavailable: Counter,
 }
 
 impl Default for Metrics {
@@ -239,8 +350,12 @@ impl Metrics {
             requests: Family::default(),
             rejections: Family::default(),
             disconnects: Family::default(),
+            responses: Family::default(),
+            tokens: Family::default(),
+            retries: Family::default(),
             queue_wait: Family::new_with_constructor(seconds_histogram),
-            first_byte: Family::new_with_constructor(seconds_histogram),
+            response_head: Family::new_with_constructor(seconds_histogram),
+            first_token: Family::new_with_constructor(seconds_histogram),
             duration: Family::new_with_constructor(seconds_histogram),
             reloads: Family::default(),
             bounds: Family::default(),
@@ -296,22 +411,48 @@ impl Metrics {
                     .or_default(),
             )
         };
+        let class = |class| {
+            self.responses.get_or_create_owned(&ClassLabels {
+                upstream: upstream.to_owned(),
+                model: model.to_owned(),
+                class,
+            })
+        };
+        let tokens = |kind| {
+            self.tokens.get_or_create_owned(&TokenLabels {
+                upstream: upstream.to_owned(),
+                model: model.to_owned(),
+                kind,
+            })
+        };
         TargetMetrics {
             queue_wait: Timing {
                 histogram: self.queue_wait.get_or_create_owned(&labels),
                 recent: recent("queue_wait"),
             },
-            first_byte: Timing {
-                histogram: self.first_byte.get_or_create_owned(&labels),
-                recent: recent("first_byte"),
+            response_head: Timing {
+                histogram: self.response_head.get_or_create_owned(&labels),
+                recent: recent("response_head"),
             },
+            first_token: self.first_token.get_or_create_owned(&labels),
             duration: self.duration.get_or_create_owned(&labels),
+            responses: CLASSES.map(class),
+            prompt_tokens: tokens("prompt"),
+            completion_tokens: tokens("completion"),
             completed: outcome("completed"),
+            upstream_status_error: outcome("upstream_status_error"),
             upstream_error: outcome("upstream_error"),
             client_gone: outcome("client_gone"),
             gone_queued: phase("queued"),
             gone_awaiting: phase("awaiting_response"),
             gone_streaming: phase("streaming"),
+            retries: RETRIED.map(|(_, status)| {
+                self.retries.get_or_create_owned(&RetryLabels {
+                    upstream: upstream.to_owned(),
+                    model: model.to_owned(),
+                    status,
+                })
+            }),
         }
     }
 
@@ -327,7 +468,21 @@ impl Metrics {
             queue_full: reason("queue_full"),
             queue_timeout: reason("queue_timeout"),
             store_unavailable: reason("store_unavailable"),
+            upstream_unavailable: reason("upstream_unavailable"),
+            model_unavailable: reason("model_unavailable"),
         }
+    }
+
+    /// Counts a refusal that has no pre-resolved counter: `model` is the configured model it
+    /// was for, empty when the request named none (or an unknown one: a client's name never
+    /// becomes a label). Refusals are the slow path; this hashes its labels.
+    pub(crate) fn refused(&self, model: &str, reason: &'static str) {
+        self.rejections
+            .get_or_create(&RejectionLabels {
+                model: model.to_owned(),
+                reason,
+            })
+            .inc();
     }
 
     /// Drops the series of one (upstream, model) that a reload removed, so scrapes stop
@@ -338,12 +493,27 @@ impl Metrics {
             model: model.to_owned(),
         };
         self.queue_wait.remove(&labels);
-        self.first_byte.remove(&labels);
+        self.response_head.remove(&labels);
+        self.first_token.remove(&labels);
         self.recent
             .lock()
             .retain(|(key, _timing), _recent| *key != labels);
         self.duration.remove(&labels);
-        for outcome in ["completed", "upstream_error", "client_gone"] {
+        for class in CLASSES {
+            self.responses.remove(&ClassLabels {
+                upstream: upstream.to_owned(),
+                model: model.to_owned(),
+                class,
+            });
+        }
+        for kind in ["prompt", "completion"] {
+            self.tokens.remove(&TokenLabels {
+                upstream: upstream.to_owned(),
+                model: model.to_owned(),
+                kind,
+            });
+        }
+        for outcome in OUTCOMES {
             self.requests.remove(&OutcomeLabels {
                 upstream: upstream.to_owned(),
                 model: model.to_owned(),
@@ -357,11 +527,18 @@ impl Metrics {
                 phase,
             });
         }
+        for (_, status) in RETRIED {
+            self.retries.remove(&RetryLabels {
+                upstream: upstream.to_owned(),
+                model: model.to_owned(),
+                status,
+            });
+        }
     }
 
     /// Drops the rejection series of a model that a reload removed from every upstream.
     pub(crate) fn forget_model(&self, model: &str) {
-        for reason in ["queue_full", "queue_timeout", "store_unavailable"] {
+        for reason in MODEL_REASONS.iter().chain(&RARE_MODEL_REASONS) {
             self.rejections.remove(&RejectionLabels {
                 model: model.to_owned(),
                 reason,
@@ -377,8 +554,18 @@ impl Metrics {
             self.requests.clone(),
         );
         registry.register(
+            "upstream_responses",
+            "The engines' response heads by status class",
+            self.responses.clone(),
+        );
+        registry.register(
+            "tokens",
+            "Tokens the engines reported in usage, by kind (prompt, completion)",
+            self.tokens.clone(),
+        );
+        registry.register(
             "rejections",
-            "Requests refused with 503 because no slot was to be had",
+            "Refused requests by reason",
             self.rejections.clone(),
         );
         registry.register(
@@ -387,19 +574,40 @@ impl Metrics {
             self.disconnects.clone(),
         );
         registry.register(
+            "retries",
+            "Engine answers of 502, 503 or 504 retried on the next-ranked upstream, by the \
+             upstream that answered",
+            self.retries.clone(),
+        );
+        registry.register(
             "queue_wait_seconds",
             "Time from joining a queue to getting a slot",
             self.queue_wait.clone(),
         );
         registry.register(
-            "time_to_first_byte_seconds",
+            "time_to_response_head_seconds",
             "Time from sending a request upstream to its response head",
-            self.first_byte.clone(),
+            self.response_head.clone(),
+        );
+        registry.register(
+            "time_to_first_token_seconds",
+            "Time from sending a request upstream to the first body frame carrying data \
+             (for SSE, the first data: line)",
+            self.first_token.clone(),
         );
         registry.register(
             "request_duration_seconds",
-            "Time from getting a slot to the end of the response",
+            "Time from joining the queue to the end of the response (queue wait included)",
             self.duration.clone(),
+        );
+        registry.register(
+            "build",
+            "This build of slotgate",
+            Info::new(vec![
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("os", std::env::consts::OS),
+                ("arch", std::env::consts::ARCH),
+            ]),
         );
         // Both results exist from the start, so an alert on `refused` needs no `absent()`.
         for result in ["applied", "refused"] {

@@ -8,6 +8,20 @@
 //! take them (a newcomer queues behind, `try_acquire` refuses), so they need no bookkeeping of
 //! their own and cannot leak — a head that leaves simply lets `fill` pour them into the next.
 //!
+//! **When the grant step is skipped.** Every change ends in `fill`, so between changes the state
+//! is one that `fill` leaves: nobody waits, or the waiter picked next does not fit. On a key
+//! without a host cap, the weight-1 hot paths (issue #13) skip it where it would change nothing:
+//! - a join behind others in the same line (same class, same tenant), and a cancel of a waiter
+//!   that had somebody ahead in its line: the pick, the heads of all lines, which classes have
+//!   waiters and the free units are all as the last `fill` saw them, so it returns at once;
+//! - otherwise, `first_step` looks first: with nobody waiting, or with the waiter picked next
+//!   neither fitting nor too heavy, `fill` would stop at its first step. Picking is idempotent,
+//!   so that look is exactly `fill`'s first step, and the wakers, the loop and the host are
+//!   skipped.
+//!
+//! With a host cap the step always runs (the host's units can change between two changes of the
+//! key, and a key may have to join or leave the host's line).
+//!
 //! Everything here runs under the key's own mutex and nothing else, which is what keeps keys
 //! from contending with each other (rule 5). No method wakes a task while holding the lock:
 //! wakers are collected, the guard dropped, and only then are they woken (tokio's
@@ -18,7 +32,7 @@ use std::task::Waker;
 use crate::error::{AcquireError, TryAcquireError};
 use crate::group::{Group, Member};
 use crate::sched::{QueueOrder, QueuePosition, Sched, Ticket};
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, Mutex, MutexGuard};
 use crate::waiters::{Status, Token, WaitQueue};
 
 /// The host cap a key counts against, holding the keys that wait for it.
@@ -109,10 +123,11 @@ impl WakeList {
     }
 
     pub(crate) fn wake_all(self) {
+        // `rest` fills only after `first`: nothing to do (and no `Vec` to walk) without it.
         if let Some(first) = self.first {
             first.wake();
+            self.rest.into_iter().for_each(Waker::wake);
         }
-        self.rest.into_iter().for_each(Waker::wake);
     }
 }
 
@@ -163,17 +178,31 @@ impl KeyState {
         let token = s.waiters.push_back(list, weight);
         let len = s.waiters.list_len(list);
         s.sched.joined(list, len);
+        if len > 1 && s.group.is_none() && shortcuts() {
+            // Behind others in a line that already waited: no pick, no head and no class
+            // changed, so the grant step would find what the last one found (module docs).
+            return Ok(Joined::Queued(token));
+        }
+        Self::settle_join(this, s);
+        Ok(Joined::Queued(token))
+    }
+
+    /// The grant step after a join that may change the pick: the newcomer may be served first
+    /// (a higher class, a tenant whose turn it is), or, at the head, have to join the host's
+    /// queue of blocked keys. Out of line, so the common join stays small.
+    #[inline(never)]
+    fn settle_join(this: &Arc<Self>, mut s: MutexGuard<'_, State>) {
+        let Step::From(first) = s.first_step() else {
+            return;
+        };
         let mut wakers = WakeList::default();
-        // The newcomer may be served first (a higher class, a tenant whose turn it is), or, at
-        // the head, have to join the host's queue of blocked keys.
-        let moved = s.fill(this, &mut wakers);
+        let moved = s.fill_from(first, this, &mut wakers);
         let group = s.group.clone().filter(|_| moved);
         drop(s);
         wakers.wake_all();
         if let Some(group) = group {
             group.kick();
         }
-        Ok(Joined::Queued(token))
     }
 
     /// Takes `weight` units only if they are free right now and nobody waits.
@@ -206,9 +235,14 @@ impl KeyState {
         if status == Status::Granted {
             s.give_back(weight);
         }
-        if let Some(list) = left {
+        if let Some(left) = left {
             let State { sched, waiters, .. } = &mut *s;
-            sched.left(list, waiters);
+            sched.left(left.list, waiters);
+            if !left.was_head && s.group.is_none() && shortcuts() {
+                // It had somebody ahead in its line, who is still there: no pick, no head and
+                // no class changed, so the grant step would find what the last one found.
+                return;
+            }
         }
         Self::settle(this, s);
     }
@@ -299,9 +333,12 @@ impl KeyState {
 
     /// Runs the grant step, releases the lock, wakes who was granted, and kicks the host if
     /// host units may now be free for another key.
-    fn settle(this: &Arc<Self>, mut s: crate::sync::MutexGuard<'_, State>) {
+    fn settle(this: &Arc<Self>, mut s: MutexGuard<'_, State>) {
+        let Step::From(first) = s.first_step() else {
+            return;
+        };
         let mut wakers = WakeList::default();
-        s.fill(this, &mut wakers);
+        s.fill_from(first, this, &mut wakers);
         let group = s.group.clone();
         drop(s);
         wakers.wake_all();
@@ -324,6 +361,32 @@ impl Member for KeyState {
     }
 }
 
+#[cfg(all(test, not(loom)))]
+thread_local! {
+    /// Set by the tests that run every change through the whole grant step, to compare the
+    /// shortcuts of the module docs with it (`tests/shortcuts.rs`).
+    pub(crate) static NO_SHORTCUTS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the grant step may be skipped where it would change nothing (module docs); always,
+/// except in the tests that compare with the whole step.
+#[inline]
+fn shortcuts() -> bool {
+    #[cfg(all(test, not(loom)))]
+    if NO_SHORTCUTS.get() {
+        return false;
+    }
+    true
+}
+
+/// What [`State::first_step`] found.
+enum Step {
+    /// The grant step would change nothing.
+    Settled,
+    /// Run the grant step from this first pick.
+    From(Option<(usize, usize)>),
+}
+
 /// What [`State::take_free`] did.
 enum Take {
     Taken,
@@ -335,12 +398,14 @@ enum Take {
 impl State {
     /// `Some(parallel)` when `weight` can never fit under the limits. A paused key
     /// (`parallel = 0`) refuses nothing: everything queues until it grows again.
+    #[inline]
     fn too_heavy(&self, weight: usize) -> Option<usize> {
         let parallel = self.limits.parallel;
         (parallel > 0 && weight > parallel).then_some(parallel)
     }
 
     /// Whether `weight` more units fit under `parallel` now.
+    #[inline]
     fn fits(&self, weight: usize) -> bool {
         weight <= self.limits.parallel.saturating_sub(self.in_flight)
     }
@@ -348,6 +413,7 @@ impl State {
     /// Takes `weight` units if they fit and nobody waits, at the key and at its host. FIFO:
     /// free units with a waiter ahead are that waiter's partial grant, never a newcomer's; free
     /// host units with a model blocked on the host are that model's.
+    #[inline]
     fn take_free(&mut self, weight: usize) -> Take {
         let free = self.waiters.is_empty() && self.fits(weight);
         let Some(group) = &self.group else {
@@ -368,6 +434,27 @@ impl State {
             return Take::Taken;
         }
         Take::NoRoom
+    }
+
+    /// The grant step's first look (module docs): [`Step::Settled`] when the step would change
+    /// nothing, because the key has no host cap and nobody waits, or the waiter picked next
+    /// neither fits nor is too heavy (the step would stop at once); otherwise the step's first
+    /// pick, to start it from.
+    #[inline]
+    fn first_step(&mut self) -> Step {
+        if self.group.is_some() || !shortcuts() {
+            return Step::From(self.sched.pick(&self.waiters));
+        }
+        if self.waiters.is_empty() {
+            return Step::Settled;
+        }
+        match self.sched.pick(&self.waiters) {
+            Some((_, weight)) if self.too_heavy(weight).is_none() && !self.fits(weight) => {
+                Step::Settled
+            }
+            None => Step::Settled,
+            first => Step::From(first),
+        }
     }
 
     /// Units of a permit come back, at the key and at its host.
@@ -392,9 +479,24 @@ impl State {
     /// front changed (this key was granted from it, or left it), after which the host must be
     /// kicked for the next front.
     fn fill(&mut self, me: &Arc<KeyState>, wakers: &mut WakeList) -> bool {
+        let first = self.sched.pick(&self.waiters);
+        self.fill_from(first, me, wakers)
+    }
+
+    /// [`fill`](Self::fill) whose first pick was made already (picking is idempotent, so a
+    /// pick made under the same lock with nothing changed since is the step's own).
+    fn fill_from(
+        &mut self,
+        first: Option<(usize, usize)>,
+        me: &Arc<KeyState>,
+        wakers: &mut WakeList,
+    ) -> bool {
         let mut moved = false;
-        while let Some(list) = self.sched.pick(&self.waiters) {
-            let weight = self.waiters.front_weight(list).unwrap_or(0);
+        let mut first = Some(first);
+        while let Some((list, weight)) = match first.take() {
+            Some(pick) => pick,
+            None => self.sched.pick(&self.waiters),
+        } {
             if let Some(parallel) = self.too_heavy(weight) {
                 self.refuse(list, parallel, wakers);
                 continue;

@@ -259,6 +259,7 @@ impl Sched {
     }
 
     /// The list a new waiter with `ticket` joins. Allocates a tenant list if needed.
+    #[inline]
     pub(crate) fn list_for(
         &mut self,
         priority: Priority,
@@ -266,11 +267,18 @@ impl Sched {
         share: usize,
     ) -> usize {
         let class = priority.index();
-        let (QueueOrder::Fair, Some(tenant)) = (self.order, tenant) else {
-            // FIFO order, or no tenant: the class's own list (the anonymous tenant).
-            self.lists[class].share = share;
-            return class;
-        };
+        if let (QueueOrder::Fair, Some(tenant)) = (self.order, tenant) {
+            return self.tenant_list(class, tenant, share);
+        }
+        // FIFO order, or no tenant: the class's own list (the anonymous tenant).
+        self.lists[class].share = share;
+        class
+    }
+
+    /// The list of `tenant` in `class` under fair order, made if it has none. Kept out of line:
+    /// the map lookup would weigh on every plain acquire that inlines [`list_for`](Self::list_for).
+    #[inline(never)]
+    fn tenant_list(&mut self, class: usize, tenant: &StdArc<str>, share: usize) -> usize {
         if let Some(&list) = self.tenants.get(&(class, tenant.clone())) {
             self.lists[list].share = share;
             return list;
@@ -293,6 +301,7 @@ impl Sched {
     }
 
     /// A waiter joined `list` (now `len` long).
+    #[inline]
     pub(crate) fn joined(&mut self, list: usize, len: usize) {
         let class = self.lists[list].class;
         self.queued[class] += 1;
@@ -301,28 +310,40 @@ impl Sched {
         }
     }
 
-    /// The list whose head is served next, `None` when nobody waits. Picking again without a
-    /// grant or a departure in between gives the same list.
-    pub(crate) fn pick(&mut self, queue: &WaitQueue) -> Option<usize> {
-        let starved =
-            (0..3).find(|&c| self.queued[c] > 0 && self.passed[c] >= Priority::PASS_LIMIT);
-        let class = starved.or_else(|| (0..3).find(|&c| self.queued[c] > 0))?;
-        Some(self.pick_in(class, queue))
+    /// The list whose head is served next and that head's weight, `None` when nobody waits.
+    /// Picking again without a grant or a departure in between gives the same list and
+    /// changes nothing.
+    #[inline]
+    pub(crate) fn pick(&mut self, queue: &WaitQueue) -> Option<(usize, usize)> {
+        // The first class with waiters, unless a class with waiters was passed over too often
+        // (the first such class, then): one pass over the three.
+        let mut first = None;
+        for class in 0..3 {
+            if self.queued[class] > 0 {
+                if self.passed[class] >= Priority::PASS_LIMIT {
+                    first = Some(class);
+                    break;
+                }
+                first.get_or_insert(class);
+            }
+        }
+        let class = first?;
+        Some(if self.rings[class].len() == 1 {
+            self.pick_only(class, queue)
+        } else {
+            self.pick_in(class, queue)
+        })
     }
 
-    /// Deficit round-robin within one class that has waiters.
-    fn pick_in(&mut self, class: usize, queue: &WaitQueue) -> usize {
+    /// Deficit round-robin within one class whose ring holds several lists. Out of line, so
+    /// [`pick_only`](Self::pick_only) stays small where it is inlined.
+    #[inline(never)]
+    fn pick_in(&mut self, class: usize, queue: &WaitQueue) -> (usize, usize) {
         let mut skipped = 0;
         loop {
-            let list = self.rings[class][0];
-            let info = &mut self.lists[list];
-            if !self.visiting[class] {
-                info.credit = info.credit.saturating_add(info.share);
-                self.visiting[class] = true;
-            }
-            let weight = queue.front_weight(list).unwrap_or(0);
-            if weight <= info.credit {
-                return list;
+            let (list, weight, credit) = self.front_turn(class, queue);
+            if weight <= credit {
+                return (list, weight);
             }
             // Not enough credit: its turn ends, keeping what it has.
             self.rings[class].rotate_left(1);
@@ -333,6 +354,43 @@ impl Sched {
                 skipped = 0;
             }
         }
+    }
+
+    /// [`pick_in`](Self::pick_in) when one list of the class has waiters (every FIFO key, and a
+    /// fair one with one tenant waiting): the loop above would end its turn, go round the ring
+    /// of one, fast-forward and credit it again until its head fits. This does the same in one
+    /// step, leaving the same credit: a share when its turn starts, then as many shares as its
+    /// head still needs.
+    #[inline]
+    fn pick_only(&mut self, class: usize, queue: &WaitQueue) -> (usize, usize) {
+        let (list, weight, _) = self.front_turn(class, queue);
+        let info = &mut self.lists[list];
+        if weight > info.credit {
+            let need = weight - info.credit;
+            // A share of 1 (every FIFO list) needs no division.
+            let rounds = if info.share <= 1 {
+                need
+            } else {
+                need.div_ceil(info.share)
+            };
+            info.credit = info
+                .credit
+                .saturating_add(rounds.saturating_mul(info.share));
+        }
+        (list, weight)
+    }
+
+    /// The list at the front of the class's ring, credited its share if its turn starts now:
+    /// the list, its head's weight and its credit.
+    #[inline]
+    fn front_turn(&mut self, class: usize, queue: &WaitQueue) -> (usize, usize, usize) {
+        let list = self.rings[class][0];
+        let info = &mut self.lists[list];
+        if !self.visiting[class] {
+            info.credit = info.credit.saturating_add(info.share);
+            self.visiting[class] = true;
+        }
+        (list, queue.front_weight(list).unwrap_or(0), info.credit)
     }
 
     /// A whole round passed without a list having credit for its head (heavy heads, small
@@ -375,6 +433,7 @@ impl Sched {
     }
 
     /// A waiter left `list` (granted, refused or cancelled; already unlinked from `queue`).
+    #[inline]
     pub(crate) fn left(&mut self, list: usize, queue: &WaitQueue) {
         let class = self.lists[list].class;
         self.queued[class] -= 1;
@@ -480,9 +539,9 @@ mod tests {
             let list = sched.list_for(Priority::Normal, Some(&tenant), 1);
             let token = queue.push_back(list, 1);
             sched.joined(list, queue.list_len(list));
-            assert_eq!(sched.pick(&queue), Some(list));
+            assert_eq!(sched.pick(&queue), Some((list, 1)));
             let (_, left) = queue.remove(token);
-            sched.left(left.expect("was waiting"), &queue);
+            sched.left(left.expect("was waiting").list, &queue);
         }
         assert_eq!(
             sched.lists.len(),
@@ -506,6 +565,6 @@ mod tests {
         queue.push_back(lb, 3);
         sched.joined(lb, 1);
         // b needs 3 rounds, a a million: b is picked after one fast-forward.
-        assert_eq!(sched.pick(&queue), Some(lb));
+        assert_eq!(sched.pick(&queue), Some((lb, 3)));
     }
 }

@@ -45,6 +45,15 @@ pub(crate) enum Status {
     },
 }
 
+/// Where a removed waiter stood (see [`WaitQueue::remove`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Left {
+    /// The list it left.
+    pub(crate) list: usize,
+    /// Whether it was the head of that list (the next to be served in it).
+    pub(crate) was_head: bool,
+}
+
 #[derive(Debug)]
 enum Entry {
     Vacant {
@@ -122,20 +131,24 @@ impl WaitQueue {
     }
 
     /// How many waiters are queued (granted and closed entries not counted).
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.waiting
     }
 
+    #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.waiting == 0
     }
 
     /// How many waiters are in `list`.
+    #[inline]
     pub(crate) fn list_len(&self, list: usize) -> usize {
         self.lists.get(list).map_or(0, |l| l.len)
     }
 
     /// The weight of the head waiter of `list`, `None` when it is empty.
+    #[inline]
     pub(crate) fn front_weight(&self, list: usize) -> Option<usize> {
         match self.slots.get(self.lists.get(list)?.head)?.entry {
             Entry::Waiting { weight, .. } => Some(weight),
@@ -144,6 +157,7 @@ impl WaitQueue {
     }
 
     /// Queues a waiter of `weight` units at the back of `list`.
+    #[inline]
     pub(crate) fn push_back(&mut self, list: usize, weight: usize) -> Token {
         if self.lists.len() <= list {
             self.lists.resize(list + 1, List::EMPTY);
@@ -251,6 +265,7 @@ impl WaitQueue {
     /// While it waits, the waker is stored (replacing an older one that would not wake the same
     /// task). Once granted or closed, the entry is vacated: the caller now owns the outcome. A
     /// stale token reads as `Closed`, which cannot happen while only the owner vacates entries.
+    #[inline]
     pub(crate) fn poll(&mut self, token: Token, waker: &Waker) -> Status {
         let Some(slot) = self.slot_mut(token) else {
             return Status::Closed;
@@ -280,19 +295,23 @@ impl WaitQueue {
 
     /// Removes a waiter on behalf of its dropped future, wherever it stands: O(1).
     ///
-    /// Returns what the entry was, and for a waiting one the list it left; `Granted` means the
-    /// caller holds units it must pass on.
-    pub(crate) fn remove(&mut self, token: Token) -> (Status, Option<usize>) {
+    /// Returns what the entry was, and for a waiting one the list it left and whether it was
+    /// that list's head; `Granted` means the caller holds units it must pass on.
+    #[inline]
+    pub(crate) fn remove(&mut self, token: Token) -> (Status, Option<Left>) {
         let Some(slot) = self.slot_mut(token) else {
             return (Status::Closed, None);
         };
         let mut left = None;
         let status = match slot.entry {
-            Entry::Waiting { list, .. } => {
+            Entry::Waiting { list, prev, .. } => {
                 // Dropping the waker here is fine: the caller holds the lock, and a waker's
                 // drop never re-enters the limiter.
                 self.unlink(token.index);
-                left = Some(list);
+                left = Some(Left {
+                    list,
+                    was_head: prev == NIL,
+                });
                 Status::Waiting
             }
             Entry::Granted => Status::Granted,
@@ -303,6 +322,7 @@ impl WaitQueue {
         (status, left)
     }
 
+    #[inline]
     fn slot_mut(&mut self, token: Token) -> Option<&mut Slot> {
         self.slots
             .get_mut(token.index)
@@ -312,6 +332,7 @@ impl WaitQueue {
 
     /// Unlinks a `Waiting` entry from the list and takes its waker; the entry itself is left
     /// for the caller to overwrite.
+    #[inline]
     fn unlink(&mut self, index: usize) -> Option<Waker> {
         let Entry::Waiting {
             waker,
@@ -348,6 +369,7 @@ impl WaitQueue {
         waker
     }
 
+    #[inline]
     fn vacate(&mut self, index: usize) {
         let slot = &mut self.slots[index];
         slot.generation = slot.generation.wrapping_add(1);
@@ -404,9 +426,10 @@ mod tests {
     fn remove_from_middle_head_and_tail() {
         let mut q = WaitQueue::new();
         let tokens: Vec<_> = (0..5).map(|_| q.push_back(0, 1)).collect();
-        assert_eq!(q.remove(tokens[2]).0, Status::Waiting);
-        assert_eq!(q.remove(tokens[0]).0, Status::Waiting);
-        assert_eq!(q.remove(tokens[4]).0, Status::Waiting);
+        let left = |list, was_head| Some(Left { list, was_head });
+        assert_eq!(q.remove(tokens[2]), (Status::Waiting, left(0, false)));
+        assert_eq!(q.remove(tokens[0]), (Status::Waiting, left(0, true)));
+        assert_eq!(q.remove(tokens[4]), (Status::Waiting, left(0, false)));
         assert_eq!(q.len(), 2);
         q.grant_front(0);
         assert_eq!(q.poll(tokens[1], &noop()), Status::Granted);
@@ -419,7 +442,11 @@ mod tests {
     fn stale_tokens_never_touch_a_reused_entry() {
         let mut q = WaitQueue::new();
         let a = q.push_back(0, 1);
-        assert_eq!(q.remove(a), (Status::Waiting, Some(0)));
+        let left = Some(Left {
+            list: 0,
+            was_head: true,
+        });
+        assert_eq!(q.remove(a), (Status::Waiting, left));
         let b = q.push_back(0, 1);
         assert_eq!(a.index, b.index, "the vacant entry is reused");
         assert_eq!(q.remove(a).0, Status::Closed, "stale token is inert");
@@ -464,7 +491,11 @@ mod tests {
         q.grant_front(2);
         assert_eq!(q.position(w3), Some((2, 0)));
         assert_eq!(q.poll(w1, &noop()), Status::Granted);
-        assert_eq!(q.remove(w0), (Status::Waiting, Some(0)));
+        let left = Some(Left {
+            list: 0,
+            was_head: true,
+        });
+        assert_eq!(q.remove(w0), (Status::Waiting, left));
         assert_eq!(q.position(w2), Some((0, 0)));
         assert_eq!(q.front_weight(1), None);
         let wakers = q.close_all();

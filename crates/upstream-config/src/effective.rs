@@ -102,6 +102,7 @@ struct ServerView<'a> {
     health_check_timeout: String,
     eject_after_failures: usize,
     restore_after_successes: usize,
+    engine_error_retries: usize,
     api_keys: Vec<KeyView<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     api_keys_file: Option<String>,
@@ -117,6 +118,7 @@ struct ServerView<'a> {
     admin_tls_cert: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     admin_tls_key: Option<String>,
+    access_log: bool,
 }
 
 /// An `api_keys` entry: a bare key as it was written, a key with queueing attributes as a
@@ -271,6 +273,7 @@ impl<'a> From<&'a Server> for ServerView<'a> {
             health_check_timeout: human(server.health_check_timeout),
             eject_after_failures: server.eject_after_failures,
             restore_after_successes: server.restore_after_successes,
+            engine_error_retries: server.engine_error_retries,
             api_keys: server.api_keys.iter().map(KeyView::from).collect(),
             api_keys_file: server.api_keys_file.as_deref().map(display),
             tenant_header: server.tenant_header.as_deref(),
@@ -279,6 +282,7 @@ impl<'a> From<&'a Server> for ServerView<'a> {
             tls_key: server.tls.as_ref().map(|tls| display(&tls.key)),
             admin_tls_cert: server.admin_tls.as_ref().map(|tls| display(&tls.cert)),
             admin_tls_key: server.admin_tls.as_ref().map(|tls| display(&tls.key)),
+            access_log: server.access_log,
         }
     }
 }

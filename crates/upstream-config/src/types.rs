@@ -181,6 +181,11 @@ pub struct Server {
     /// Consecutive successful health checks that put an ejected upstream back into rotation
     /// (default 2, at least 1).
     pub restore_after_successes: usize,
+    /// How many times a request whose engine answered 502, 503 or 504 goes on to the
+    /// next-ranked upstream of its model (default 1; 0 passes such answers through at once).
+    /// Only an answer the client has seen nothing of yet is retried; 4xx answers and other 5xx
+    /// are always passed through.
+    pub engine_error_retries: usize,
     /// Client API keys accepted as `Authorization: Bearer KEY`, each with the tenant, priority
     /// and share its requests queue under. Empty (the default) and no `api_keys_file`: clients
     /// are not authenticated.
@@ -200,6 +205,9 @@ pub struct Server {
     pub tls: Option<CertAndKey>,
     /// `admin_tls_cert` / `admin_tls_key`: the same for the admin listener.
     pub admin_tls: Option<CertAndKey>,
+    /// Write one access-log line per API request (tracing target `slotgate::access`, at
+    /// `info`) when it ends (default `true`).
+    pub access_log: bool,
 }
 
 /// A PEM certificate chain and the PEM private key that goes with it (two keys that are set
@@ -277,6 +285,9 @@ impl Server {
     /// Default [`Server::restore_after_successes`]: a flapping engine has to answer twice in a
     /// row before it gets traffic again.
     pub const DEFAULT_RESTORE_AFTER_SUCCESSES: usize = 2;
+    /// Default [`Server::engine_error_retries`]: one more host, so a loading or failing engine
+    /// costs a request one extra try at most.
+    pub const DEFAULT_ENGINE_ERROR_RETRIES: usize = 1;
     /// The longest tenant name, from a key's `name` or the [`Server::tenant_header`], in bytes.
     pub const MAX_TENANT_LEN: usize = 128;
 }

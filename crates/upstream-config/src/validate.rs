@@ -50,6 +50,7 @@ const SERVER_KEYS: &[&str] = &[
     "health_check_timeout",
     "eject_after_failures",
     "restore_after_successes",
+    "engine_error_retries",
     "api_keys",
     "api_keys_file",
     "tenant_header",
@@ -58,6 +59,7 @@ const SERVER_KEYS: &[&str] = &[
     "tls_key",
     "admin_tls_cert",
     "admin_tls_key",
+    "access_log",
 ];
 const UPSTREAM_KEYS: &[&str] = &[
     "url",
@@ -256,6 +258,7 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
             ("max_upload_bytes", max_upload_bytes),
         ],
     );
+    let access_log = optional(r, t, path, "access_log", true, Reader::boolean);
 
     Some(Server {
         listen: listen?,
@@ -282,12 +285,14 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         health_check_timeout: health.timeout?,
         eject_after_failures: health.eject_after?,
         restore_after_successes: health.restore_after?,
+        engine_error_retries: health.engine_error_retries?,
         api_keys: api_keys?,
         api_keys_file: api_keys_file?,
         tenant_header: tenant_header?,
         admin_token: admin_token?,
         tls: tls?,
         admin_tls: admin_tls?,
+        access_log: access_log?,
     })
 }
 
@@ -386,12 +391,14 @@ fn cert_and_key(
     }
 }
 
-/// The health-check keys of `[server]`, each `None` when present but wrong.
+/// The health-check keys of `[server]`, and what to do about an engine's error answer, each
+/// `None` when present but wrong.
 struct HealthKeys {
     interval: Option<Duration>,
     timeout: Option<Duration>,
     eject_after: Option<usize>,
     restore_after: Option<usize>,
+    engine_error_retries: Option<usize>,
 }
 
 fn health_keys(r: &mut Reader<'_>, t: &Dict, path: &KeyPath) -> HealthKeys {
@@ -429,6 +436,15 @@ fn health_keys(r: &mut Reader<'_>, t: &Dict, path: &KeyPath) -> HealthKeys {
             "restore_after_successes",
             Server::DEFAULT_RESTORE_AFTER_SUCCESSES,
             at_least_one,
+        ),
+        // Zero is meaningful: pass an engine's 502/503/504 through at once.
+        engine_error_retries: optional(
+            r,
+            t,
+            path,
+            "engine_error_retries",
+            Server::DEFAULT_ENGINE_ERROR_RETRIES,
+            |r, p, v| r.count(p, v, 0),
         ),
     }
 }

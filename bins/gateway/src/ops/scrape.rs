@@ -11,6 +11,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use slotgate_limiter::HostReading;
 
+use crate::metrics::process::ProcessCollector;
 use crate::metrics::{Metrics, TargetLabels};
 use crate::proxy::live::{Generation, Live};
 use crate::upstreams::state::UpstreamState;
@@ -18,11 +19,14 @@ use crate::upstreams::state::UpstreamState;
 mod cluster;
 
 /// A registry with every family of `metrics`, plus the gauges read from the configuration in
-/// force at scrape time.
+/// force at scrape time (all under the `slotgate_` prefix), and the process metrics under their
+/// standard names (`process_*`).
 pub(crate) fn registry(metrics: &Metrics, live: Arc<Live>) -> Registry {
-    let mut registry = Registry::with_prefix("slotgate");
-    metrics.register(&mut registry);
-    registry.register_collector(Box::new(LiveGauges { live }));
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(ProcessCollector));
+    let slotgate = registry.sub_registry_with_prefix("slotgate");
+    metrics.register(slotgate);
+    slotgate.register_collector(Box::new(LiveGauges { live }));
     registry
 }
 

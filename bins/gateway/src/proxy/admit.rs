@@ -118,6 +118,9 @@ pub(crate) struct Slot {
     granted: Instant,
     hold: Arc<HoldStats>,
     metrics: Arc<TargetMetrics>,
+    /// The engine answered with a 5xx status: an answer that ends cleanly is still not
+    /// `completed`.
+    engine_error: bool,
 }
 
 /// What [`join`] gave: a slot at once, or a place in the queue.
@@ -196,6 +199,7 @@ fn granted(
         granted: Instant::now(),
         hold: Arc::clone(hold),
         metrics: Arc::clone(metrics),
+        engine_error: false,
     })
 }
 
@@ -339,6 +343,7 @@ impl Drop for Sending {
             return;
         };
         debug!(grace = ?self.grace, "client went away before the upstream answered");
+        slot.observe_duration();
         slot.metrics.client_gone.inc();
         slot.metrics.gone_awaiting.inc();
         slot.release_after(self.grace, Hold::Record);
@@ -355,6 +360,7 @@ impl Slot {
     /// Gives the slot back after an upstream failure before any answer: counted as an upstream
     /// error; the hold time is not recorded (it measures the failure, not an answer).
     pub(crate) fn fail(self) {
+        self.observe_duration();
         self.metrics.upstream_error.inc();
         drop(self.permit);
     }
@@ -375,6 +381,7 @@ impl Slot {
     /// llama-server: up to a second or more), so the slot is kept for `cancel_grace` as for a
     /// client that left before the answer.
     pub(crate) fn timed_out(self, cancel_grace: Duration) {
+        self.observe_duration();
         self.metrics.upstream_error.inc();
         self.release_after(cancel_grace, Hold::Ignore);
     }
@@ -404,13 +411,27 @@ impl Slot {
         }
     }
 
-    /// Records how long the slot has been held (for `Retry-After` and the duration histogram);
-    /// returns it.
+    /// Records how long the slot has been held (for `Retry-After`); returns it.
     fn record_hold(&self) -> Duration {
         let held = self.granted.elapsed();
         self.hold.record(held);
-        observe(&self.metrics.duration, held);
         held
+    }
+
+    /// Observes the request's whole duration, from joining the queue until now (its answer
+    /// ended, failed or was given up), in `slotgate_request_duration_seconds`.
+    fn observe_duration(&self) {
+        observe(
+            &self.metrics.duration,
+            self.waited() + self.granted.elapsed(),
+        );
+    }
+
+    /// The engine's response head came with `status`: counted by class, and remembered so that
+    /// a 5xx answer is not counted as `completed` when it ends.
+    pub(crate) fn engine_status(&mut self, status: http::StatusCode) {
+        self.metrics.response(status);
+        self.engine_error = status.is_server_error() || status.as_u16() >= 600;
     }
 
     /// How long the request waited in the queue for this slot (zero when it was free).
@@ -434,8 +455,12 @@ impl SlotGuard for Slot {
             // Like a first-byte timeout: the time measures the stall, not an answer.
             return self.timed_out(grace);
         }
+        self.observe_duration();
         let held = self.record_hold();
         match how {
+            Completion::Ended if self.engine_error => {
+                self.metrics.upstream_status_error.inc();
+            }
             Completion::Ended => {
                 self.metrics.completed.inc();
             }

@@ -49,6 +49,7 @@ use tokio::time::{Instant, Sleep};
 use tracing::warn;
 
 use crate::error::{BoxError, chain};
+use meter::Meter;
 
 /// How a [`SlotBody`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +92,9 @@ pub(crate) struct Watch {
     pub(crate) deadline: Option<(Instant, Duration)>,
     /// `slotgate_bounds_total{bound="stream_timeout"}`.
     pub(crate) too_long: Counter,
+    /// Sees every data frame and how the body ended: the first token, the usage, the access
+    /// log's outcome.
+    pub(crate) meter: Option<Meter>,
 }
 
 impl Watch {
@@ -192,8 +196,8 @@ pin_project! {
 
     impl<B: Body, G: SlotGuard> PinnedDrop for SlotBody<B, G> {
         fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
-            if let Some(guard) = this.guard.take() {
+            let mut this = this.project();
+            if this.guard.is_some() {
                 // hyper never polls a body that says it is already at its end (an empty body),
                 // so a guard still held here is a clean end in that case, and otherwise means
                 // the client (or a shutdown) dropped the response mid-stream.
@@ -202,7 +206,7 @@ pin_project! {
                 } else {
                     Completion::Dropped
                 };
-                guard.finish(how);
+                this.release(how);
             }
         }
     }
@@ -243,6 +247,9 @@ impl<B: Body, G: SlotGuard> SlotBody<B, G> {
 impl<B: Body, G: SlotGuard> SlotBodyProj<'_, B, G> {
     fn release(&mut self, how: Completion) {
         if let Some(guard) = self.guard.take() {
+            if let Some(meter) = self.watch.as_mut().and_then(|watch| watch.meter.as_mut()) {
+                meter.end(how);
+            }
             guard.finish(how);
         }
     }
@@ -331,12 +338,18 @@ where
             }
             Poll::Ready(Some(Ok(frame))) => {
                 *this.armed = false;
+                let frame = frame.map_data(|mut data| data.copy_to_bytes(data.remaining()));
+                if let (Some(meter), Some(data)) = (
+                    this.watch.as_mut().and_then(|watch| watch.meter.as_mut()),
+                    frame.data_ref(),
+                ) {
+                    meter.frame(data);
+                }
                 // Release as soon as the last frame is out, rather than waiting for hyper to poll
                 // once more for the `None`: the next queued request should not wait on us.
                 if this.inner.is_end_stream() {
                     this.release(Completion::Ended);
                 }
-                let frame = frame.map_data(|mut data| data.copy_to_bytes(data.remaining()));
                 return Poll::Ready(Some(Ok(frame)));
             }
             Poll::Ready(Some(Err(error))) => {
@@ -371,5 +384,6 @@ where
     }
 }
 
+pub(crate) mod meter;
 #[cfg(test)]
 mod tests;

@@ -26,7 +26,7 @@ use slotgate_config::Priority;
 use slotgate_limiter::Ticket;
 use tokio::time::Instant;
 
-use crate::proxy::problems::Error;
+use crate::proxy::problems::{BadRequest, Error};
 
 /// The longest tenant name taken from a header, in bytes.
 pub(crate) const MAX_TENANT_LEN: usize = slotgate_config::Server::MAX_TENANT_LEN;
@@ -64,16 +64,16 @@ impl Client {
             return Ok(Self::anonymous());
         };
         let name = header.unwrap_or_default();
-        let text = value.to_str().map_err(|_| {
-            Error::BadRequest(format!("the `{name}` header must be visible ASCII text"))
+        let text = value.to_str().map_err(|_| BadRequest::TenantNotText {
+            header: name.to_owned(),
         })?;
         let text = text.trim();
         if text.len() > MAX_TENANT_LEN {
-            return Err(Error::BadRequest(format!(
-                "the `{name}` header is {} bytes long; a tenant name has at most \
-                 {MAX_TENANT_LEN}",
-                text.len()
-            )));
+            return Err(BadRequest::TenantTooLong {
+                header: name.to_owned(),
+                len: text.len(),
+            }
+            .into());
         }
         Ok(Self {
             tenant: (!text.is_empty()).then(|| Arc::from(text)),
@@ -164,12 +164,7 @@ impl Deadlines {
                     .to_str()
                     .ok()
                     .and_then(|text| humantime::parse_duration(text.trim()).ok())
-                    .ok_or_else(|| {
-                        Error::BadRequest(format!(
-                            "the `{MAX_WAIT}` header must be a duration such as `5s` or \
-                             `1500ms`"
-                        ))
-                    })?,
+                    .ok_or(BadRequest::MaxWait { header: MAX_WAIT })?,
             ),
         };
         let sdk_timeout = headers
@@ -260,7 +255,10 @@ mod tests {
             let mut map = HeaderMap::new();
             map.insert("x-slotgate-max-wait", HeaderValue::from_str(bad).unwrap());
             assert!(
-                matches!(Deadlines::read(&map, now), Err(Error::BadRequest(_))),
+                matches!(
+                    Deadlines::read(&map, now),
+                    Err(Error::BadRequest(BadRequest::MaxWait { .. }))
+                ),
                 "{bad:?}"
             );
         }

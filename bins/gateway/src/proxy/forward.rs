@@ -1,12 +1,12 @@
-//! Step 7: send the request to the chosen upstream with its pooled client.
+//! Step 7: send the request to the chosen upstream through its connection pool.
 //!
-//! - Each upstream's [`hyper_util::client::legacy::Client`] (built with its TLS settings by
-//!   [`upstreams::state`](crate::upstreams::state)) keeps connections alive and reuses them, so
-//!   a request pays no connect or TLS handshake on the hot path.
+//! - Each upstream's [`Pool`] (in its [`state`](crate::upstreams::state), built with its TLS
+//!   settings) keeps connections alive and reuses them, so a request pays no connect or TLS
+//!   handshake on the hot path.
 //! - TCP keepalive on upstream sockets (`tcp_keepalive`, set on each upstream's connector).
-//! - A connect timeout (on the connector) and a first-byte timeout (around the wait for the
-//!   response head). The answer itself may stream for as long as the engine generates: there is
-//!   deliberately no total timeout here.
+//! - A connect timeout (the pool's, over the TCP connect and the TLS handshake) and a
+//!   first-byte timeout (around the wait for the response head). The answer itself may stream
+//!   for as long as the engine generates: there is deliberately no total timeout here.
 //! - Hop-by-hop headers (RFC 9110 §7.6.1: `Connection` and the fields it names, `Keep-Alive`,
 //!   `TE`, `Transfer-Encoding`, `Upgrade`, `Proxy-*`) are stripped both ways; `Host` is set from
 //!   the upstream's URL, and the upstream's `api_key`, when it has one, replaces the client's
@@ -28,12 +28,12 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
 
 use crate::base::Base;
 use crate::error::BoxError;
 use crate::request_id::REQUEST_ID;
-use crate::tls::{self, Connector};
+use crate::tls;
+use crate::upstreams::pool::{Pool, PoolError};
 
 /// What the upstream request carries as `Authorization`.
 #[derive(Debug, Clone, Copy)]
@@ -55,11 +55,11 @@ pub(crate) struct Forwarder {
     first_byte_timeout: Duration,
 }
 
-/// Where a request goes: the upstream's pooled client and its URL.
+/// Where a request goes: the upstream's connection pool and its URL.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Destination<'a> {
-    /// The upstream's pooled client (with its TLS settings).
-    pub(crate) client: &'a Client<Connector, Full<Bytes>>,
+    /// The upstream's connections (with its TLS settings).
+    pub(crate) client: &'a Pool,
     /// Scheme, authority and path prefix.
     pub(crate) base: &'a Base,
 }
@@ -85,7 +85,7 @@ impl Forwarder {
     ) -> Result<Response<Incoming>, ForwardError> {
         let uri = destination
             .base
-            .uri_for(parts.uri.path_and_query())
+            .origin_for(parts.uri.path_and_query())
             .map_err(ForwardError::Build)?;
         let mut req = Request::builder()
             .method(parts.method.clone())
@@ -94,8 +94,8 @@ impl Forwarder {
             .map_err(ForwardError::Build)?;
         let headers = req.headers_mut();
         copy_end_to_end(&parts.headers, headers);
-        // The client sets `Host` from the URI, and `Content-Length` from the body (which may
-        // have been rewritten for an alias).
+        // The pool sets `Host` for the upstream, and hyper `Content-Length` from the body
+        // (which may have been rewritten for an alias).
         headers.remove(header::HOST);
         headers.remove(header::CONTENT_LENGTH);
         // The whole body has been read already: there is nothing left to wait for a
@@ -112,22 +112,22 @@ impl Forwarder {
         }
         headers.insert(REQUEST_ID, request_id.clone());
 
-        let response =
-            match tokio::time::timeout(self.first_byte_timeout, destination.client.request(req))
-                .await
-            {
-                Err(_elapsed) => return Err(ForwardError::Timeout(self.first_byte_timeout)),
-                // Told apart from a refused connection even after connecting: with TLS 1.3 a
-                // server refuses a client certificate only after the client's handshake ended.
-                Ok(Err(error)) if tls::is_tls_failure(&error) => {
-                    return Err(ForwardError::Tls(Box::new(error)));
-                }
-                Ok(Err(error)) if error.is_connect() => {
-                    return Err(ForwardError::Connect(Box::new(error)));
-                }
-                Ok(Err(error)) => return Err(ForwardError::Failed(Box::new(error))),
-                Ok(Ok(response)) => response,
-            };
+        let sent = tokio::time::timeout(self.first_byte_timeout, destination.client.send(req));
+        let response = match sent.await {
+            Err(_elapsed) => return Err(ForwardError::Timeout(self.first_byte_timeout)),
+            // Told apart from a refused connection even after connecting: with TLS 1.3 a
+            // server refuses a client certificate only after the client's handshake ended.
+            Ok(Err(error)) if tls::is_tls_failure(&error) => {
+                return Err(ForwardError::Tls(Box::new(error)));
+            }
+            Ok(Err(error @ (PoolError::Connect(_) | PoolError::ConnectTimeout(_)))) => {
+                return Err(ForwardError::Connect(Box::new(error)));
+            }
+            Ok(Err(error @ PoolError::Exchange(_))) => {
+                return Err(ForwardError::Failed(Box::new(error)));
+            }
+            Ok(Ok(response)) => response,
+        };
         let (mut head, body) = response.into_parts();
         strip_hop_by_hop(&mut head.headers);
         head.headers.insert(REQUEST_ID, request_id.clone());

@@ -5,6 +5,7 @@
 //! Below it: [`upstreams`](crate::upstreams), for what is known about each engine. Above it:
 //! [`ops`](crate::ops), which swaps the live configuration and reports on it.
 
+pub(crate) mod access;
 pub(crate) mod admit;
 pub(crate) mod affinity;
 pub(crate) mod auth;

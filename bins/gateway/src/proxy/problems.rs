@@ -96,9 +96,9 @@ pub(crate) enum Error {
         /// When to try again.
         retry_after: Duration,
     },
-    /// The body is not a usable request.
-    #[error("{0}")]
-    BadRequest(String),
+    /// The request is not usable as it is: its body, or one of the gateway's headers.
+    #[error("bad request")]
+    BadRequest(#[source] BadRequest),
     /// Reading the body failed (the client went away or sent a broken body).
     #[error("reading the request body failed")]
     BodyRead(#[source] BoxError),
@@ -305,6 +305,115 @@ pub(crate) struct Deadline {
     pub(crate) expected: Option<Duration>,
 }
 
+/// What makes a request unusable as it is: the `detail` of its 400 `bad-request` problem.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum BadRequest {
+    /// `Content-Length` is not a number.
+    #[error("invalid Content-Length header")]
+    ContentLength,
+    /// A JSON route got something other than an object (an array, a string, …).
+    #[error("the request body must be a JSON object")]
+    NotAnObject,
+    /// The body does not parse as JSON.
+    #[error("the request body is not valid JSON")]
+    Json(#[source] serde_json::Error),
+    /// A route that needs `model` got a body without it.
+    #[error("the request body has no `model` member")]
+    NoModel,
+    /// `model` is there, but not a string.
+    #[error("`model` must be a string")]
+    ModelNotString,
+    /// `model` is the empty string (in a JSON body or a form).
+    #[error("`model` must not be empty")]
+    EmptyModel,
+    /// A count member (`n`, `best_of`) is not a positive integer.
+    #[error("`{member}` must be a positive integer")]
+    Count {
+        /// The member's name.
+        member: &'static str,
+    },
+    /// An upload route got a body that is not `multipart/form-data` with a boundary.
+    #[error("this route takes a multipart/form-data body with a boundary, not {content_type:?}")]
+    NotMultipart {
+        /// The `Content-Type` the client sent (cut to 100 characters: it is echoed).
+        content_type: String,
+    },
+    /// The multipart body is broken before its `model` field.
+    #[error("the multipart body is malformed")]
+    Multipart(#[source] multer::Error),
+    /// The form has no `model` field.
+    #[error("the form has no `model` field")]
+    FormNoModel,
+    /// The form's `model` field could not be read as text.
+    #[error("the `model` field could not be read")]
+    FormModel(#[source] multer::Error),
+    /// The form's `model` value was read but not found again in the body (to rename it).
+    #[error("the `model` field of the form could not be located")]
+    FormModelNotLocated,
+    /// The tenant header (`server.tenant_header`) is not visible ASCII.
+    #[error("the `{header}` header must be visible ASCII text")]
+    TenantNotText {
+        /// The header's name.
+        header: String,
+    },
+    /// The tenant header names a tenant longer than a tenant name may be.
+    #[error(
+        "the `{header}` header is {len} bytes long; a tenant name has at most {max}",
+        max = slotgate_config::Server::MAX_TENANT_LEN
+    )]
+    TenantTooLong {
+        /// The header's name.
+        header: String,
+        /// The value's length, in bytes.
+        len: usize,
+    },
+    /// `x-slotgate-max-wait` is not a duration.
+    #[error("the `{header}` header must be a duration such as `5s` or `1500ms`")]
+    MaxWait {
+        /// The header's name.
+        header: http::HeaderName,
+    },
+    /// The body names no model, and the route serves more (or fewer) than one.
+    #[error(
+        "the request body has no `model` member, and {route} does not serve exactly one model; \
+         name one"
+    )]
+    ModelNeeded {
+        /// The route asked for.
+        route: &'static str,
+    },
+    /// Under `[cluster]`, a request for more than one sequence: the shared store counts one
+    /// slot per request.
+    #[error(
+        "the request runs {weight} sequences (`n`, or `best_of` when larger), and this gateway \
+         shares its slots with other replicas ([cluster]), which count one slot per request; \
+         ask for one sequence"
+    )]
+    Unshared {
+        /// The sequences asked for.
+        weight: usize,
+    },
+}
+
+impl BadRequest {
+    /// The problem's `detail`: what is wrong and, for a parse error, the parser's own words
+    /// (its first cause only, as the client needs no deeper chain).
+    pub(crate) fn detail(&self) -> String {
+        use std::error::Error as _;
+        match self.source() {
+            Some(source) => format!("{self}: {source}"),
+            None => self.to_string(),
+        }
+    }
+}
+
+impl From<BadRequest> for Error {
+    fn from(bad: BadRequest) -> Self {
+        Error::BadRequest(bad)
+    }
+}
+
 impl Error {
     /// The problem document for this error.
     #[expect(
@@ -326,7 +435,7 @@ impl Error {
                 upstream,
                 retry_after,
             } => Problem::response_upstream_unavailable(id, upstream, *retry_after),
-            Error::BadRequest(detail) => Problem::bad_request(detail.clone()),
+            Error::BadRequest(bad) => Problem::bad_request(bad.detail()),
             Error::TooHeavy {
                 upstream,
                 model,
@@ -419,6 +528,72 @@ impl Error {
         }
     }
 
+    /// The word for this error in `slotgate_rejections_total{reason}` and the access log's
+    /// `reason`.
+    pub(crate) fn reason(&self) -> &'static str {
+        match self {
+            Error::NotFound { .. } => "not_found",
+            Error::MethodNotAllowed { .. } => "method_not_allowed",
+            Error::ModelNotFound { .. } => "model_not_found",
+            Error::RouteNotServed { .. } => "route_not_served",
+            Error::RouteDisabled { .. } => "route_disabled",
+            Error::ResponseNotFound { .. } => "response_not_found",
+            Error::ResponseUpstreamUnavailable { .. } => "response_upstream_unavailable",
+            Error::BadRequest(_) | Error::BodyRead(_) => "bad_request",
+            Error::BodyTooLarge { .. } => "body_too_large",
+            Error::BodyTimeout { .. } => "body_timeout",
+            Error::UnsupportedMediaType { .. } => "unsupported_media_type",
+            Error::TooHeavy { .. } => "too_heavy",
+            Error::Unauthorized => "unauthorized",
+            Error::QueueFull { .. } => "queue_full",
+            Error::QueueTimeout { .. } => "queue_timeout",
+            Error::StoreUnavailable { .. } => "store_unavailable",
+            Error::Overloaded { .. } => "overloaded",
+            // The request path tells `model_unavailable` apart where it knows (no upstream could
+            // take requests at all), and says so first.
+            Error::UpstreamUnavailable { .. } => "upstream_unavailable",
+            Error::UpstreamFailed { .. } => "upstream_failed",
+            Error::UpstreamTls { .. } => "upstream_tls",
+            Error::UpstreamTimeout { .. } => "upstream_timeout",
+            Error::ShuttingDown { .. } => "shutting_down",
+            Error::ReloadUnavailable { .. } | Error::ConfigRefused { .. } => "reload_refused",
+            Error::Internal { .. } => "internal",
+        }
+    }
+
+    /// Whether the engine gave no usable answer (counted as an `upstream_error` outcome, not as
+    /// a refusal).
+    pub(crate) fn is_upstream_failure(&self) -> bool {
+        matches!(
+            self,
+            Error::UpstreamFailed { .. }
+                | Error::UpstreamTls { .. }
+                | Error::UpstreamTimeout { .. }
+        )
+    }
+
+    /// The refusal to count in `slotgate_rejections_total` when the request ends with this
+    /// error: (the configured model, or `""`, and the reason). `None` for the refusals the
+    /// request path counts where they happen (they also end a `queue_keepalive` stream, which
+    /// never becomes an error response), for engine failures and for the admin API's errors.
+    pub(crate) fn rejection(&self) -> Option<(&str, &'static str)> {
+        let model = match self {
+            Error::QueueFull { .. }
+            | Error::QueueTimeout { .. }
+            | Error::StoreUnavailable { .. }
+            | Error::UpstreamUnavailable { .. }
+            | Error::ReloadUnavailable { .. }
+            | Error::ConfigRefused { .. } => return None,
+            _ if self.is_upstream_failure() => return None,
+            // Configured names (a client's unknown name never becomes a label).
+            Error::RouteNotServed { model, .. }
+            | Error::RouteDisabled { model, .. }
+            | Error::TooHeavy { model, .. } => model.as_str(),
+            _ => "",
+        };
+        Some((model, self.reason()))
+    }
+
     /// Whether the gateway or an upstream is at fault (worth a warning in the log), rather than
     /// the client or plain load.
     fn is_fault(&self) -> bool {
@@ -478,7 +653,7 @@ mod tests {
     use bytes::Bytes;
     use http::{HeaderValue, Method, Response};
 
-    use super::{Error, respond};
+    use super::{BadRequest, Error, respond};
 
     #[expect(clippy::too_many_lines, reason = "one entry per variant, written out")]
     fn every_error() -> Vec<(Error, u16, &'static str, bool)> {
@@ -541,7 +716,7 @@ mod tests {
                 false,
             ),
             (
-                Error::BadRequest("no model".into()),
+                Error::BadRequest(BadRequest::NoModel),
                 400,
                 "bad-request",
                 false,
@@ -710,6 +885,42 @@ mod tests {
             doc["instance"],
             "urn:uuid:0b7c6f3e-1d2a-4c5b-9e8f-7a6b5c4d3e2f"
         );
+    }
+
+    #[test]
+    fn a_bad_request_reads_as_its_detail_with_the_parsers_words() {
+        let json = serde_json::from_str::<serde_json::Value>("{bad").unwrap_err();
+        let cases = [
+            (
+                BadRequest::Count { member: "n" },
+                "`n` must be a positive integer".to_owned(),
+            ),
+            (
+                BadRequest::Json(json),
+                "the request body is not valid JSON: key must be a string at line 1 column 2"
+                    .to_owned(),
+            ),
+            (
+                BadRequest::TenantTooLong {
+                    header: "x-tenant".into(),
+                    len: 200,
+                },
+                "the `x-tenant` header is 200 bytes long; a tenant name has at most 128".to_owned(),
+            ),
+            (
+                BadRequest::ModelNeeded {
+                    route: "/v1/embeddings",
+                },
+                "the request body has no `model` member, and /v1/embeddings does not serve \
+                 exactly one model; name one"
+                    .to_owned(),
+            ),
+        ];
+        for (bad, detail) in cases {
+            assert_eq!(bad.detail(), detail);
+            let doc = Error::BadRequest(bad).to_problem();
+            assert_eq!(doc.detail(), Some(detail.as_str()));
+        }
     }
 
     #[test]

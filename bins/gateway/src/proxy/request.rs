@@ -44,7 +44,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::error::BoxError;
 use crate::metrics::{Bound, Metrics};
 use crate::proxy::endpoint::{Endpoint, ModelIn, Weighed};
-use crate::proxy::problems::Error;
+use crate::proxy::problems::{BadRequest, Error};
 
 /// The request-body bytes the whole gateway may buffer at once (`max_buffered_body_bytes`).
 #[derive(Debug)]
@@ -175,7 +175,9 @@ where
     let (body, held) = read_body(&parts.headers, body, limits).await?;
     let parsed = match boundary {
         Some(boundary) => {
-            let (model, span) = form::model(boundary, &body).await?;
+            // Boxed: the multipart parser's future is large, and every request's future would
+            // carry room for it; only uploads pay for the allocation.
+            let (model, span) = Box::pin(form::model(boundary, &body)).await?;
             Parsed {
                 model: Some(model),
                 stream: false,
@@ -329,7 +331,7 @@ fn declared_length(headers: &HeaderMap) -> Result<Option<u64>, Error> {
         .ok()
         .and_then(|text| text.trim().parse::<u64>().ok())
         .map(Some)
-        .ok_or_else(|| Error::BadRequest("invalid Content-Length header".into()))
+        .ok_or(Error::BadRequest(BadRequest::ContentLength))
 }
 
 /// What [`parse`] found in a JSON body.
@@ -345,12 +347,9 @@ fn parse(body: &[u8], endpoint: &Endpoint) -> Result<Parsed, Error> {
     // serde's derived struct visitor would also accept a JSON array (`["m", true]`); the
     // OpenAI endpoints take objects only.
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return Err(Error::BadRequest(
-            "the request body must be a JSON object".into(),
-        ));
+        return Err(BadRequest::NotAnObject.into());
     }
-    let head: Head<'_> = serde_json::from_slice(body)
-        .map_err(|e| Error::BadRequest(format!("the request body is not valid JSON: {e}")))?;
+    let head: Head<'_> = serde_json::from_slice(body).map_err(BadRequest::Json)?;
     let stream = head.stream.unwrap_or(endpoint.stream_default);
     let previous_response_id = match head.previous_response_id {
         Some(serde_json::Value::String(id)) => Some(id),
@@ -371,14 +370,11 @@ fn parse(body: &[u8], endpoint: &Endpoint) -> Result<Parsed, Error> {
                 previous_response_id,
             });
         }
-        return Err(Error::BadRequest(
-            "the request body has no `model` member".into(),
-        ));
+        return Err(BadRequest::NoModel.into());
     };
-    let model: String = serde_json::from_str(raw.get())
-        .map_err(|_| Error::BadRequest("`model` must be a string".into()))?;
+    let model: String = serde_json::from_str(raw.get()).map_err(|_| BadRequest::ModelNotString)?;
     if model.is_empty() {
-        return Err(Error::BadRequest("`model` must not be empty".into()));
+        return Err(BadRequest::EmptyModel.into());
     }
     // `raw` borrows from `body`, so its address tells where the value sits in the body.
     let start = raw.get().as_ptr().addr() - body.as_ptr().addr();
@@ -395,15 +391,13 @@ fn parse(body: &[u8], endpoint: &Endpoint) -> Result<Parsed, Error> {
 /// The value of a count member (`n`, `best_of`): 1 when absent or `null`, else a positive
 /// integer (a refusal names the member otherwise: the engines refuse it too, but only after
 /// the request has waited for its slots).
-fn count(raw: Option<&RawValue>, name: &str) -> Result<usize, Error> {
+fn count(raw: Option<&RawValue>, member: &'static str) -> Result<usize, Error> {
     let Some(raw) = raw else { return Ok(1) };
     match serde_json::from_str::<Option<u64>>(raw.get()) {
         Ok(None) => Ok(1),
         // Above what a `usize` holds is above every `parallel`: refused as too heavy later.
         Ok(Some(value)) if value >= 1 => Ok(usize::try_from(value).unwrap_or(usize::MAX)),
-        _ => Err(Error::BadRequest(format!(
-            "`{name}` must be a positive integer"
-        ))),
+        _ => Err(BadRequest::Count { member }.into()),
     }
 }
 

@@ -189,7 +189,12 @@ pub(crate) async fn serve<H, Fut, B>(
         let requests = activity.clone();
         let service = service_fn(move |req| {
             let busy = requests.begin();
-            let answer = handler(req, peer);
+            // Boxed: hyper keeps a connection's request future in an allocation of its own for
+            // as long as the connection lives, sized for the future's type. The handler's future
+            // is several KiB (and an `async` block holding one while awaiting it takes twice
+            // that); boxed, the connection keeps a pointer, and the request's state is freed as
+            // soon as its response head is out instead of staying resident while it streams.
+            let answer = Box::pin(handler(req, peer));
             async move { Ok::<_, Infallible>(answer.await.map(|body| Tracked::new(body, busy))) }
         });
         connections.spawn(serve_connection(

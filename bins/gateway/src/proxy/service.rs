@@ -17,12 +17,14 @@ use http_body::Body;
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use prometheus_client::metrics::counter::Counter;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::error::{BoxError, chain};
 use crate::metrics::{Bound, Metrics};
+use crate::proxy::access::{Access, Counted, Logged};
 use crate::proxy::admit::{self, Admission, Queued, Refused, Slot};
 use crate::proxy::affinity::{LocalAffinity, Recorder, ResponseAffinity, Sniff};
+use crate::proxy::body::meter::{self, Meter};
 use crate::proxy::body::{SlotBody, Watch, sse_event};
 use crate::proxy::client::{Client, Deadlines, Limit, Wait};
 use crate::proxy::endpoint::{Endpoint, ModelIn};
@@ -30,13 +32,13 @@ use crate::proxy::forward::{Authorization, Destination, ForwardError, Forwarder}
 use crate::proxy::keepalive::{Forward, KeepaliveBody, Refuse, Streamed};
 use crate::proxy::live::{Generation, Live};
 use crate::proxy::ollama;
-use crate::proxy::problems::{self, Deadline, Error, GET_ONLY, POST_ONLY, allow};
+use crate::proxy::problems::{self, BadRequest, Deadline, Error, GET_ONLY, POST_ONLY, allow};
 use crate::proxy::rename::{self, Rename};
 use crate::proxy::request;
 use crate::proxy::route::Route;
 use crate::request_id::{REQUEST_ID, request_id};
 use crate::shutdown::ShutdownSignal;
-use crate::upstreams::health::HealthPolicy;
+use crate::upstreams::health::{HealthPolicy, Verdict, judge};
 use crate::upstreams::state::UpstreamState;
 use crate::upstreams::target::Target;
 use slotgate_config::Kind;
@@ -77,6 +79,8 @@ pub(crate) struct App {
     pub(crate) body_budget: request::BodyBudget,
     /// Which upstream holds each Responses id.
     pub(crate) affinity: Arc<dyn ResponseAffinity>,
+    /// For the refusals counted when they become a response.
+    pub(crate) metrics: Metrics,
 }
 
 impl App {
@@ -103,23 +107,42 @@ impl App {
             stalled: metrics.bound(Bound::StreamIdle),
             cut: metrics.bound(Bound::UpstreamCut),
             too_long: metrics.bound(Bound::StreamTimeout),
+            metrics: metrics.clone(),
         }
     }
 
-    /// Answers one request.
-    pub(crate) async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<ResponseBody>
+    /// Answers one request; its access-log line is written when the response is over
+    /// ([`access`](crate::proxy::access)).
+    pub(crate) async fn handle<B>(
+        self: Arc<Self>,
+        req: Request<B>,
+    ) -> Response<Logged<ResponseBody>>
     where
         B: Body<Data = Bytes>,
         B::Error: Into<BoxError>,
     {
         let request_id = request_id(req.headers());
         let generation = self.live.current();
-        let mut response = match self.dispatch(req, &generation, &request_id).await {
+        let access = Access::start(
+            generation.config.server.access_log,
+            &request_id,
+            req.method(),
+            req.uri().path(),
+        );
+        let req = req.map(|body| Counted::new(body, access.clone()));
+        let mut response = match self.dispatch(req, &generation, &request_id, &access).await {
             Ok(response) => response,
-            Err(error) => problems::respond::<Full<Bytes>>(&error, &request_id).map(Either::Left),
+            Err(error) => {
+                if let Some((model, reason)) = error.rejection() {
+                    self.metrics.refused(model, reason);
+                }
+                access.failed(&error);
+                problems::respond::<Full<Bytes>>(&error, &request_id).map(Either::Left)
+            }
         };
         response.headers_mut().insert(REQUEST_ID, request_id);
-        response
+        let status = response.status();
+        response.map(|body| Logged::new(body, status, access))
     }
 
     async fn dispatch<B>(
@@ -127,6 +150,7 @@ impl App {
         req: Request<B>,
         generation: &Generation,
         request_id: &HeaderValue,
+        access: &Access,
     ) -> Result<Response<ResponseBody>, Error>
     where
         B: Body<Data = Bytes>,
@@ -136,8 +160,9 @@ impl App {
         if let Some(endpoint) = Endpoint::find(path) {
             allow(&req, POST_ONLY)?;
             let client = generation.api_keys.verify(req.headers())?;
+            access.key_name(client.tenant.as_ref());
             return self
-                .proxy(req, generation, request_id, endpoint, client)
+                .proxy(req, generation, request_id, endpoint, client, access)
                 .await;
         }
         if path == "/v1/models" {
@@ -190,6 +215,7 @@ impl App {
         request_id: &HeaderValue,
         endpoint: &'static Endpoint,
         mut client: Client,
+        access: &Access,
     ) -> Result<Response<ResponseBody>, Error>
     where
         B: Body<Data = Bytes>,
@@ -230,14 +256,14 @@ impl App {
                 .ok_or_else(|| Error::ModelNotFound {
                     model: name.clone(),
                 })?,
-            None => generation.routes.only_model(endpoint).ok_or_else(|| {
-                Error::BadRequest(format!(
-                    "the request body has no `model` member, and {} does not serve exactly \
-                     one model; name one",
-                    endpoint.path
-                ))
-            })?,
+            None => generation
+                .routes
+                .only_model(endpoint)
+                .ok_or(BadRequest::ModelNeeded {
+                    route: endpoint.path,
+                })?,
         };
+        access.route(route);
         let model = route.model.as_str();
         let mut ranked = eligible(route, endpoint)?;
         // A Responses follow-up goes to the host that has the conversation, or nowhere.
@@ -269,7 +295,12 @@ impl App {
         // The first upstream with fewer slots than the request needs: (name, weight, parallel).
         let mut too_heavy: Option<(&str, usize, usize)> = None;
         let mut connect_error: Option<BoxError> = None;
-        for target in ranked {
+        // An engine's 502/503/504 that was not passed through, to try the next host: kept
+        // unread, and passed through after all if no later host gets the request.
+        let mut engine_error: Option<Response<ResponseBody>> = None;
+        let mut retries_left = server.engine_error_retries;
+        let candidates = ranked.len();
+        for (rank, target) in ranked.into_iter().enumerate() {
             // Steps 5 and 6: a slot on this target, or on to the next when its queue is full.
             // A shutdown ends the wait: only requests already running get the grace period.
             // A metadata route takes none.
@@ -289,6 +320,7 @@ impl App {
                                 client_keys,
                                 health_check_interval: server.health_check_interval,
                                 policy: generation.policy,
+                                access: access.clone(),
                             };
                             return Ok(self.keep_alive(queued, every, request));
                         }
@@ -316,6 +348,10 @@ impl App {
                     continue;
                 }
                 Err(refused) => {
+                    // A retry that found no room: the client gets the engine's own answer.
+                    if let Some(answer) = engine_error {
+                        return Ok(answer);
+                    }
                     let interval = server.health_check_interval;
                     return Err(self.wait_ended(refused, target, route, &ticket, interval));
                 }
@@ -324,6 +360,7 @@ impl App {
             // Step 7: forward the original bytes (the model renamed only where the client's name
             // is not the engine's: an alias, or an `engine_model`).
             let sent = Instant::now();
+            access.upstream(&target.upstream);
             let (outcome, slot) = self
                 .forward(target, slot, &api, request_id, client_keys)
                 .await;
@@ -331,12 +368,35 @@ impl App {
                 Ok(mut response) => {
                     let waited = slot.as_ref().map_or(Duration::ZERO, Slot::waited);
                     mark_routed(response.headers_mut(), target, waited);
+                    access.queue_wait(waited);
+                    let status = response.status();
+                    judged(target, status, &generation.policy);
+                    let retry = retries_left > 0 && rank + 1 < candidates && is_retried(status);
+                    let slot = if retry {
+                        retries_left -= 1;
+                        retrying(target, status, slot, request_id);
+                        None
+                    } else {
+                        slot
+                    };
                     // Step 8: the slot rides in the body until the answer is over, and the body
                     // bounds the upstream's silences.
                     let asked = api.model.as_deref();
-                    let answer =
-                        self.answer(target, endpoint, request_id, response, slot, sent, asked);
-                    return Ok(answer.map(|body| Either::Right(Either::Left(body))));
+                    let answer = self.answer(
+                        target,
+                        endpoint,
+                        request_id,
+                        response,
+                        (slot, sent),
+                        access,
+                        asked,
+                    );
+                    let answer = answer.map(|body| Either::Right(Either::Left(body)));
+                    if !retry {
+                        return Ok(answer);
+                    }
+                    // Dropped unread once another host answers (its connection is closed).
+                    engine_error = Some(answer);
                 }
                 Err(ForwardError::Connect(error)) => {
                     // Nothing was sent: safe to try the next host.
@@ -349,8 +409,13 @@ impl App {
                 Err(failure) => return Err(failed_after_connect(failure, target, model, slot)),
             }
         }
-        // No target took it. A full queue says more (with an estimate) than a refused
-        // connection, so it wins when both happened.
+        // No target took it. An engine's answer is passed through as it came: the request
+        // reached an engine, which said why it did not run it.
+        if let Some(answer) = engine_error {
+            return Ok(answer);
+        }
+        // A full queue says more (with an estimate) than a refused connection, so it wins when
+        // both happened.
         if let Some((upstream, retry_after)) = full_on {
             route.rejections.queue_full.inc();
             return Err(Error::QueueFull {
@@ -368,6 +433,12 @@ impl App {
                 weight,
                 parallel,
             });
+        }
+        if connect_error.is_some() {
+            route.rejections.upstream_unavailable.inc();
+        } else {
+            route.rejections.model_unavailable.inc();
+            access.reason("model_unavailable");
         }
         Err(Error::UpstreamUnavailable {
             model: model.to_owned(),
@@ -391,17 +462,33 @@ impl App {
         endpoint: &Endpoint,
         request_id: &HeaderValue,
         mut response: Response<Incoming>,
-        slot: Option<Slot>,
-        sent: Instant,
+        (mut slot, sent): (Option<Slot>, Instant),
+        access: &Access,
         asked: Option<&str>,
     ) -> Response<Streamed> {
-        if let Some(slot) = &slot {
-            slot.metrics().first_byte.observe(sent.elapsed());
+        // What the body tells: the first token and the usage of a request that holds a slot,
+        // and the outcome for the access log.
+        let meter = (slot.is_some() || access.is_on()).then(|| {
+            let metrics = slot.as_ref().map(|_| Arc::clone(&target.metrics));
+            Meter::new(
+                metrics,
+                access.clone(),
+                sent,
+                response.headers(),
+                response.status(),
+            )
+        });
+        match &mut slot {
+            Some(slot) => {
+                slot.metrics().response_head.observe(sent.elapsed());
+                slot.engine_status(response.status());
+            }
+            None => target.metrics.response(response.status()),
         }
-        target.upstream.health.record_answer();
         let recorder = (endpoint.path == RESPONSES && response.status().is_success())
             .then(|| Recorder::new(Arc::clone(&self.affinity), target.upstream.name.clone()));
-        let watch = self.watch(target, &target.model, request_id, response.headers(), sent);
+        let mut watch = self.watch(target, &target.model, request_id, response.headers(), sent);
+        watch.meter = meter;
         let names = rename::prepare(&mut response, asked, &target.engine_model);
         response.map(|body| {
             SlotBody::new(Sniff::new(Rename::new(body, names), recorder), slot).watched(watch)
@@ -425,7 +512,10 @@ impl App {
                 retry_after: self.shutdown_retry_after,
             },
             // A reload removed this model from this upstream while the request waited.
-            Refused::Closed => removed_by_reload(target, &model, health_check_interval),
+            Refused::Closed => {
+                route.rejections.model_unavailable.inc();
+                removed_by_reload(target, &model, health_check_interval)
+            }
             Refused::Full => Error::QueueFull {
                 upstream,
                 model,
@@ -451,11 +541,7 @@ impl App {
                 route.rejections.store_unavailable.inc();
                 Error::StoreUnavailable { model, retry_after }
             }
-            Refused::Unshared { weight } => Error::BadRequest(format!(
-                "the request runs {weight} sequences (`n`, or `best_of` when larger), and this \
-                 gateway shares its slots with other replicas ([cluster]), which count one slot \
-                 per request; ask for one sequence"
-            )),
+            Refused::Unshared { weight } => BadRequest::Unshared { weight }.into(),
             Refused::Hopeless { expected, wait } => {
                 route.rejections.queue_timeout.inc();
                 Error::QueueTimeout {
@@ -496,6 +582,10 @@ impl App {
                     ..
                 } = &*request;
                 let error = app.wait_ended(refused, target, route, ticket, *health_check_interval);
+                // The refusals `wait_ended` does not count itself (a shutdown).
+                if let Some((model, reason)) = error.rejection() {
+                    app.metrics.refused(model, reason);
+                }
                 request.last_event(&error)
             })
         };
@@ -526,15 +616,27 @@ impl App {
             policy,
             ..
         } = request;
+        request.access.upstream(&target.upstream);
+        request.access.queue_wait(slot.waited());
         let sent = Instant::now();
         let (outcome, slot) = self
             .forward(target, Some(slot), api, request_id, *client_keys)
             .await;
         let error = match outcome {
             Ok(response) => {
+                // The client already has its `200`: an error answer is not retried here, it
+                // ends the stream (`engine_refused`).
+                judged(target, response.status(), policy);
                 let endpoint = request.endpoint;
-                let asked = api.model.as_deref();
-                let answer = self.answer(target, endpoint, request_id, response, slot, sent, asked);
+                let answer = self.answer(
+                    target,
+                    endpoint,
+                    request_id,
+                    response,
+                    (slot, sent),
+                    &request.access,
+                    api.model.as_deref(),
+                );
                 if answer.status().is_success() {
                     return Ok(answer.into_body());
                 }
@@ -545,6 +647,7 @@ impl App {
                 if let Some(slot) = slot {
                     slot.abandon();
                 }
+                route.rejections.upstream_unavailable.inc();
                 Error::UpstreamUnavailable {
                     model: route.model.clone(),
                     retry_after: *health_check_interval,
@@ -784,6 +887,7 @@ impl App {
                 .stream_timeout
                 .map(|timeout| (tokio::time::Instant::from_std(sent) + timeout, timeout)),
             too_long: self.too_long.clone(),
+            meter: None,
         }
     }
 
@@ -822,6 +926,8 @@ pub(crate) struct Admitted {
     client_keys: bool,
     health_check_interval: Duration,
     policy: HealthPolicy,
+    /// The request's access-log record.
+    access: Access,
 }
 
 /// The most of an engine's error answer read to explain it.
@@ -830,6 +936,7 @@ const ENGINE_ERROR_LIMIT: usize = 64 * 1024;
 impl Admitted {
     /// The stream's last event for `error`.
     fn last_event(&self, error: &Error) -> Bytes {
+        self.access.failed(error);
         sse_event(
             error.to_problem(),
             self.request_id.to_str().unwrap_or_default(),
@@ -868,7 +975,59 @@ impl Admitted {
 fn connect_failed(target: &Target, error: &BoxError, policy: &HealthPolicy) {
     let reason = chain(&**error);
     warn!(upstream = %target.upstream.name, error = %reason, "connect failed");
-    target.upstream.record_connect_error(reason, policy);
+    target
+        .upstream
+        .record_forward_failure(reason, policy, "connect errors");
+}
+
+/// What the `status` of an engine's answer says about `target`'s upstream, recorded: a 5xx
+/// counts towards ejecting it, as a refused connection does, unless it only says the engine
+/// is busy ([`judge`]); any other answer breaks the failure streak.
+fn judged(target: &Target, status: StatusCode, policy: &HealthPolicy) {
+    match judge(target.upstream.kind, status) {
+        Verdict::Well => target.upstream.health.record_answer(),
+        Verdict::Failing => target.upstream.record_forward_failure(
+            format!("answered {status} to a forwarded request"),
+            policy,
+            "engine errors",
+        ),
+        Verdict::Busy => {}
+    }
+}
+
+/// Gives up `target`'s answer of `status` (a 502, 503 or 504) to try the next host: the
+/// retry is counted and logged, and the slot, if the route took one, is given back.
+///
+/// Whether the engine still runs the request decides when the slot goes back. A 503 is the
+/// engine's own refusal (loading, or its queue full): it never ran it, so the slot is free
+/// at once. A 502 or 504 comes from a proxy in front of the engine (`KServe`'s, an ingress)
+/// that lost patience or its connection: the engine behind it may still be winding the
+/// request down, so the slot is kept for `cancel_grace`, as after a first-byte timeout.
+/// Both count as an upstream error of the target.
+fn retrying(target: &Target, status: StatusCode, slot: Option<Slot>, request_id: &HeaderValue) {
+    target.metrics.retried(status);
+    info!(
+        request_id = request_id.to_str().unwrap_or_default(),
+        upstream = %target.upstream.name,
+        model = %target.model,
+        %status,
+        "engine error answer: retrying on the next upstream"
+    );
+    match slot {
+        Some(slot) if status == StatusCode::SERVICE_UNAVAILABLE => slot.fail(),
+        Some(slot) => slot.timed_out(target.cancel_grace),
+        None => {}
+    }
+}
+
+/// Whether an engine's answer of `status` goes on to the next host (within
+/// `engine_error_retries`): a 502, 503 or 504, which says the request did not run there, or
+/// did not finish. Any other status, 4xx and 500 included, is the answer.
+fn is_retried(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+    )
 }
 
 /// The keepalive interval for `api` on `target`: `queue_keepalive`, for a streamed request on
@@ -1034,8 +1193,9 @@ fn failed_after_connect(
             }
         }
         ForwardError::Tls(source) => {
-            // Nothing reached the engine: the slot is free at once.
-            slot.abandon();
+            // Nothing reached the engine: the slot is free at once, and the request counts as an
+            // upstream error.
+            slot.fail();
             Error::UpstreamTls {
                 upstream,
                 model,
@@ -1062,12 +1222,7 @@ fn failed_after_connect(
 
 /// Whether an answer is an SSE stream of no declared length, which can take one more event.
 fn is_open_ended_sse(headers: &http::HeaderMap) -> bool {
-    let sse = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|text| text.split(';').next())
-        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"));
-    sse && !headers.contains_key(header::CONTENT_LENGTH)
+    meter::is_sse(headers) && !headers.contains_key(header::CONTENT_LENGTH)
 }
 
 fn json_response(status: StatusCode, body: String) -> Response<ResponseBody> {

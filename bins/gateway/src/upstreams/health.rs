@@ -21,11 +21,22 @@
 //! probe does not empty a host and a flapping engine does not get traffic back after a single
 //! good answer.
 //!
-//! Passive ejection: a refused or failed *connect* while forwarding a request counts as a
-//! failure too (the request itself fails over to the next host), so an engine that died between
-//! two checks stops getting requests after `eject_after_failures` attempts, without waiting for
-//! the checks. A forwarded request that got an answer resets the failure streak. Only the
-//! active checks restore an upstream: an ejected one gets no traffic to prove itself with.
+//! Passive ejection: what forwarding sees counts too, without waiting for the checks.
+//!
+//! - A refused or failed *connect* counts as a failure (the request itself fails over to the
+//!   next host), so an engine that died between two checks stops getting requests after
+//!   `eject_after_failures` attempts.
+//! - So does an engine's own 5xx answer ([`judge`]), so an engine that still accepts
+//!   connections but fails every request (a model that did not load, a llama-server gone back
+//!   to `Loading model`) is ejected the same way. A 502/503/504 answer is retried on the next
+//!   host (`server.engine_error_retries`, in the request path).
+//! - The exception is an engine's "busy" 503 (Ollama's and vLLM's own queue limits): the engine
+//!   is well, only full, so it is retried elsewhere but neither counts as a failure nor breaks a
+//!   streak.
+//! - Any other answer (2xx, 3xx, 4xx) resets the failure streak.
+//!
+//! Only the active checks restore an upstream: an ejected one gets no traffic to prove itself
+//! with.
 //!
 //! Unknown counts as routable: the gateway runs one round of checks before it starts serving
 //! and before a reload takes effect, so in practice an upstream is only Unknown while that
@@ -34,6 +45,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
+use http::StatusCode;
 use parking_lot::Mutex;
 use slotgate_config::{Kind, Server};
 
@@ -168,9 +180,9 @@ impl Health {
         self.publish(changed)
     }
 
-    /// Records a connect error while forwarding (passive ejection); returns the new status if
-    /// it changed.
-    pub(crate) fn record_connect_error(
+    /// Records a failure seen while forwarding, a refused connection or an engine's error
+    /// answer (passive ejection); returns the new status if it changed.
+    pub(crate) fn record_forward_failure(
         &self,
         reason: String,
         policy: &HealthPolicy,
@@ -235,6 +247,34 @@ fn transition(state: &mut HealthView, to: Status) -> Status {
     to
 }
 
+/// What an engine's answer to a forwarded request says about the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// It works: 2xx, 3xx, and 4xx (the client's mistake); the failure streak is broken.
+    Well,
+    /// It failed the request: a 5xx that counts towards ejection.
+    Failing,
+    /// It is well but full (its own queue limit): neither a failure nor a success.
+    Busy,
+}
+
+/// Judges an engine of `kind` by the `status` of its answer to a forwarded request.
+///
+/// On an inference route, a 503 means different things per engine: llama-server answers it
+/// only while its model loads (`Loading model`), and a generic `openai` upstream is unavailable
+/// for reasons unknown, so both count as failing. Ollama answers 503 when its pending queue
+/// (`OLLAMA_MAX_QUEUE`) is full, and vLLM when its opt-in `--max-num-queued-reqs` limit is
+/// reached (while it loads it refuses connections instead): both are busy.
+pub(crate) fn judge(kind: Kind, status: StatusCode) -> Verdict {
+    if !status.is_server_error() {
+        return Verdict::Well;
+    }
+    match (kind, status) {
+        (Kind::Ollama | Kind::Vllm, StatusCode::SERVICE_UNAVAILABLE) => Verdict::Busy,
+        _ => Verdict::Failing,
+    }
+}
+
 /// Runs the health check of an upstream of `kind` (see the [module docs](self)).
 pub(crate) async fn check_engine(
     prober: &Prober,
@@ -253,7 +293,10 @@ pub(crate) async fn check_engine(
 mod tests {
     use std::time::Duration;
 
-    use super::{Health, HealthPolicy, ProbeError, Status};
+    use http::StatusCode;
+    use slotgate_config::Kind;
+
+    use super::{Health, HealthPolicy, ProbeError, Status, Verdict, judge};
 
     const POLICY: HealthPolicy = HealthPolicy {
         interval: Duration::from_secs(5),
@@ -311,22 +354,54 @@ mod tests {
     fn connect_errors_eject_and_answers_reset_the_streak() {
         let health = Health::new();
         pass(&health);
-        assert_eq!(health.record_connect_error("refused".into(), &POLICY), None);
-        assert_eq!(health.record_connect_error("refused".into(), &POLICY), None);
+        assert_eq!(
+            health.record_forward_failure("refused".into(), &POLICY),
+            None
+        );
+        assert_eq!(
+            health.record_forward_failure("refused".into(), &POLICY),
+            None
+        );
         health.record_answer();
         assert_eq!(health.view().failures, 0);
         for _ in 0..2 {
-            assert_eq!(health.record_connect_error("refused".into(), &POLICY), None);
+            assert_eq!(
+                health.record_forward_failure("refused".into(), &POLICY),
+                None
+            );
         }
         assert_eq!(
-            health.record_connect_error("refused".into(), &POLICY),
+            health.record_forward_failure("refused".into(), &POLICY),
             Some(Status::Unhealthy)
         );
         // Passive results never restore, nor disturb a recovery in progress.
         pass(&health);
-        assert_eq!(health.record_connect_error("refused".into(), &POLICY), None);
+        assert_eq!(
+            health.record_forward_failure("refused".into(), &POLICY),
+            None
+        );
         health.record_answer();
         assert_eq!(health.view().successes, 1);
         assert_eq!(pass(&health), Some(Status::Healthy));
+    }
+
+    #[test]
+    fn engine_answers_are_judged_per_kind() {
+        let all = [Kind::LlamaServer, Kind::Vllm, Kind::Ollama, Kind::OpenAi];
+        for kind in all {
+            for well in [200, 204, 301, 400, 404, 413, 429] {
+                let status = StatusCode::from_u16(well).unwrap();
+                assert_eq!(judge(kind, status), Verdict::Well, "{kind:?} {well}");
+            }
+            for failing in [500, 501, 502, 504] {
+                let status = StatusCode::from_u16(failing).unwrap();
+                assert_eq!(judge(kind, status), Verdict::Failing, "{kind:?} {failing}");
+            }
+        }
+        let unavailable = StatusCode::SERVICE_UNAVAILABLE;
+        assert_eq!(judge(Kind::LlamaServer, unavailable), Verdict::Failing);
+        assert_eq!(judge(Kind::OpenAi, unavailable), Verdict::Failing);
+        assert_eq!(judge(Kind::Vllm, unavailable), Verdict::Busy);
+        assert_eq!(judge(Kind::Ollama, unavailable), Verdict::Busy);
     }
 }

@@ -1,7 +1,7 @@
 //! What the gateway knows about the engines, and the background checks that keep it current.
 //!
-//! - [`state`]: one upstream — where it is, [`health`] (active checks and passive ejection),
-//!   [`residency`] (which models are loaded), draining.
+//! - [`state`]: one upstream — where it is, its connection [`pool`], [`health`] (active checks
+//!   and passive ejection), [`residency`] (which models are loaded), draining.
 //! - [`target`]: one upstream's offer of one model, with the state kept per (upstream, model):
 //!   [`hold`] times, the [`auto_slots`] count, the [`engine_load`].
 //! - [`cluster`]: the shared slot store of `[cluster]`, and a target's key in it.
@@ -20,6 +20,7 @@ pub(crate) mod fan_out;
 pub(crate) mod health;
 pub(crate) mod hold;
 pub(crate) mod monitor;
+pub(crate) mod pool;
 pub(crate) mod probe;
 pub(crate) mod reconcile;
 pub(crate) mod residency;

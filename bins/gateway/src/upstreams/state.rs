@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use http::HeaderValue;
-use http_body_util::{Empty, Full};
+use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use slotgate_config::{Config, Kind, Secret, Server, Upstream};
@@ -25,6 +25,7 @@ use crate::base::{Base, BaseError};
 use crate::error::chain;
 use crate::tls::{self, Connector, TlsError, UpstreamTls};
 use crate::upstreams::health::{Health, HealthPolicy, Status};
+use crate::upstreams::pool::{Pool, PoolSettings};
 use crate::upstreams::probe::{ProbeError, ProbeTarget};
 use crate::upstreams::residency::Residency;
 
@@ -82,9 +83,9 @@ pub(crate) struct UpstreamState {
     /// The TLS configuration of an `https` upstream, with the files it was read from (so a
     /// reload sees a renewed certificate).
     tls: Option<UpstreamTls>,
-    /// The pooled client of the request path: connections are kept alive and reused, so a
-    /// request pays no connect (nor TLS handshake) on the hot path.
-    pub(crate) client: Client<Connector, Full<Bytes>>,
+    /// The request path's connections ([`Pool`]): kept alive and reused, so a request pays no
+    /// connect (nor TLS handshake) on the hot path.
+    pub(crate) client: Pool,
     /// The probes' client: same TLS, no idle connections (see
     /// [`probe`](crate::upstreams::probe)).
     pub(crate) probe_client: Client<Connector, Empty<Bytes>>,
@@ -102,7 +103,7 @@ impl UpstreamState {
     /// Fails, naming the key, on what the configuration crate accepts but this gateway cannot
     /// use (a URL that is not `http` or `https`, a TLS file that cannot be read or parsed, an
     /// API key that is not a header value). `server` gives the clients' connect and idle
-    /// timeouts.
+    /// timeouts, and the most idle connections kept (`max_connections`).
     pub(crate) fn from_config(upstream: &Upstream, server: &Server) -> Result<Self, UpstreamError> {
         let base = Base::parse(upstream.url.as_str()).map_err(|source| UpstreamError::Url {
             upstream: upstream.name.clone(),
@@ -126,10 +127,16 @@ impl UpstreamState {
             source: Box::new(source),
         })?;
         let connector = tls::connector(tls.as_ref(), server.connect_timeout, server.tcp_keepalive);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(server.idle_timeout)
-            .build(connector.clone());
+        let client = Pool::new(
+            connector.clone(),
+            &base,
+            PoolSettings {
+                connect_timeout: server.connect_timeout,
+                idle_timeout: server.idle_timeout,
+                // No more idle connections than there can be client connections.
+                max_idle: server.max_connections,
+            },
+        );
         // No connect timeout of its own: the probe's timeout covers the whole exchange. No
         // idle connections: a probe also proves that the engine still accepts connections.
         let probe_client = Client::builder(TokioExecutor::new())
@@ -203,11 +210,17 @@ impl UpstreamState {
         }
     }
 
-    /// Records a connect error while forwarding, logging an ejection.
-    pub(crate) fn record_connect_error(&self, reason: String, policy: &HealthPolicy) {
+    /// Records a failure seen while forwarding, logging an ejection: `by` says what kind
+    /// (`connect errors`, `engine errors`).
+    pub(crate) fn record_forward_failure(
+        &self,
+        reason: String,
+        policy: &HealthPolicy,
+        by: &'static str,
+    ) {
         let logged = reason.clone();
-        if let Some(status) = self.health.record_connect_error(reason, policy) {
-            self.log_transition(status, Some(&logged), "connect errors");
+        if let Some(status) = self.health.record_forward_failure(reason, policy) {
+            self.log_transition(status, Some(&logged), by);
         }
     }
 

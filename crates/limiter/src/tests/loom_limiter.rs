@@ -383,3 +383,73 @@ fn two_levels_cancel_of_the_front_model_races_a_release() {
         },
     );
 }
+
+/// The grant step's shortcuts (`key.rs`, issue #13), each racing the release that could make it
+/// wrong. (1) A waiter behind the head is cancelled (no grant step) while the permit is
+/// released: the head gets the slot whichever goes first, nothing is left over.
+#[test]
+fn shortcut_cancel_behind_the_head_races_release() {
+    run_model("shortcut_cancel_behind_the_head_races_release", || {
+        let l: Limiter = Limiter::new();
+        l.configure(H, M, 1, 2);
+        let held = l.try_acquire(H, M).unwrap();
+        let head = l.acquire(H, M);
+        let mut behind = l.acquire(H, M);
+        assert!(poll_once(&mut behind).is_pending());
+
+        let releaser = thread::spawn(move || drop(held));
+        let canceller = thread::spawn(move || drop(behind));
+        releaser.join().unwrap();
+        canceller.join().unwrap();
+
+        assert_eq!(l.in_flight(H, M), 1);
+        assert_eq!(l.queued(H, M), 0);
+        drop(block_on(head).expect("the head got the slot"));
+        assert_eq!(l.in_flight(H, M), 0);
+    });
+}
+
+/// (2) A join behind a waiting head (no grant step) races the release that grants the head:
+/// the newcomer either queues behind the head or, once the head is granted, is the head itself;
+/// either way it is served when the head lets go, with no lost wake-up.
+#[test]
+fn shortcut_join_behind_a_waiter_races_release() {
+    run_model("shortcut_join_behind_a_waiter_races_release", || {
+        let l: Limiter = Limiter::new();
+        l.configure(H, M, 1, 2);
+        let held = l.try_acquire(H, M).unwrap();
+        let head = l.acquire(H, M);
+
+        let releaser = thread::spawn(move || drop(held));
+        let l2 = l.clone();
+        let joiner = thread::spawn(move || {
+            let permit = block_on(l2.acquire(H, M)).expect("served after the head");
+            drop(permit);
+        });
+        // The head is served first (FIFO) and lets go, which serves the joiner.
+        drop(block_on(head).expect("the head got the slot"));
+        releaser.join().unwrap();
+        joiner.join().unwrap();
+        assert_eq!(l.in_flight(H, M), 0);
+        assert_eq!(l.queued(H, M), 0);
+    });
+}
+
+/// (3) A release with nobody waiting (no grant step) races a newcomer: the newcomer takes the
+/// slot at once or queues and is woken by the release; it never waits for ever.
+#[test]
+fn shortcut_release_with_nobody_waiting_races_a_join() {
+    run_model("shortcut_release_with_nobody_waiting_races_a_join", || {
+        let l: Limiter = Limiter::new();
+        l.configure(H, M, 1, 1);
+        let held = l.try_acquire(H, M).unwrap();
+        let l2 = l.clone();
+        let joiner = thread::spawn(move || {
+            drop(block_on(l2.acquire(H, M)).expect("served"));
+        });
+        drop(held);
+        joiner.join().unwrap();
+        assert_eq!(l.in_flight(H, M), 0);
+        assert_eq!(l.queued(H, M), 0);
+    });
+}

@@ -4,5 +4,8 @@
 #[cfg(not(loom))]
 mod rules;
 
+#[cfg(not(loom))]
+mod shortcuts;
+
 #[cfg(loom)]
 mod loom_limiter;

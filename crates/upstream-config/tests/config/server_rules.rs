@@ -23,6 +23,7 @@ fn defaults_fill_every_optional_key() {
     assert_eq!(server.health_check_timeout, Duration::from_secs(2));
     assert_eq!(server.eject_after_failures, 3);
     assert_eq!(server.restore_after_successes, 2);
+    assert_eq!(server.engine_error_retries, 1);
     assert!(server.api_keys.is_empty());
     assert_eq!(server.api_keys_file, None);
     assert_eq!(server.admin_token, None);
@@ -46,6 +47,7 @@ fn every_key_can_be_set() {
         health_check_timeout = "750ms"
         eject_after_failures = 1
         restore_after_successes = 5
+        engine_error_retries = 0
         api_keys = ["key-one", "key-two"]
         api_keys_file = "/etc/slotgate/keys"
         admin_token = "admin-secret"
@@ -64,6 +66,7 @@ fn every_key_can_be_set() {
     assert_eq!(server.health_check_timeout, Duration::from_millis(750));
     assert_eq!(server.eject_after_failures, 1);
     assert_eq!(server.restore_after_successes, 5);
+    assert_eq!(server.engine_error_retries, 0);
     let keys: Vec<_> = server.api_keys.iter().map(|k| k.key.expose()).collect();
     assert_eq!(keys, ["key-one", "key-two"]);
     assert_eq!(
@@ -219,6 +222,23 @@ fn limits_must_be_positive_integers() {
             "expected an integer",
         );
     }
+}
+
+#[test]
+fn engine_error_retries_may_be_zero_but_not_negative() {
+    let base = r#"listen = "127.0.0.1:8080""#;
+    let server = ok(&with_server(&format!("{base}\nengine_error_retries = 0"))).server;
+    assert_eq!(server.engine_error_retries, 0);
+    assert_only_issue(
+        &with_server(&format!("{base}\nengine_error_retries = -1")),
+        "server.engine_error_retries",
+        "at least 0",
+    );
+    assert_only_issue(
+        &with_server(&format!("{base}\nengine_error_retries = \"once\"")),
+        "server.engine_error_retries",
+        "expected an integer",
+    );
 }
 
 #[test]

@@ -92,7 +92,7 @@ pub(crate) fn build<'g>(
         .targets()
         .map(|target| {
             let queue_wait = target.metrics.queue_wait.recent.counts();
-            let first_byte = target.metrics.first_byte.recent.counts();
+            let first_byte = target.metrics.response_head.recent.counts();
             let key = history.key(&target.upstream.name, &target.model);
             let (queue_wait, first_byte) = key.map_or_else(
                 || (Counts::default(), Counts::default()),

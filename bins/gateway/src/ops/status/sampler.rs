@@ -39,7 +39,7 @@ pub(crate) fn sample(generation: &Generation, history: &Mutex<History>) {
                 in_flight: reading.in_flight,
                 queued: reading.queued,
                 queue_wait: target.metrics.queue_wait.recent.counts(),
-                first_byte: target.metrics.first_byte.recent.counts(),
+                first_byte: target.metrics.response_head.recent.counts(),
             }
         })
         .collect();

@@ -64,6 +64,7 @@ pub(super) fn join(
             granted: Instant::now(),
             hold,
             metrics,
+            engine_error: false,
         })
     };
     let mut stop = stop.clone();

@@ -161,6 +161,7 @@ fn watch(sse: bool) -> (Watch, Counter, Counter) {
         cut: cut.clone(),
         deadline: None,
         too_long: Counter::default(),
+        meter: None,
     };
     (watch, stalled, cut)
 }

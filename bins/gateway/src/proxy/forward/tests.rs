@@ -29,6 +29,38 @@ fn keeps_the_upstream_path_prefix() {
 }
 
 #[test]
+fn sends_origin_form_with_the_upstream_host() {
+    let pq = PathAndQuery::from_static("/v1/chat/completions?x=1");
+    let plain = Base::parse("http://127.0.0.1:8081").unwrap();
+    assert_eq!(
+        plain.origin_for(Some(&pq)).unwrap().to_string(),
+        "/v1/chat/completions?x=1"
+    );
+    assert_eq!(plain.origin_for(None).unwrap().to_string(), "/");
+    assert_eq!(plain.host(), "127.0.0.1:8081");
+    assert_eq!(plain.root().to_string(), "http://127.0.0.1:8081/");
+    let prefixed = Base::parse("http://predictor.llm-serving:80/openai/").unwrap();
+    assert_eq!(
+        prefixed.origin_for(Some(&pq)).unwrap().to_string(),
+        "/openai/v1/chat/completions?x=1"
+    );
+    // The scheme's default port is left out, as are user credentials.
+    assert_eq!(prefixed.host(), "predictor.llm-serving");
+    assert_eq!(
+        Base::parse("https://llm.example:443").unwrap().host(),
+        "llm.example"
+    );
+    assert_eq!(
+        Base::parse("https://llm.example:8443").unwrap().host(),
+        "llm.example:8443"
+    );
+    assert_eq!(
+        Base::parse("http://u:p@llm.example:81").unwrap().host(),
+        "llm.example:81"
+    );
+}
+
+#[test]
 fn refuses_urls_it_cannot_use() {
     assert!(Base::parse("ftp://example.com").is_err());
     assert!(Base::parse("/relative").is_err());

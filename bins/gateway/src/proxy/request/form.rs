@@ -14,7 +14,7 @@ use bytes::Bytes;
 use http::HeaderMap;
 use http::header::CONTENT_TYPE;
 
-use crate::proxy::problems::Error;
+use crate::proxy::problems::{BadRequest, Error};
 
 /// The boundary of a `multipart/form-data` body, from its `Content-Type`; checked before a byte
 /// of the body is read.
@@ -24,10 +24,9 @@ pub(super) fn boundary(headers: &HeaderMap) -> Result<String, Error> {
         .and_then(|value| value.to_str().ok())
         .unwrap_or_default();
     multer::parse_boundary(content_type).map_err(|_| {
-        Error::BadRequest(format!(
-            "this route takes a multipart/form-data body with a boundary, not {:?}",
-            content_type.chars().take(100).collect::<String>()
-        ))
+        Error::from(BadRequest::NotMultipart {
+            content_type: content_type.chars().take(100).collect(),
+        })
     })
 }
 
@@ -37,24 +36,18 @@ pub(super) async fn model(boundary: String, body: &Bytes) -> Result<(String, Ran
     let stream = futures::stream::once(async move { Ok::<Bytes, Infallible>(whole) });
     let mut form = multer::Multipart::new(stream, boundary.clone());
     let model = loop {
-        let field = form.next_field().await.map_err(|error| {
-            Error::BadRequest(format!("the multipart body is malformed: {error}"))
-        })?;
+        let field = form.next_field().await.map_err(BadRequest::Multipart)?;
         let Some(field) = field else {
-            return Err(Error::BadRequest("the form has no `model` field".into()));
+            return Err(BadRequest::FormNoModel.into());
         };
         if field.name() == Some("model") {
-            break field.text().await.map_err(|error| {
-                Error::BadRequest(format!("the `model` field could not be read: {error}"))
-            })?;
+            break field.text().await.map_err(BadRequest::FormModel)?;
         }
     };
     if model.is_empty() {
-        return Err(Error::BadRequest("`model` must not be empty".into()));
+        return Err(BadRequest::EmptyModel.into());
     }
-    let span = value_span(body, &boundary, &model).ok_or_else(|| {
-        Error::BadRequest("the `model` field of the form could not be located".into())
-    })?;
+    let span = value_span(body, &boundary, &model).ok_or(BadRequest::FormModelNotLocated)?;
     Ok((model, span))
 }
 

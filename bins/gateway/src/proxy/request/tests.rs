@@ -7,7 +7,7 @@ use http_body_util::Full;
 use super::{BodyBudget, BodyLimits};
 use crate::metrics::Metrics;
 use crate::proxy::endpoint::Endpoint;
-use crate::proxy::problems::Error;
+use crate::proxy::problems::{BadRequest, Error};
 use crate::proxy::request::ApiRequest;
 
 fn chat() -> &'static Endpoint {
@@ -402,12 +402,15 @@ async fn weighs_n_on_chat_max_of_n_and_best_of_on_completions_and_one_elsewhere(
         r#"{"model":"m","n":2.5}"#,
     ] {
         assert!(
-            matches!(sequences(chat, bad).await, Err(Error::BadRequest(ref d)) if d.contains("`n`")),
+            matches!(
+                sequences(chat, bad).await,
+                Err(Error::BadRequest(BadRequest::Count { member: "n" }))
+            ),
             "{bad}"
         );
     }
     assert!(matches!(
         sequences(completions, r#"{"model":"m","best_of":-1}"#).await,
-        Err(Error::BadRequest(ref d)) if d.contains("`best_of`")
+        Err(Error::BadRequest(BadRequest::Count { member: "best_of" }))
     ));
 }

@@ -1,0 +1,336 @@
+//! What the body of an engine's answer tells as it streams through: the time to the first
+//! token, the tokens the engine reports in `usage`, and how the request ended (for the access
+//! log). [`Meter`] rides in the [`Watch`](crate::proxy::body::Watch) of the slot body, which
+//! shows it every data frame and tells it how the body ended.
+//!
+//! - **First token**: the first body frame that carries data; for SSE (`text/event-stream`), the
+//!   first frame in which a `data:` line starts (comments and `event:` lines alone do not count),
+//!   so an engine that sends its head, or a comment, before prefill is done is not taken for
+//!   one that answered. Observed into `slotgate_time_to_first_token_seconds`, counted from when
+//!   the request was sent. For a non-streamed answer the first token comes with the whole
+//!   answer.
+//! - **Tokens**: a copy of the last [`TAIL`] bytes of the answer is kept (each frame goes on to
+//!   the client at once; none is held back or kept alive, so hyper reuses its read buffers).
+//!   When the answer ends cleanly, the last `"usage"` member in them is read: a non-streamed JSON answer
+//!   ends with it, and a stream carries it in its final chunk when the client asked for
+//!   `stream_options.include_usage` (OpenAI, vLLM, llama-server) or the Responses API's
+//!   `response.completed` event. Ollama's own API ends with `prompt_eval_count` and
+//!   `eval_count`, read the same way. `prompt_tokens`/`input_tokens` count as `prompt`,
+//!   `completion_tokens`/`output_tokens` as `completion`. Without usage there is nothing to count.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode, header};
+use serde::Deserialize;
+
+use super::Completion;
+use crate::metrics::{TargetMetrics, observe};
+use crate::proxy::access::{Access, Outcome};
+
+/// How much of an answer's end is kept to find its usage, in bytes: the final usage chunk of a
+/// stream (about 300 bytes), or what follows `usage` at the end of a JSON document (llama-server's
+/// `timings`, the Responses API's `user` and `metadata`), fits many times over; 10,000 streams
+/// keep 40 MiB.
+pub(crate) const TAIL: usize = 4 * 1024;
+
+/// Watches one answer's frames; see the [module docs](self).
+#[derive(Debug)]
+pub(crate) struct Meter {
+    /// The target's handles: TTFT and tokens are recorded only for requests that hold a slot.
+    metrics: Option<Arc<TargetMetrics>>,
+    access: Access,
+    sent: Instant,
+    status: StatusCode,
+    first: FirstToken,
+    tail: Tail,
+}
+
+impl Meter {
+    /// A meter for an answer with `headers` and `status` to a request sent at `sent`.
+    pub(crate) fn new(
+        metrics: Option<Arc<TargetMetrics>>,
+        access: Access,
+        sent: Instant,
+        headers: &HeaderMap,
+        status: StatusCode,
+    ) -> Self {
+        let sse = is_sse(headers);
+        Self {
+            metrics,
+            access,
+            sent,
+            status,
+            first: FirstToken::new(sse),
+            tail: Tail::default(),
+        }
+    }
+
+    /// Sees one data frame on its way to the client.
+    pub(crate) fn frame(&mut self, data: &Bytes) {
+        if self.first.see(data) {
+            let after = self.sent.elapsed();
+            if let Some(metrics) = &self.metrics {
+                observe(&metrics.first_token, after);
+            }
+            self.access.first_token(after);
+        }
+        if self.metrics.is_some() {
+            self.tail.push(data);
+        }
+    }
+
+    /// The answer is over, as `how` says.
+    pub(crate) fn end(&mut self, how: Completion) {
+        let outcome = match how {
+            Completion::Ended if self.status.as_u16() >= 500 => Outcome::UpstreamStatusError,
+            Completion::Ended => Outcome::Completed,
+            Completion::Failed | Completion::Stalled { .. } => Outcome::UpstreamError,
+            Completion::Dropped => Outcome::ClientGone,
+        };
+        self.access.outcome(outcome);
+        let mut tail = std::mem::take(&mut self.tail);
+        if how != Completion::Ended {
+            return;
+        }
+        if let (Some(metrics), Some(tokens)) = (&self.metrics, usage(tail.bytes())) {
+            if let Some(prompt) = tokens.prompt {
+                metrics.prompt_tokens.inc_by(prompt);
+            }
+            if let Some(completion) = tokens.completion {
+                metrics.completion_tokens.inc_by(completion);
+            }
+        }
+    }
+}
+
+/// Whether an answer with `headers` is an SSE stream (`text/event-stream`).
+pub(crate) fn is_sse(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"))
+}
+
+/// Finds the first frame that carries a token.
+#[derive(Debug)]
+struct FirstToken {
+    /// Seen already: nothing more to look at.
+    found: bool,
+    sse: bool,
+    /// SSE: the start of the current line seen so far (up to `data:`'s length); `None` past
+    /// it, when the line is known not to be a `data:` line.
+    line: Option<Vec<u8>>,
+}
+
+const DATA: &[u8] = b"data:";
+
+impl FirstToken {
+    fn new(sse: bool) -> Self {
+        Self {
+            found: false,
+            sse,
+            line: Some(Vec::new()),
+        }
+    }
+
+    /// Whether `data` brings the first token.
+    fn see(&mut self, data: &[u8]) -> bool {
+        if self.found || data.is_empty() {
+            return false;
+        }
+        self.found = !self.sse || self.sees_data_line(data);
+        self.found
+    }
+
+    /// Whether a `data:` line starts in `data`, carrying the start of a line over from the
+    /// frame before (a frame may end anywhere).
+    fn sees_data_line(&mut self, data: &[u8]) -> bool {
+        for &byte in data {
+            if byte == b'\n' || byte == b'\r' {
+                self.line = Some(Vec::new());
+                continue;
+            }
+            if let Some(line) = &mut self.line {
+                line.push(byte);
+                if !DATA.starts_with(line) {
+                    self.line = None;
+                } else if line.len() == DATA.len() {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+}
+
+/// A copy of the last [`TAIL`] bytes of an answer, in a ring that never grows past them.
+#[derive(Debug, Default)]
+struct Tail {
+    ring: VecDeque<u8>,
+}
+
+impl Tail {
+    fn push(&mut self, data: &[u8]) {
+        let data = &data[data.len().saturating_sub(TAIL)..];
+        let excess = (self.ring.len() + data.len()).saturating_sub(TAIL);
+        self.ring.drain(..excess);
+        self.ring.extend(data);
+    }
+
+    /// The bytes kept, in one piece.
+    fn bytes(&mut self) -> &[u8] {
+        self.ring.make_contiguous()
+    }
+}
+
+/// The tokens an answer reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Tokens {
+    prompt: Option<u64>,
+    completion: Option<u64>,
+}
+
+/// OpenAI's `usage` (Chat Completions, Completions, Embeddings) or the Responses API's.
+#[derive(Debug, Deserialize)]
+#[expect(
+    clippy::struct_field_names,
+    reason = "the members are named as the engines name them"
+)]
+struct Usage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+}
+
+/// The usage reported at the end of an answer (see the [module docs](self)).
+fn usage(tail: &[u8]) -> Option<Tokens> {
+    if let Some(after) = last_member(tail, b"\"usage\"") {
+        let mut values = serde_json::Deserializer::from_slice(after).into_iter::<Option<Usage>>();
+        let usage = values.next()?.ok()??;
+        let tokens = Tokens {
+            prompt: usage.prompt_tokens.or(usage.input_tokens),
+            completion: usage.completion_tokens.or(usage.output_tokens),
+        };
+        return (tokens != Tokens::default()).then_some(tokens);
+    }
+    let number = |name: &[u8]| {
+        let after = last_member(tail, name)?;
+        let mut values = serde_json::Deserializer::from_slice(after).into_iter::<u64>();
+        values.next()?.ok()
+    };
+    let tokens = Tokens {
+        prompt: number(b"\"prompt_eval_count\""),
+        completion: number(b"\"eval_count\""),
+    };
+    (tokens != Tokens::default()).then_some(tokens)
+}
+
+/// What follows the last member named `key` (quotes included) in `text`, after its `:`; a match
+/// inside a JSON string (its quote escaped) does not count.
+fn last_member<'t>(text: &'t [u8], key: &[u8]) -> Option<&'t [u8]> {
+    let mut end = text.len();
+    loop {
+        let at = text[..end].windows(key.len()).rposition(|w| w == key)?;
+        let rest = &text[at + key.len()..];
+        let escaped = at > 0 && text[at - 1] == b'\\';
+        let value = rest.trim_ascii_start().strip_prefix(b":");
+        match value {
+            Some(value) if !escaped => return Some(value),
+            _ => end = at + key.len() - 1,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{FirstToken, TAIL, Tail, Tokens, usage};
+
+    #[test]
+    fn the_first_token_of_a_stream_is_its_first_data_line() {
+        let mut first = FirstToken::new(true);
+        assert!(!first.see(b": keepalive\n\n"));
+        assert!(!first.see(b"event: response.created\n"));
+        // `data:` split over two frames.
+        assert!(!first.see(b"da"));
+        assert!(first.see(b"ta: {}\n\n"));
+        assert!(!first.see(b"data: {}\n\n"), "only the first counts");
+
+        let mut first = FirstToken::new(true);
+        assert!(!first.see(b": the data: is not here\n"));
+        assert!(first.see(b"\r\ndata:{}"));
+
+        let mut first = FirstToken::new(false);
+        assert!(!first.see(b""));
+        assert!(first.see(b"{"));
+    }
+
+    #[test]
+    fn usage_is_read_from_the_last_event_or_the_end_of_a_document() {
+        let stream = b"data: {\"choices\":[{\"delta\":{\"content\":\"\\\"usage\\\": {\\\"prompt_tokens\\\": 99}\"}}]}\n\n\
+            data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":34,\"total_tokens\":46}}\n\n\
+            data: [DONE]\n\n";
+        assert_eq!(
+            usage(stream),
+            Some(Tokens {
+                prompt: Some(12),
+                completion: Some(34)
+            })
+        );
+        // The text mentions usage, escaped, and the stream has none of its own.
+        let quoted = b"data: {\"choices\":[{\"delta\":{\"content\":\"\\\"usage\\\": {\\\"prompt_tokens\\\": 99}\"}}]}\n\ndata: [DONE]\n\n";
+        assert_eq!(usage(quoted), None);
+        assert_eq!(usage(b"{\"usage\": null}"), None);
+        let embeddings = b"{\"data\":[],\"usage\":{\"prompt_tokens\":8,\"total_tokens\":8}}";
+        assert_eq!(
+            usage(embeddings),
+            Some(Tokens {
+                prompt: Some(8),
+                completion: None
+            })
+        );
+        let responses = b"event: response.completed\ndata: {\"response\":{\"usage\":{\"input_tokens\":5,\"output_tokens\":7}}}\n\n";
+        assert_eq!(
+            usage(responses),
+            Some(Tokens {
+                prompt: Some(5),
+                completion: Some(7)
+            })
+        );
+        let ollama = b"{\"done\":true,\"prompt_eval_count\":26,\"eval_count\":298}\n";
+        assert_eq!(
+            usage(ollama),
+            Some(Tokens {
+                prompt: Some(26),
+                completion: Some(298)
+            })
+        );
+        assert_eq!(usage(b"{\"choices\":[]}"), None);
+        assert_eq!(usage(b"\"usage\":{\"prompt_tok"), None);
+    }
+
+    #[test]
+    fn the_tail_keeps_the_last_bytes_only() {
+        let mut tail = Tail::default();
+        tail.push(b"start");
+        assert_eq!(tail.bytes(), b"start");
+        for i in 0..100_u8 {
+            tail.push(&[b'a' + i % 26; 1000]);
+        }
+        tail.push(b"end");
+        let bytes = tail.bytes().to_vec();
+        assert_eq!(bytes.len(), TAIL);
+        assert!(bytes.ends_with(b"vvvend"), "{:?}", &bytes[TAIL - 8..]);
+        // A frame larger than the tail leaves only its own end.
+        let mut big = vec![b'x'; 3 * TAIL];
+        big.extend_from_slice(b"usage");
+        tail.push(&big);
+        assert_eq!(tail.bytes().len(), TAIL);
+        assert!(tail.bytes().ends_with(b"xusage"));
+        assert!(tail.ring.capacity() < 2 * TAIL, "{}", tail.ring.capacity());
+    }
+}
