@@ -531,6 +531,10 @@ async fn responses_follow_ups_go_to_the_upstream_that_holds_the_response() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario over two engines, told in order"
+)]
 async fn one_client_name_reaches_each_engine_under_its_own_engine_model() {
     // The same model, called differently by each engine (#14, `engine_model`).
     let ollama = start(FakeConfig::ollama(4).model("qwen2.5:7b-instruct")).await;
