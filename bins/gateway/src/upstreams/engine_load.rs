@@ -38,7 +38,15 @@ struct LoadRecord {
     /// When the current excess was first seen, and in how many checks in a row.
     excess_since: Option<Instant>,
     excess_checks: u32,
+    /// Checks in a row without an excess while a warning is in force. One is not enough to end
+    /// it: the engine frees a slot before the gateway has carried the answer's end, so a single
+    /// reading can agree by chance while a direct client is still being served.
+    calm_checks: u32,
 }
+
+/// Checks in a row without an excess, and over the grace period with one, that change the
+/// warning's state.
+const CHECKS_TO_CHANGE: u32 = 2;
 
 /// One reading of the engine against the gateway.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +95,17 @@ impl EngineLoad {
         model: &str,
         result: Result<EngineReading, &LoadError>,
     ) {
+        self.record_at(upstream, model, result, Instant::now());
+    }
+
+    /// [`record`](Self::record) as of `now`, so that the grace period can be tested.
+    fn record_at(
+        &self,
+        upstream: &str,
+        model: &str,
+        result: Result<EngineReading, &LoadError>,
+        now: Instant,
+    ) {
         let mut state = self.state.lock();
         state.shown.checked = Some(SystemTime::now());
         let reading = match result {
@@ -106,6 +125,10 @@ impl EngineLoad {
         state.shown.error = None;
         if reading.unaccounted() == 0 {
             if state.shown.warned {
+                state.calm_checks += 1;
+                if state.calm_checks < CHECKS_TO_CHANGE {
+                    return;
+                }
                 info!(
                     upstream,
                     model,
@@ -116,12 +139,16 @@ impl EngineLoad {
             }
             state.excess_since = None;
             state.excess_checks = 0;
+            state.calm_checks = 0;
             state.shown.warned = false;
             return;
         }
-        let since = *state.excess_since.get_or_insert_with(Instant::now);
+        state.calm_checks = 0;
+        let since = *state.excess_since.get_or_insert(now);
         state.excess_checks += 1;
-        if !state.shown.warned && state.excess_checks >= 2 && since.elapsed() >= EXCESS_GRACE {
+        let lasted = now.saturating_duration_since(since);
+        if !state.shown.warned && state.excess_checks >= CHECKS_TO_CHANGE && lasted >= EXCESS_GRACE
+        {
             state.shown.warned = true;
             warn!(
                 upstream,
@@ -130,7 +157,7 @@ impl EngineLoad {
                 engine_waiting = reading.waiting,
                 gateway_in_flight = reading.gateway_in_flight,
                 whole_engine = reading.whole_engine,
-                lasted = ?since.elapsed(),
+                lasted = ?lasted,
                 "the engine is busier than slotgate accounts for: requests reach it without going \
                  through this gateway (direct clients, another replica), or a slot leaked; the \
                  cap no longer protects it"
@@ -141,7 +168,9 @@ impl EngineLoad {
 
 #[cfg(test)]
 mod tests {
-    use super::{EngineLoad, EngineReading, LoadError};
+    use std::time::{Duration, Instant};
+
+    use super::{EXCESS_GRACE, EngineLoad, EngineReading, LoadError};
 
     fn reading(busy: usize, waiting: Option<usize>, ours: usize) -> EngineReading {
         EngineReading {
@@ -176,5 +205,32 @@ mod tests {
             view.error.as_deref(),
             Some("the upstream is unhealthy; not asked")
         );
+    }
+
+    #[test]
+    fn a_warning_starts_after_the_grace_and_ends_after_two_calm_checks() {
+        let load = EngineLoad::default();
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let grace = u64::try_from(EXCESS_GRACE.as_millis()).unwrap();
+        load.record_at("u", "m", Ok(reading(3, Some(0), 2)), at(0));
+        load.record_at("u", "m", Ok(reading(3, Some(0), 2)), at(grace - 1));
+        assert!(!load.view().warned, "not before the grace period");
+        load.record_at("u", "m", Ok(reading(3, Some(0), 2)), at(grace));
+        assert!(load.view().warned);
+        // The engine freed a slot before the gateway carried the answer's end: one agreeing
+        // reading while the direct client is still served does not end the episode.
+        load.record_at("u", "m", Ok(reading(2, Some(0), 2)), at(grace + 100));
+        assert!(load.view().warned, "one calm check is a race, not an end");
+        load.record_at("u", "m", Ok(reading(1, Some(0), 0)), at(grace + 200));
+        assert!(load.view().warned);
+        load.record_at("u", "m", Ok(reading(0, Some(0), 0)), at(grace + 300));
+        assert!(load.view().warned);
+        load.record_at("u", "m", Ok(reading(0, Some(0), 0)), at(grace + 400));
+        assert!(!load.view().warned, "two calm checks end it");
+        // A new excess needs a full grace period again.
+        load.record_at("u", "m", Ok(reading(1, Some(0), 0)), at(grace + 500));
+        load.record_at("u", "m", Ok(reading(1, Some(0), 0)), at(grace + 600));
+        assert!(!load.view().warned);
     }
 }
