@@ -202,6 +202,9 @@ async fn every_refusal_is_counted_and_the_build_and_process_are_reported() {
     reply.assert_problem(503, "upstream-unavailable");
     let reply = chat(gw.api_addr(), "no-such-model", false, &[]).await;
     reply.assert_problem(404, "model-not-found");
+    // Ollama's `/api/version` with no Ollama upstream: a refusal of no model, counted too.
+    let reply = get(gw.api_addr(), "/api/version").await;
+    reply.assert_problem(503, "upstream-unavailable");
 
     let samples = scrape(admin).await;
     let unavailable = ["upstream_unavailable", "model_unavailable"]
@@ -224,6 +227,13 @@ async fn every_refusal_is_counted_and_the_build_and_process_are_reported() {
         ) - 1.0)
             .abs()
             < f64::EPSILON
+    );
+    assert_eq!(
+        samples.sum(
+            "slotgate_rejections_total",
+            &[("model", ""), ("reason", "upstream_unavailable")]
+        ),
+        Some(1.0)
     );
 
     let version = env!("CARGO_PKG_VERSION");
@@ -464,6 +474,39 @@ async fn every_request_leaves_one_access_line_in_text_and_json() {
     assert!(!all.contains("sk-secret-123"));
     gw.shutdown().await;
     fake.shutdown().await;
+}
+
+/// Failover and the access log: a request whose retry found no other engine gets the first
+/// engine's 503 as it came, and its line names that engine (not the one tried last), with the
+/// outcome its status says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_answer_sent_after_all_is_logged_as_its_engines() {
+    let captured = capture();
+    let a = fake(2, "qwen").await;
+    let b = fake(1, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}{}",
+        server("health_check_interval = \"1h\"\neject_after_failures = 100"),
+        upstream("a", &a.url(), "qwen", 2, 0, "30s"),
+        upstream("b", &b.url(), "qwen", 1, 0, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    // Healthy at the start-up check, gone now: the retry's connection to "b" is refused.
+    b.shutdown().await;
+
+    // "a" is ranked first and refuses with a 503, which the gateway holds while it tries "b".
+    a.set_failures(vec![fake_upstream::Failure::Status(503)]);
+    let reply = chat(addr, "qwen", false, &[("x-request-id", "held-1")]).await;
+    assert_eq!(reply.status, 503, "{}", reply.text());
+    assert_eq!(reply.headers["x-slotgate-upstream"], "a");
+    let line = captured.line("held-1").await;
+    assert_eq!(line["upstream"], "a", "{line}");
+    assert_eq!(line["status"], 503, "{line}");
+    assert_eq!(line["outcome"], "upstream_status_error", "{line}");
+    assert_eq!(line["bytes_out"], reply.body.len(), "{line}");
+    gw.shutdown().await;
+    a.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -263,6 +263,11 @@ impl Record {
             // The client left before the part that knew the outcome finished: it left.
             (Some(Outcome::Completed) | None, End::Dropped) => Outcome::ClientGone,
             (Some(noted), _) => noted,
+            // Nothing noted it: an answer hyper never polled (empty from the start, so its
+            // meter ends only after this line), or one held for a retry and sent after all.
+            (None, End::Ended) if status.is_some_and(|status| status.is_server_error()) => {
+                Outcome::UpstreamStatusError
+            }
             (None, End::Ended) => Outcome::Completed,
             (None, End::Failed) => Outcome::UpstreamError,
         };

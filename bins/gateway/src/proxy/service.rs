@@ -297,7 +297,9 @@ impl App {
         let mut connect_error: Option<BoxError> = None;
         // An engine's 502/503/504 that was not passed through, to try the next host: kept
         // unread, and passed through after all if no later host gets the request.
-        let mut engine_error: Option<Response<ResponseBody>> = None;
+        // An engine's 502/503/504 held while the next host is tried, with what the access log
+        // said of it, so that the line names that engine again if its answer is the one sent.
+        let mut engine_error: Option<HeldAnswer> = None;
         let mut retries_left = server.engine_error_retries;
         let candidates = ranked.len();
         for (rank, target) in ranked.into_iter().enumerate() {
@@ -349,11 +351,12 @@ impl App {
                 }
                 Err(refused) => {
                     // A retry that found no room: the client gets the engine's own answer.
-                    if let Some(answer) = engine_error {
-                        return Ok(answer);
+                    if let Some(held) = engine_error {
+                        return Ok(held.sent(access));
                     }
                     let interval = server.health_check_interval;
-                    return Err(self.wait_ended(refused, target, route, &ticket, interval));
+                    let ended = self.wait_ended(refused, target, route, &ticket, interval, access);
+                    return Err(ended);
                 }
             };
 
@@ -382,13 +385,18 @@ impl App {
                     // Step 8: the slot rides in the body until the answer is over, and the body
                     // bounds the upstream's silences.
                     let asked = api.model.as_deref();
+                    // An answer held for a retry notes nothing in the access log: it is dropped
+                    // unread when another host answers, and that drop is not the client leaving.
+                    // Sent after all, its line's outcome comes from its status and its end.
+                    let off = Access::default();
+                    let noted = if retry { &off } else { access };
                     let answer = self.answer(
                         target,
                         endpoint,
                         request_id,
                         response,
                         (slot, sent),
-                        access,
+                        noted,
                         asked,
                     );
                     let answer = answer.map(|body| Either::Right(Either::Left(body)));
@@ -396,7 +404,11 @@ impl App {
                         return Ok(answer);
                     }
                     // Dropped unread once another host answers (its connection is closed).
-                    engine_error = Some(answer);
+                    engine_error = Some(HeldAnswer {
+                        answer,
+                        upstream: Arc::clone(&target.upstream),
+                        waited,
+                    });
                 }
                 Err(ForwardError::Connect(error)) => {
                     // Nothing was sent: safe to try the next host.
@@ -411,8 +423,8 @@ impl App {
         }
         // No target took it. An engine's answer is passed through as it came: the request
         // reached an engine, which said why it did not run it.
-        if let Some(answer) = engine_error {
-            return Ok(answer);
+        if let Some(held) = engine_error {
+            return Ok(held.sent(access));
         }
         // A full queue says more (with an estimate) than a refused connection, so it wins when
         // both happened.
@@ -504,6 +516,7 @@ impl App {
         route: &Route,
         ticket: &Ticket,
         health_check_interval: Duration,
+        access: &Access,
     ) -> Error {
         let upstream = target.upstream.name.clone();
         let model = route.model.clone();
@@ -514,6 +527,7 @@ impl App {
             // A reload removed this model from this upstream while the request waited.
             Refused::Closed => {
                 route.rejections.model_unavailable.inc();
+                access.reason("model_unavailable");
                 removed_by_reload(target, &model, health_check_interval)
             }
             Refused::Full => Error::QueueFull {
@@ -579,9 +593,11 @@ impl App {
                     route,
                     ticket,
                     health_check_interval,
+                    access,
                     ..
                 } = &*request;
-                let error = app.wait_ended(refused, target, route, ticket, *health_check_interval);
+                let interval = *health_check_interval;
+                let error = app.wait_ended(refused, target, route, ticket, interval, access);
                 // The refusals `wait_ended` does not count itself (a shutdown).
                 if let Some((model, reason)) = error.rejection() {
                     app.metrics.refused(model, reason);
@@ -857,6 +873,8 @@ impl App {
                 }
             }
         }
+        // Not a model's refusal, so no route counts it: counted here, as every refusal is.
+        self.metrics.refused("", "upstream_unavailable");
         Err(Error::UpstreamUnavailable {
             model: "(any Ollama model)".to_owned(),
             retry_after: generation.config.server.health_check_interval,
@@ -1017,6 +1035,24 @@ fn retrying(target: &Target, status: StatusCode, slot: Option<Slot>, request_id:
         Some(slot) if status == StatusCode::SERVICE_UNAVAILABLE => slot.fail(),
         Some(slot) => slot.timed_out(target.cancel_grace),
         None => {}
+    }
+}
+
+/// An engine's answer held while the request is retried elsewhere.
+struct HeldAnswer {
+    answer: Response<ResponseBody>,
+    /// The upstream that gave it, and how long the request waited for its slot there.
+    upstream: Arc<UpstreamState>,
+    waited: Duration,
+}
+
+impl HeldAnswer {
+    /// The answer, sent to the client after all: the access log names its engine again (a later
+    /// try replaced it).
+    fn sent(self, access: &Access) -> Response<ResponseBody> {
+        access.upstream(&self.upstream);
+        access.queue_wait(self.waited);
+        self.answer
     }
 }
 

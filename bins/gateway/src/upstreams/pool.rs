@@ -17,7 +17,8 @@
 //!   if hyper already calls it ready (the whole answer was read). Otherwise (an answer still
 //!   streaming) it is parked with its driver, which puts it back once hyper is ready for the
 //!   next request, that is once the answer has been read to its end. An answer whose body is
-//!   dropped before its end makes hyper close the connection: it never comes back. A request
+//!   dropped before its end is drained from what hyper has already buffered, or the connection
+//!   is closed: it comes back only when nothing of the old answer is left. A request
 //!   dropped before its response head (a timeout, a client that left) cancels the exchange, and
 //!   hyper closes that connection too. So an idle connection never carries the rest of an old
 //!   answer.
@@ -25,7 +26,12 @@
 //!   longer than `idle_timeout`: a sweeper task runs while there are idle connections and
 //!   closes the expired ones.
 //! - **A stale connection.** An idle connection the upstream closed just as a request was given
-//!   to it: hyper hands the unsent request back, and it goes once more on a new connection.
+//!   to it: hyper hands the unsent request back, and it goes once more on a new connection. If
+//!   the request was already written when the close arrived, it is not sent again (the engine
+//!   may have started it): the client gets `502 upstream-failed`, as from any proxy. The driver
+//!   notices an upstream's idle close at once, so this needs the close and the reuse to meet
+//!   within the same instant; an `idle_timeout` below the engine's own keep-alive timeout rules
+//!   it out.
 //!
 //! Only HTTP/1.1: the upstream connector offers no other protocol (see [`tls`](crate::tls)).
 //! The probes ([`probe`](crate::upstreams::probe)) keep hyper-util's client: they make a new
