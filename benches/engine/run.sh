@@ -22,8 +22,8 @@ SLOTS=${SLOTS:-2}               # llama-server --parallel (= slotgate parallel)
 CONTEXT=${CONTEXT:-2048}        # llama-server -c (split between the slots)
 TOKENS=${TOKENS:-32}            # tokens generated per request
 ENGINE_THREADS=${ENGINE_THREADS:-1}
-ENGINE_PORT=${ENGINE_PORT:-18290}
-SLOTGATE_PORT=${SLOTGATE_PORT:-18291}
+ENGINE_PORT=${ENGINE_PORT:-18390}
+SLOTGATE_PORT=${SLOTGATE_PORT:-18391}
 OUT=${OUT:-target/engine-bench/results.md}
 
 step() { printf '\n==> %s\n' "$*" >&2; }
