@@ -41,6 +41,58 @@ fn chat_with_usage(model: &str) -> String {
 
 // === metrics ===
 
+/// The handoff gap: a request that queued behind the one holding the only slot is observed
+/// once, from that slot's release to its own send; one that found the slot free is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_observes_its_handoff_gap_and_a_free_one_does_not() {
+    let fake = fake(1, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 1, 4, "30s")
+    ))
+    .await;
+    let (addr, admin) = (gw.api_addr(), gw.admin_addr().unwrap());
+    let gpu_qwen = [("upstream", "gpu"), ("model", "qwen")];
+
+    let reply = chat(addr, "qwen", false, &[]).await;
+    assert_eq!(reply.status, 200);
+    let samples = scrape(admin).await;
+    assert_eq!(
+        samples.sum("slotgate_handoff_gap_seconds_count", &gpu_qwen),
+        Some(0.0),
+        "a free slot is no handoff"
+    );
+
+    let first = tokio::spawn(chat(addr, "qwen", false, &[("x-fake-hold-ms", "400")]));
+    fake.observer().wait_for_in_flight(1, SOON).await.unwrap();
+    let second = tokio::spawn(chat(addr, "qwen", false, &[]));
+    support::eventually("the second request queues", SOON, || {
+        gw.limiter()
+            .queued(&support::authority(fake.addr()), "qwen")
+            == 1
+    })
+    .await;
+    assert_eq!(first.await.unwrap().status, 200);
+    assert_eq!(second.await.unwrap().status, 200);
+
+    let samples = scrape(admin).await;
+    assert_eq!(
+        samples.sum("slotgate_handoff_gap_seconds_count", &gpu_qwen),
+        Some(1.0)
+    );
+    let gap = total(&samples, "slotgate_handoff_gap_seconds_sum", &gpu_qwen);
+    // Not a speed check: the gap is the gateway's own work, far shorter than the 400 ms hold
+    // that the queue wait measured.
+    let waited = total(&samples, "slotgate_queue_wait_seconds_sum", &gpu_qwen);
+    assert!(
+        gap > 0.0 && gap < waited,
+        "gap {gap} s, queue wait {waited} s"
+    );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_token_is_timed_to_the_first_data_event_not_the_response_head() {
     let fake = fake(2, "qwen").await;

@@ -106,17 +106,19 @@ impl Future for Acquire {
             State::Ready(outcome) => {
                 this.state = State::Done;
                 Poll::Ready(
-                    outcome.map(|()| Permit::new(this.key.clone(), this.weight, Duration::ZERO)),
+                    outcome
+                        .map(|()| Permit::new(this.key.clone(), this.weight, Duration::ZERO, None)),
                 )
             }
             State::Waiting { token, since } => match this.key.poll_waiter(token, cx.waker()) {
                 Status::Waiting => Poll::Pending,
-                Status::Granted => {
+                Status::Granted { at } => {
                     this.state = State::Done;
                     Poll::Ready(Ok(Permit::new(
                         this.key.clone(),
                         this.weight,
                         since.elapsed(),
+                        Some(at),
                     )))
                 }
                 Status::Closed => {

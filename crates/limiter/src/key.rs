@@ -232,7 +232,7 @@ impl KeyState {
     pub(crate) fn cancel(this: &Arc<Self>, token: Token, weight: usize) {
         let mut s = this.state.lock();
         let (status, left) = s.waiters.remove(token);
-        if status == Status::Granted {
+        if matches!(status, Status::Granted { .. }) {
             s.give_back(weight);
         }
         if let Some(left) = left {

@@ -772,6 +772,7 @@ impl KeyHandle {
             self.key.clone(),
             weight,
             std::time::Duration::ZERO,
+            None,
         ))
     }
 

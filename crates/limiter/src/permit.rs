@@ -1,7 +1,7 @@
 //! The permit: proof of held units (one slot, or `weight` of them), given back when dropped.
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::key::KeyState;
 use crate::sync::Arc;
@@ -32,16 +32,23 @@ pub struct Permit {
     key: Arc<KeyState>,
     weight: usize,
     waited: Duration,
+    handed_over: Option<Instant>,
 }
 
 // === impl Permit ===
 
 impl Permit {
-    pub(crate) fn new(key: Arc<KeyState>, weight: usize, waited: Duration) -> Self {
+    pub(crate) fn new(
+        key: Arc<KeyState>,
+        weight: usize,
+        waited: Duration,
+        handed_over: Option<Instant>,
+    ) -> Self {
         Self {
             key,
             weight,
             waited,
+            handed_over,
         }
     }
 
@@ -54,6 +61,33 @@ impl Permit {
     /// was free at once. Measured up to the moment the acquire future saw the grant.
     pub fn waited(&self) -> Duration {
         self.waited
+    }
+
+    /// When the units were handed over to this permit's acquirer while it waited in the queue:
+    /// the instant of the grant step that freed them (a release, a cancel or a reconfiguration,
+    /// under the key's lock). `None` when a slot was free at once.
+    ///
+    /// The time from here to the moment the acquirer puts the units to use is the handoff gap:
+    /// a slot that is paid for and idle while the waiter wakes up.
+    ///
+    /// ```
+    /// use slotgate_limiter::Limiter;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let limiter: Limiter = Limiter::new();
+    /// limiter.configure("gpu-1", "llama", 1, 1);
+    /// let first = limiter.try_acquire("gpu-1", "llama").unwrap();
+    /// assert!(first.handed_over().is_none(), "free at once");
+    /// let waiting = limiter.acquire("gpu-1", "llama");
+    /// drop(first); // the grant step hands the slot over here
+    /// let second = waiting.await.unwrap();
+    /// let gap = second.handed_over().unwrap().elapsed();
+    /// assert!(gap < std::time::Duration::from_secs(60));
+    /// # }
+    /// ```
+    pub fn handed_over(&self) -> Option<Instant> {
+        self.handed_over
     }
 
     /// Releases the units now. The same as dropping the permit.

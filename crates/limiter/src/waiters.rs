@@ -17,6 +17,7 @@
 //! owner of the token vacates the entry, so the slab never frees an entry a future still names.
 
 use std::task::Waker;
+use std::time::Instant;
 
 /// Marks "no entry" in the `prev` / `next` / free-list links.
 const NIL: usize = usize::MAX;
@@ -33,8 +34,12 @@ pub(crate) struct Token {
 pub(crate) enum Status {
     /// Still in the queue.
     Waiting,
-    /// A slot was handed over; the waiter now counts as in flight.
-    Granted,
+    /// A slot was handed over (at this instant: in the grant step, which is the release, cancel
+    /// or reconfiguration that freed it); the waiter now counts as in flight.
+    Granted {
+        /// When the units were handed over.
+        at: Instant,
+    },
     /// The key was removed while the waiter was queued.
     Closed,
     /// The limits shrank below the waiter's weight (to this `parallel`): it could never be
@@ -68,7 +73,9 @@ enum Entry {
         /// The list it is linked into.
         list: usize,
     },
-    Granted,
+    Granted {
+        at: Instant,
+    },
     Closed,
     TooHeavy {
         parallel: usize,
@@ -205,7 +212,9 @@ impl WaitQueue {
     /// Hands the head waiter of `list` its units: unlinks it, marks it granted and returns its
     /// waker (absent if it was never polled, or if nobody waits).
     pub(crate) fn grant_front(&mut self, list: usize) -> Option<Waker> {
-        self.settle_front(list, Entry::Granted)
+        // Read under the key's lock, in the step that freed the units: the moment of the
+        // handoff, for the gap until the waiter uses them (`Permit::handed_over`).
+        self.settle_front(list, Entry::Granted { at: Instant::now() })
     }
 
     /// Takes the head waiter of `list` out of the queue because its weight is above
@@ -278,9 +287,9 @@ impl WaitQueue {
                 }
                 Status::Waiting
             }
-            Entry::Granted => {
+            &mut Entry::Granted { at } => {
                 self.vacate(token.index);
-                Status::Granted
+                Status::Granted { at }
             }
             &mut Entry::TooHeavy { parallel } => {
                 self.vacate(token.index);
@@ -314,7 +323,7 @@ impl WaitQueue {
                 });
                 Status::Waiting
             }
-            Entry::Granted => Status::Granted,
+            Entry::Granted { at } => Status::Granted { at },
             Entry::TooHeavy { parallel } => Status::TooHeavy { parallel },
             Entry::Closed | Entry::Vacant { .. } => Status::Closed,
         };
@@ -408,11 +417,11 @@ mod tests {
             q.grant_front(0).is_some(),
             "a was polled: its waker comes back"
         );
-        assert_eq!(q.poll(a, &noop()), Status::Granted);
+        assert!(matches!(q.poll(a, &noop()), Status::Granted { .. }));
         assert_eq!(q.poll(b, &noop()), Status::Waiting);
         assert_eq!(q.front_weight(0), Some(1));
         assert!(q.grant_front(0).is_some());
-        assert_eq!(q.poll(b, &noop()), Status::Granted);
+        assert!(matches!(q.poll(b, &noop()), Status::Granted { .. }));
         assert_eq!(q.front_weight(0), Some(2));
         assert!(q.refuse_front(0, 1).is_none(), "c was never polled");
         assert_eq!(q.poll(c, &noop()), Status::TooHeavy { parallel: 1 });
@@ -432,9 +441,9 @@ mod tests {
         assert_eq!(q.remove(tokens[4]), (Status::Waiting, left(0, false)));
         assert_eq!(q.len(), 2);
         q.grant_front(0);
-        assert_eq!(q.poll(tokens[1], &noop()), Status::Granted);
+        assert!(matches!(q.poll(tokens[1], &noop()), Status::Granted { .. }));
         q.grant_front(0);
-        assert_eq!(q.poll(tokens[3], &noop()), Status::Granted);
+        assert!(matches!(q.poll(tokens[3], &noop()), Status::Granted { .. }));
         assert!(q.grant_front(0).is_none());
     }
 
@@ -459,7 +468,7 @@ mod tests {
         let mut q = WaitQueue::new();
         let a = q.push_back(0, 1);
         q.grant_front(0);
-        assert_eq!(q.remove(a).0, Status::Granted);
+        assert!(matches!(q.remove(a).0, Status::Granted { .. }));
         assert_eq!(q.occupied, 0);
     }
 
@@ -490,7 +499,7 @@ mod tests {
         assert_eq!(q.front_weight(2), Some(2));
         q.grant_front(2);
         assert_eq!(q.position(w3), Some((2, 0)));
-        assert_eq!(q.poll(w1, &noop()), Status::Granted);
+        assert!(matches!(q.poll(w1, &noop()), Status::Granted { .. }));
         let left = Some(Left {
             list: 0,
             was_head: true,

@@ -368,7 +368,13 @@ impl Slot {
     /// Hands the slot to a [`Sending`] guard for the time the request is with the upstream:
     /// if the request's future is dropped before [`Sending::answered`], the slot is kept for
     /// `cancel_grace` more.
+    ///
+    /// A slot handed over from another request's release was idle from that release until now:
+    /// observed as `slotgate_handoff_gap_seconds`.
     pub(crate) fn sending(self, cancel_grace: Duration) -> Sending {
+        if let Some(at) = self.permit.handed_over() {
+            observe(&self.metrics.handoff_gap, at.elapsed());
+        }
         Sending {
             slot: Some(self),
             grace: cancel_grace,

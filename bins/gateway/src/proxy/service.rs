@@ -686,6 +686,9 @@ impl App {
         request_id: &HeaderValue,
         client_keys: bool,
     ) -> (Result<Response<Incoming>, ForwardError>, Option<Slot>) {
+        // The name this upstream's engine knows the model by (`engine_model`).
+        let body = api.body_for(&target.engine_model);
+        // Last before the send, so that the handoff gap covers everything the gateway does.
         let sending = slot.map(|slot| slot.sending(target.cancel_grace));
         let outcome = self
             .forwarder
@@ -696,8 +699,7 @@ impl App {
                 },
                 authorization(&target.upstream, client_keys),
                 &api.parts,
-                // The name this upstream's engine knows the model by (`engine_model`).
-                api.body_for(&target.engine_model),
+                body,
                 request_id,
             )
             .await;

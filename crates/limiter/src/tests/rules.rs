@@ -123,6 +123,35 @@ fn rule2_handoff_keeps_in_flight_and_blocks_late_arrivals() {
 }
 
 #[test]
+fn a_handoff_is_stamped_with_the_grant_step_and_a_free_slot_is_not() {
+    use std::time::Instant;
+    let l = limiter();
+    l.configure(H, M, 1, 1);
+    let held = l.try_acquire(H, M).unwrap();
+    assert_eq!(held.handed_over(), None, "try_acquire: free at once");
+    let mut waiter = Probe::new(l.acquire(H, M));
+    assert!(waiter.poll().is_pending());
+
+    let before = Instant::now();
+    drop(held);
+    let after = Instant::now();
+    let permit = waiter.granted();
+    let at = permit
+        .handed_over()
+        .expect("a queued waiter is handed its slot");
+    assert!(
+        before <= at && at <= after,
+        "stamped in the release's grant step"
+    );
+    drop(permit);
+
+    // Free at call time through `acquire`: no handoff either.
+    let mut free = Probe::new(l.acquire(H, M));
+    let permit = free.granted();
+    assert_eq!(permit.handed_over(), None);
+}
+
+#[test]
 fn rule3_waiter_dropped_after_grant_passes_the_slot_on() {
     let l = limiter();
     l.configure(H, M, 1, 2);
