@@ -8,7 +8,10 @@
 # them generated: ignore_eos) for DURATION, first straight to llama-server, then through slotgate
 # (parallel = the engine's slots, a queue deep enough that nothing is refused). A poller reads
 # the engine's own /metrics meanwhile and reports the peak of llamacpp:requests_deferred: the
-# requests the engine queued itself. Results go to stdout as a Markdown table and to $OUT.
+# requests the engine queued itself. Through slotgate, it also reports the mean of
+# slotgate_handoff_gap_seconds over the measured run: how long a slot freed by one answer sat
+# idle before the next queued request left for the engine. Results go to stdout as a Markdown
+# table and to $OUT.
 #
 # Needs: tests/engine/setup.sh (builds llama-server once, cached), wrk (apt-get if missing),
 # curl. Builds slotgate in release mode. Everything listens on 127.0.0.1 only, and every process
@@ -123,37 +126,52 @@ poll_deferred() {
   echo "$peak"
 }
 
-# Runs wrk with $2 connections against port $1; prints "req/s p50 p99 non2xx deferred-peak".
+# slotgate's handoff gaps so far: "sum_seconds count" of slotgate_handoff_gap_seconds.
+handoff_gaps() {
+  curl -s --max-time 5 "http://127.0.0.1:$((SLOTGATE_PORT + 1))/metrics" |
+    awk '$1 ~ /^slotgate_handoff_gap_seconds_sum/ {s += $2}
+         $1 ~ /^slotgate_handoff_gap_seconds_count/ {c += $2}
+         END {printf "%.9f %d\n", s, c}'
+}
+
+# Runs wrk with $2 connections against port $1; prints "req/s p50 p99 non2xx deferred-peak gap"
+# (gap: the mean handoff gap in µs and how many, through slotgate; "-" straight to the engine).
 measure() {
-  local port=$1 conns=$2 out rps p50 p99 non2xx deferred
+  local port=$1 conns=$2 out rps p50 p99 non2xx deferred gap=- s0 c0 s1 c1
   local url="http://127.0.0.1:$port/v1/chat/completions"
   # A short warm-up fills connection pools and the engine's prompt cache on every path.
   timeout 60 wrk -t1 -c"$conns" -d2s -s "$work/post.lua" "$url" >/dev/null
   # wrk stops by closing connections with requests in flight, which the engine finishes anyway
   # (a non-streamed request runs on until it notices): start measuring once it is idle.
   wait_idle
+  [ "$port" = "$SLOTGATE_PORT" ] && read -r s0 c0 < <(handoff_gaps)
   timeout 600 wrk -t1 -c"$conns" -d"$DURATION" --timeout 60s --latency -s "$work/post.lua" \
     "$url" >"$work/wrk.out" &
   local wrk_pid=$!
   deferred=$(poll_deferred "$wrk_pid")
   wait "$wrk_pid"
+  if [ "$port" = "$SLOTGATE_PORT" ]; then
+    read -r s1 c1 < <(handoff_gaps)
+    gap=$(awk -v s="$s1" -v s0="$s0" -v c="$c1" -v c0="$c0" \
+      'BEGIN {n = c - c0; if (n > 0) printf "%.0f_µs_(%d)", (s - s0) / n * 1e6, n; else print "none"}')
+  fi
   out=$(cat "$work/wrk.out")
   echo "$out" >&2
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
   p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
   p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
   non2xx=$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")
-  echo "$rps $p50 $p99 ${non2xx:-0} $deferred"
+  echo "$rps $p50 $p99 ${non2xx:-0} $deferred $gap"
 }
 
 rows=()
 for conns in $CONNS_LIST; do
   step "$conns connections: direct"
-  read -r d_rps d_p50 d_p99 d_bad d_def < <(measure "$ENGINE_PORT" "$conns")
+  read -r d_rps d_p50 d_p99 d_bad d_def _ < <(measure "$ENGINE_PORT" "$conns")
   step "$conns connections: through slotgate"
-  read -r s_rps s_p50 s_p99 s_bad s_def < <(measure "$SLOTGATE_PORT" "$conns")
-  rows+=("| $conns | direct | $d_rps | $d_p50 | $d_p99 | $d_bad | $d_def |")
-  rows+=("| $conns | slotgate | $s_rps | $s_p50 | $s_p99 | $s_bad | $s_def |")
+  read -r s_rps s_p50 s_p99 s_bad s_def s_gap < <(measure "$SLOTGATE_PORT" "$conns")
+  rows+=("| $conns | direct | $d_rps | $d_p50 | $d_p99 | $d_bad | $d_def | — |")
+  rows+=("| $conns | slotgate | $s_rps | $s_p50 | $s_p99 | $s_bad | $s_def | ${s_gap//_/ } |")
 done
 
 mkdir -p "$(dirname "$OUT")"
@@ -164,7 +182,7 @@ mkdir -p "$(dirname "$OUT")"
   echo "queue $max_conns. $(nproc) CPUs, $(date -u +%Y-%m-%d). Command:"
   echo "\`DURATION=$DURATION CONNS_LIST=\"$CONNS_LIST\" TOKENS=$TOKENS benches/engine/run.sh\`"
   echo
-  echo "| connections | path | requests/s | p50 | p99 | non-2xx | engine deferred (peak) |"
-  echo "|---:|---|---:|---:|---:|---:|---:|"
+  echo "| connections | path | requests/s | p50 | p99 | non-2xx | engine deferred (peak) | handoff gap, mean (count) |"
+  echo "|---:|---|---:|---:|---:|---:|---:|---:|"
   printf '%s\n' "${rows[@]}"
 } | tee "$OUT"
