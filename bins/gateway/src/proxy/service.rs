@@ -296,9 +296,8 @@ impl App {
         let mut too_heavy: Option<(&str, usize, usize)> = None;
         let mut connect_error: Option<BoxError> = None;
         // An engine's 502/503/504 that was not passed through, to try the next host: kept
-        // unread, and passed through after all if no later host gets the request.
-        // An engine's 502/503/504 held while the next host is tried, with what the access log
-        // said of it, so that the line names that engine again if its answer is the one sent.
+        // unread, and passed through after all if no later host gets the request (with its
+        // engine named again in the access log).
         let mut engine_error: Option<HeldAnswer> = None;
         let mut retries_left = server.engine_error_retries;
         let candidates = ranked.len();
