@@ -107,6 +107,7 @@ impl fmt::Debug for Permit {
         f.debug_struct("Permit")
             .field("weight", &self.weight)
             .field("waited", &self.waited)
+            .field("handed_over", &self.handed_over)
             .finish_non_exhaustive()
     }
 }
