@@ -102,15 +102,21 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.body = '{"model":"tiny","messages":[{"role":"user","content":"Hello"}],"max_tokens":$TOKENS,"ignore_eos":true}'
 LUA
 
-# Until the engine runs and queues nothing (bounded: 30 s).
+# Until the engine runs and queues nothing, and slotgate holds no slot (bounded: 30 s). The
+# slots matter too: the warm-up's wrk leaves with requests in flight, and slotgate keeps each
+# such slot for the engine's cancel_grace (2 s for llama-server) after the client left, so a
+# run started before then would measure that grace as queue wait.
 wait_idle() {
   for _ in $(seq 300); do
     [ "$(curl -s --max-time 2 "http://127.0.0.1:$ENGINE_PORT/metrics" |
       awk '$1 == "llamacpp:requests_processing" || $1 == "llamacpp:requests_deferred" {n += $2}
-           END {print n + 0}')" = 0 ] && return 0
+           END {print n + 0}')" = 0 ] &&
+      [ "$(curl -s --max-time 2 "http://127.0.0.1:$((SLOTGATE_PORT + 1))/metrics" |
+        awk '$1 ~ /^slotgate_slots_in_use\{/ || $1 ~ /^slotgate_queue_depth\{/ {n += $2}
+             END {print n + 0}')" = 0 ] && return 0
     sleep 0.1
   done
-  echo "the engine is still busy" >&2
+  echo "the engine or slotgate is still busy" >&2
   return 1
 }
 
