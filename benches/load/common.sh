@@ -30,7 +30,8 @@ HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 # Build first so the compile does not compete with the measurement.
 cargo build --profile "$PROFILE" --locked -p slotgate-gateway -p fake-upstream
-SLOTGATE_BIN=target/$PROFILE/slotgate
+# SLOTGATE_BIN: another build of the gateway to measure (an A/B against an older commit).
+SLOTGATE_BIN=${SLOTGATE_BIN:-target/$PROFILE/slotgate}
 FAKE_BIN=target/$PROFILE/fake-upstream
 CLK_TCK=$(getconf CLK_TCK)
 

@@ -235,7 +235,11 @@ fn usage(tail: &[u8]) -> Option<Tokens> {
 fn last_member<'t>(text: &'t [u8], key: &[u8]) -> Option<&'t [u8]> {
     let mut end = text.len();
     loop {
-        let at = text[..end].windows(key.len()).rposition(|w| w == key)?;
+        // The first byte first: a whole comparison (a `memcmp` call) only where it can match.
+        let first = *key.first()?;
+        let at = text[..end]
+            .windows(key.len())
+            .rposition(|w| w[0] == first && w == key)?;
         let rest = &text[at + key.len()..];
         let escaped = at > 0 && text[at - 1] == b'\\';
         let value = rest.trim_ascii_start().strip_prefix(b":");
