@@ -528,6 +528,78 @@ async fn every_request_leaves_one_access_line_in_text_and_json() {
     fake.shutdown().await;
 }
 
+/// A client that leaves while it sends its body has not been refused: its line says
+/// `client_gone`, and `slotgate_rejections_total` does not count it as a `bad_request`. One
+/// closes its write half after part of the body (it still reads: it gets a 400 that says the
+/// body ended early), one closes the whole connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_mid_body_is_client_gone_not_a_bad_request() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let captured = capture();
+    let fake = fake(2, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 1, 0, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let body = support::chat_body("qwen", false);
+    let head = |id: &str| {
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nx-request-id: {id}\r\n\r\n",
+            body.len() + 100
+        )
+    };
+
+    // Half of the body, then the write half closed: the client still reads.
+    let mut half = tokio::net::TcpStream::connect(addr).await.unwrap();
+    half.write_all(head("half-1").as_bytes()).await.unwrap();
+    half.write_all(&body.as_bytes()[..body.len() / 2])
+        .await
+        .unwrap();
+    half.shutdown().await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(SOON, half.read_to_end(&mut answer))
+        .await
+        .expect("the gateway answers and closes")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("application/problem+json"), "{answer}");
+    assert!(answer.contains("ended before"), "says why: {answer}");
+    let line = captured.line("half-1").await;
+    assert_eq!(line["outcome"], "client_gone", "{line}");
+    assert!(line.get("reason").is_none(), "not a refusal: {line}");
+
+    // Part of the body, then the whole connection closed.
+    let mut gone = tokio::net::TcpStream::connect(addr).await.unwrap();
+    gone.write_all(head("gone-body-1").as_bytes())
+        .await
+        .unwrap();
+    gone.write_all(&body.as_bytes()[..10]).await.unwrap();
+    drop(gone);
+    let line = captured.line("gone-body-1").await;
+    assert_eq!(line["outcome"], "client_gone", "{line}");
+
+    let samples = scrape(gw.admin_addr().unwrap()).await;
+    let refused = total(
+        &samples,
+        "slotgate_rejections_total",
+        &[("reason", "bad_request")],
+    );
+    assert!(refused < 0.5, "nobody was refused: {refused}");
+    assert_eq!(
+        fake.observer().snapshot().received,
+        0,
+        "nothing reached the engine"
+    );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
 /// Failover and the access log: a request whose retry found no other engine gets the first
 /// engine's 503 as it came, and its line names that engine (not the one tried last), with the
 /// outcome its status says.

@@ -197,16 +197,21 @@ impl Access {
         }
     }
 
-    /// The request ended with `error` (a refusal, or an engine that gave no usable answer).
+    /// The request ended with `error`: a refusal, an engine that gave no usable answer, or a
+    /// client that left before its body was whole (no reason then: nobody refused it).
     pub(crate) fn failed(&self, error: &Error) {
         if let Some(record) = &self.0 {
             let outcome = if error.is_upstream_failure() {
                 Outcome::UpstreamError
+            } else if error.client_left() {
+                Outcome::ClientGone
             } else {
                 Outcome::Refused
             };
             record.outcome.store(outcome as u8, Ordering::Relaxed);
-            let _ = record.reason.set(error.reason());
+            if outcome != Outcome::ClientGone {
+                let _ = record.reason.set(error.reason());
+            }
         }
     }
 

@@ -5,7 +5,7 @@
 //!
 //! | side     | variants | status |
 //! |----------|----------|--------|
-//! | client   | `NotFound`, `MethodNotAllowed`, `ModelNotFound`, `BadRequest`, `TooHeavy`, `BodyRead`, `BodyTooLarge`, `BodyTimeout`, `UnsupportedMediaType`, `Unauthorized` | 404, 405, 404, 400, 400, 400, 413, 408, 415, 401 |
+//! | client   | `NotFound`, `MethodNotAllowed`, `ModelNotFound`, `BadRequest`, `TooHeavy`, `BodyRead`, `BodyIncomplete`, `BodyTooLarge`, `BodyTimeout`, `UnsupportedMediaType`, `Unauthorized` | 404, 405, 404, 400, 400, 400, 400, 413, 408, 415, 401 |
 //! | capacity | `QueueFull`, `QueueTimeout`, `Overloaded`, `StoreUnavailable` (the request never ran; retry) | 503 + `Retry-After` |
 //! | upstream | `UpstreamUnavailable` (nothing sent; retry), `UpstreamFailed`, `UpstreamTimeout` (maybe ran; the client decides) | 503 + `Retry-After`, 502, 504 |
 //! | gateway  | `ShuttingDown` (retry), `Internal` (a bug) | 503 + `Retry-After`, 500 |
@@ -99,9 +99,14 @@ pub(crate) enum Error {
     /// The request is not usable as it is: its body, or one of the gateway's headers.
     #[error("bad request")]
     BadRequest(#[source] BadRequest),
-    /// Reading the body failed (the client went away or sent a broken body).
+    /// Reading the body failed: the client sent a broken body.
     #[error("reading the request body failed")]
     BodyRead(#[source] BoxError),
+    /// The client's side of the connection ended before the body was complete: it closed the
+    /// connection, or its write half, part-way through the body. Not a refusal: the client
+    /// left (see [`Error::client_left`]).
+    #[error("the request body ended before it was complete")]
+    BodyIncomplete(#[source] BoxError),
     /// The body is larger than the configured limit.
     #[error("the request body is larger than {limit} bytes")]
     BodyTooLarge {
@@ -450,6 +455,10 @@ impl Error {
             .with_extension("sequences", *weight)
             .with_extension("parallel", *parallel),
             Error::BodyRead(_) => Problem::bad_request("the request body could not be read"),
+            Error::BodyIncomplete(_) => Problem::bad_request(
+                "the request body ended before it was complete (the connection was closed part-way \
+                 through it); send the whole body",
+            ),
             Error::BodyTooLarge { limit } => {
                 Problem::body_too_large(u64::try_from(*limit).unwrap_or(u64::MAX))
             }
@@ -540,6 +549,7 @@ impl Error {
             Error::ResponseNotFound { .. } => "response_not_found",
             Error::ResponseUpstreamUnavailable { .. } => "response_upstream_unavailable",
             Error::BadRequest(_) | Error::BodyRead(_) => "bad_request",
+            Error::BodyIncomplete(_) => "client_gone",
             Error::BodyTooLarge { .. } => "body_too_large",
             Error::BodyTimeout { .. } => "body_timeout",
             Error::UnsupportedMediaType { .. } => "unsupported_media_type",
@@ -561,6 +571,12 @@ impl Error {
         }
     }
 
+    /// Whether the client left before the request was whole (the access log's `client_gone`,
+    /// not a refusal): its body ended early.
+    pub(crate) fn client_left(&self) -> bool {
+        matches!(self, Error::BodyIncomplete(_))
+    }
+
     /// Whether the engine gave no usable answer (counted as an `upstream_error` outcome, not as
     /// a refusal).
     pub(crate) fn is_upstream_failure(&self) -> bool {
@@ -578,7 +594,9 @@ impl Error {
     /// never becomes an error response), for engine failures and for the admin API's errors.
     pub(crate) fn rejection(&self) -> Option<(&str, &'static str)> {
         let model = match self {
-            Error::QueueFull { .. }
+            // `BodyIncomplete`: the client left, nobody refused it.
+            Error::BodyIncomplete(_)
+            | Error::QueueFull { .. }
             | Error::QueueTimeout { .. }
             | Error::StoreUnavailable { .. }
             | Error::UpstreamUnavailable { .. }
@@ -722,6 +740,7 @@ mod tests {
                 false,
             ),
             (Error::BodyRead(io()), 400, "bad-request", false),
+            (Error::BodyIncomplete(io()), 400, "bad-request", false),
             (
                 Error::BodyTooLarge { limit: 10 },
                 413,

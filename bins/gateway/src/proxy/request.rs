@@ -254,7 +254,7 @@ where
     let mut body = std::pin::pin!(body);
     let mut out = BytesMut::with_capacity(prepaid);
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|error| Error::BodyRead(error.into()))?;
+        let frame = frame.map_err(|error| body_error(error.into()))?;
         let Ok(mut data) = frame.into_data() else {
             continue; // trailers: nothing the gateway forwards
         };
@@ -269,6 +269,26 @@ where
         out.extend_from_slice(&data.copy_to_bytes(len));
     }
     Ok(out.freeze())
+}
+
+/// The error for a body that failed part-way: [`Error::BodyIncomplete`] when the client's side
+/// of the connection ended early (hyper reports an HTTP/1 body cut by EOF as an `UnexpectedEof`
+/// I/O error in its chain), else [`Error::BodyRead`]. A reset connection or HTTP/2 stream never
+/// gets here: hyper drops the request's future, and its access line says `client_gone`.
+fn body_error(error: BoxError) -> Error {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*error);
+    let mut ended_early = false;
+    while let Some(inner) = cause {
+        ended_early |= inner
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::UnexpectedEof);
+        cause = inner.source();
+    }
+    if ended_early {
+        Error::BodyIncomplete(error)
+    } else {
+        Error::BodyRead(error)
+    }
 }
 
 impl ApiRequest {
