@@ -210,6 +210,25 @@ async fn every_routed_answer_names_its_upstream_and_its_queue_wait() {
     fake.shutdown().await;
 }
 
+/// An upstream whose name cannot be a header value (a quoted TOML key may hold control
+/// characters) still serves: its answers leave `x-slotgate-upstream` out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_name_that_is_no_header_value_leaves_the_header_out() {
+    let fake = fake(2, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("\"gpu\\u0001\"", &fake.url(), "qwen", 1, 4, "30s")
+    ))
+    .await;
+    let reply = chat(gw.api_addr(), "qwen", false, &[]).await;
+    assert_eq!(reply.status.as_u16(), 200, "{}", reply.text());
+    assert!(!reply.headers.contains_key("x-slotgate-upstream"));
+    assert_eq!(header(&reply.headers, "x-slotgate-queue-wait-ms"), "0");
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
 // === engine-wide caps ===
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1102,11 +1102,11 @@ fn mark_routed(headers: &mut http::HeaderMap, target: &Target, waited: Duration)
 
 /// Sets `x-slotgate-upstream` to `target`'s upstream.
 fn mark_upstream(headers: &mut http::HeaderMap, target: &Target) {
-    // A name with control characters (a quoted TOML key may hold any) cannot be a header
-    // value: then the header is left out rather than the answer refused.
-    match HeaderValue::from_str(&target.upstream.name) {
-        Ok(name) => headers.insert(UPSTREAM_HEADER, name),
-        Err(_) => headers.remove(UPSTREAM_HEADER),
+    // A name that cannot be a header value leaves the header out rather than refusing the
+    // answer (`UpstreamState::name_header`).
+    match &target.upstream.name_header {
+        Some(name) => headers.insert(UPSTREAM_HEADER, name.clone()),
+        None => headers.remove(UPSTREAM_HEADER),
     };
 }
 

@@ -68,6 +68,9 @@ pub(crate) struct UpstreamState {
     /// The name in the configuration (`[upstreams.NAME]`), used in logs, metrics and the admin
     /// API.
     pub(crate) name: String,
+    /// The name as the `x-slotgate-upstream` value of every answer it gives, made once; `None`
+    /// when the name cannot be a header value (a quoted TOML key may hold control characters).
+    pub(crate) name_header: Option<HeaderValue>,
     /// What software answers there.
     pub(crate) kind: Kind,
     /// The configured URL.
@@ -145,6 +148,7 @@ impl UpstreamState {
             .build(connector);
         Ok(Self {
             name: upstream.name.clone(),
+            name_header: HeaderValue::from_str(&upstream.name).ok(),
             kind: upstream.kind,
             url: upstream.url.clone(),
             authority: upstream.authority(),

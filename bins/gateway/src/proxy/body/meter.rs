@@ -106,13 +106,20 @@ impl Meter {
     }
 }
 
-/// Whether an answer with `headers` is an SSE stream (`text/event-stream`).
+/// Whether an answer with `headers` is an SSE stream: its media type (before any `;`
+/// parameters, blanks around it ignored, any case) is `text/event-stream`. Compared as bytes:
+/// it runs for every answer.
 pub(crate) fn is_sse(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|text| text.split(';').next())
-        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"))
+    const SSE: &[u8] = b"text/event-stream";
+    headers.get(header::CONTENT_TYPE).is_some_and(|value| {
+        let value = value.as_bytes().trim_ascii_start();
+        value.len() >= SSE.len()
+            && value[..SSE.len()].eq_ignore_ascii_case(SSE)
+            && matches!(
+                value[SSE.len()..].trim_ascii_start().first(),
+                None | Some(b';')
+            )
+    })
 }
 
 /// Finds the first frame that carries a token.
@@ -252,7 +259,39 @@ fn last_member<'t>(text: &'t [u8], key: &[u8]) -> Option<&'t [u8]> {
 
 #[cfg(test)]
 mod tests {
-    use super::{FirstToken, TAIL, Tail, Tokens, usage};
+    use http::{HeaderMap, HeaderValue, header};
+
+    use super::{FirstToken, TAIL, Tail, Tokens, is_sse, usage};
+
+    #[test]
+    fn an_sse_answer_is_told_by_its_media_type_alone() {
+        let sse = |value: &[u8]| {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_bytes(value).unwrap(),
+            );
+            is_sse(&headers)
+        };
+        for yes in [
+            &b"text/event-stream"[..],
+            b"Text/Event-Stream; charset=utf-8",
+            b"  text/event-stream  ;x=y",
+            b"text/event-stream;",
+        ] {
+            assert!(sse(yes), "{}", String::from_utf8_lossy(yes));
+        }
+        for no in [
+            &b"text/event-streams"[..],
+            b"text/event",
+            b"application/json",
+            b"text/event-stream , text/plain",
+            b"",
+        ] {
+            assert!(!sse(no), "{}", String::from_utf8_lossy(no));
+        }
+        assert!(!is_sse(&HeaderMap::new()), "no content type");
+    }
 
     #[test]
     fn the_first_token_of_a_stream_is_its_first_data_line() {
