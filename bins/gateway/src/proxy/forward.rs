@@ -93,22 +93,22 @@ impl Forwarder {
             .body(Full::new(body))
             .map_err(ForwardError::Build)?;
         let headers = req.headers_mut();
-        copy_end_to_end(&parts.headers, headers);
-        // The pool sets `Host` for the upstream, and hyper `Content-Length` from the body
-        // (which may have been rewritten for an alias).
-        headers.remove(header::HOST);
-        headers.remove(header::CONTENT_LENGTH);
-        // The whole body has been read already: there is nothing left to wait for a
-        // `100 Continue` about.
-        headers.remove(header::EXPECT);
-        match authorization {
-            Authorization::Client => {}
-            Authorization::Withheld => {
-                headers.remove(header::AUTHORIZATION);
-            }
-            Authorization::Upstream(key) => {
-                headers.insert(header::AUTHORIZATION, key.clone());
-            }
+        let keep_authorization = matches!(authorization, Authorization::Client);
+        // Left out while copying rather than removed after (a removal is a hash and a probe):
+        // the pool sets `Host` for the upstream, and hyper `Content-Length` from the body
+        // (which may have been rewritten for an alias); the whole body has been read already,
+        // so there is nothing left to wait for a `100 Continue` about; the client's
+        // `Authorization` goes only where the upstream has no key of its own and does not
+        // withhold it; `x-request-id` is set below.
+        copy_end_to_end(&parts.headers, headers, |name| {
+            name == header::HOST
+                || name == header::CONTENT_LENGTH
+                || name == header::EXPECT
+                || (name == header::AUTHORIZATION && !keep_authorization)
+                || name == REQUEST_ID
+        });
+        if let Authorization::Upstream(key) = authorization {
+            headers.insert(header::AUTHORIZATION, key.clone());
         }
         headers.insert(REQUEST_ID, request_id.clone());
 
@@ -129,7 +129,9 @@ impl Forwarder {
             Ok(Ok(response)) => response,
         };
         let (mut head, body) = response.into_parts();
-        strip_hop_by_hop(&mut head.headers);
+        // Room for `x-request-id` here and the two `x-slotgate-*` fields the request path adds
+        // (`service::mark_routed`): hyper parsed the head into a map of its own size.
+        head.headers = end_to_end(std::mem::take(&mut head.headers), 3);
         head.headers.insert(REQUEST_ID, request_id.clone());
         Ok(Response::from_parts(head, body))
     }
@@ -158,8 +160,9 @@ pub(crate) enum ForwardError {
 }
 
 /// The fields RFC 9110 §7.6.1 (and the `Proxy-*` / `Keep-Alive` conventions it cites) makes
-/// hop-by-hop: they describe one connection and must not be forwarded.
-const HOP_BY_HOP: [HeaderName; 8] = [
+/// hop-by-hop: they describe one connection and must not be forwarded. A `static`, not a
+/// `const`: a `const` array would be built and dropped at every use, for every field.
+static HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -177,25 +180,29 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(name) || name == header::TRAILER
 }
 
-/// The field names listed in `headers`' `Connection` fields.
+/// The field names listed in `headers`' `Connection` fields, but `keep-alive`: that one is
+/// hop-by-hop anyway, and the usual `Connection: keep-alive` then costs no name to be made.
 fn connection_listed(headers: &HeaderMap) -> impl Iterator<Item = HeaderName> + '_ {
     headers
         .get_all(header::CONNECTION)
         .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|list| list.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .flat_map(|value| value.as_bytes().split(|&byte| byte == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|name| !name.eq_ignore_ascii_case(b"keep-alive"))
+        .filter_map(|name| HeaderName::from_bytes(name).ok())
 }
 
-/// Copies the end-to-end fields of `from` into `to`.
+/// Copies the end-to-end fields of `from` into `to`, except those `skip` says (the fields the
+/// forwarder sets itself).
 ///
 /// Hop-by-hop fields are skipped while copying rather than removed afterwards: comparing a
 /// name with the short list costs less than a removal (a hash and a probe) per listed name, on
 /// every request.
-fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
-    to.reserve(from.len());
+fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap, skip: impl Fn(&HeaderName) -> bool) {
+    // Room for the two the forwarder may add (`Authorization`, `x-request-id`).
+    to.reserve(from.len() + 2);
     for (name, value) in from {
-        if !is_hop_by_hop(name) {
+        if !is_hop_by_hop(name) && !skip(name) {
             to.append(name.clone(), value.clone());
         }
     }
@@ -204,23 +211,32 @@ fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
     }
 }
 
-/// Removes the hop-by-hop fields, including every field named in `Connection`.
+/// The end-to-end fields of `from` (without the hop-by-hop ones, and those named in
+/// `Connection`), moved into a new map with room for `room` more, in their order, repeated
+/// fields with every value.
 ///
-/// One pass over the names finds what to remove; a head without hop-by-hop fields (the usual
-/// case) is left as it is without a single removal.
-pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let mut doomed: Vec<HeaderName> = headers
-        .keys()
-        .filter(|name| is_hop_by_hop(name))
-        .cloned()
-        .collect();
-    if doomed.is_empty() {
-        return;
+/// One pass that moves each field, in place of removals (a hash and a probe each, and a
+/// `Connection: keep-alive` on most answers) and of the growth of a map that the parser made
+/// just large enough for the engine's fields, when the gateway adds its own.
+pub(crate) fn end_to_end(from: HeaderMap, room: usize) -> HeaderMap {
+    let listed: Vec<HeaderName> = if from.contains_key(header::CONNECTION) {
+        connection_listed(&from).collect()
+    } else {
+        Vec::new()
+    };
+    let mut to = HeaderMap::with_capacity(from.len() + room);
+    let mut current: Option<(HeaderName, bool)> = None;
+    for (name, value) in from {
+        // `None`: another value of the field before it.
+        if let Some(name) = name {
+            let keep = !is_hop_by_hop(&name) && !listed.contains(&name);
+            current = Some((name, keep));
+        }
+        if let Some((name, true)) = &current {
+            to.append(name, value);
+        }
     }
-    doomed.extend(connection_listed(headers));
-    for name in doomed {
-        headers.remove(name);
-    }
+    to
 }
 
 #[cfg(test)]

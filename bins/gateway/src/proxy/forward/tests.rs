@@ -4,7 +4,7 @@ use http::HeaderMap;
 use http::header::HeaderValue;
 use http::uri::PathAndQuery;
 
-use super::{copy_end_to_end, strip_hop_by_hop};
+use super::{copy_end_to_end, end_to_end};
 use crate::base::Base;
 use crate::request_id::{REQUEST_ID, request_id};
 
@@ -84,21 +84,35 @@ fn strips_hop_by_hop_fields_and_those_connection_names() {
     ] {
         headers.append(name, HeaderValue::from_static(value));
     }
-    strip_hop_by_hop(&mut headers);
+    let headers = end_to_end(headers, 3);
     let mut left: Vec<_> = headers.keys().map(http::HeaderName::as_str).collect();
     left.sort_unstable();
     assert_eq!(left, ["authorization", "content-type"]);
+    assert!(
+        headers.capacity() >= headers.len() + 3,
+        "room for the gateway's own fields"
+    );
 }
 
 #[test]
-fn leaves_a_head_without_hop_by_hop_fields_alone() {
+fn keeps_every_end_to_end_field_and_value_in_order() {
     let mut headers = HeaderMap::new();
     headers.append("content-type", HeaderValue::from_static("application/json"));
     headers.append("x-custom", HeaderValue::from_static("1"));
+    headers.append("connection", HeaderValue::from_static("keep-alive"));
     headers.append("x-custom", HeaderValue::from_static("2"));
-    let before = headers.clone();
-    strip_hop_by_hop(&mut headers);
-    assert_eq!(headers, before);
+    headers.append("x-custom", HeaderValue::from_static("3"));
+    headers.append("server", HeaderValue::from_static("engine"));
+    let mut expected = headers.clone();
+    expected.remove("connection");
+    let kept = end_to_end(headers, 0);
+    assert_eq!(kept, expected);
+    let values: Vec<_> = kept.get_all("x-custom").iter().collect();
+    assert_eq!(
+        values,
+        ["1", "2", "3"],
+        "repeated fields keep every value, in order"
+    );
 }
 
 #[test]
@@ -117,11 +131,16 @@ fn copies_only_end_to_end_fields() {
     ] {
         from.append(name, HeaderValue::from_static(value));
     }
+    from.append("host", HeaderValue::from_static("gateway"));
     let mut to = HeaderMap::new();
-    copy_end_to_end(&from, &mut to);
+    copy_end_to_end(&from, &mut to, |name| name == http::header::HOST);
     let mut left: Vec<_> = to.keys().map(http::HeaderName::as_str).collect();
     left.sort_unstable();
-    assert_eq!(left, ["accept", "x-repeated"]);
+    assert_eq!(
+        left,
+        ["accept", "x-repeated"],
+        "`skip`'s fields left out too"
+    );
     let repeated: Vec<_> = to.get_all("x-repeated").iter().collect();
     assert_eq!(
         repeated,
