@@ -531,7 +531,7 @@ async fn every_request_leaves_one_access_line_in_text_and_json() {
 /// A client that leaves while it sends its body has not been refused: its line says
 /// `client_gone`, and `slotgate_rejections_total` does not count it as a `bad_request`. One
 /// closes its write half after part of the body (it still reads: it gets a 400 that says the
-/// body ended early), one closes the whole connection.
+/// body ended early), one closes the whole connection, and one resets its HTTP/2 stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_mid_body_is_client_gone_not_a_bad_request() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -583,6 +583,32 @@ async fn a_client_that_leaves_mid_body_is_client_gone_not_a_bad_request() {
     drop(gone);
     let line = captured.line("gone-body-1").await;
     assert_eq!(line["outcome"], "client_gone", "{line}");
+
+    // HTTP/2: part of the body, then the stream reset.
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let connection = tokio::spawn(connection);
+    let request = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("x-request-id", "reset-body-1")
+        .body(())
+        .unwrap();
+    let (_response, mut stream) = client
+        .ready()
+        .await
+        .unwrap()
+        .send_request(request, false)
+        .unwrap();
+    stream
+        .send_data(bytes::Bytes::copy_from_slice(&body.as_bytes()[..10]), false)
+        .unwrap();
+    // Let the gateway read what came before the reset.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stream.send_reset(h2::Reason::CANCEL);
+    let line = captured.line("reset-body-1").await;
+    assert_eq!(line["outcome"], "client_gone", "{line}");
+    assert!(line.get("reason").is_none(), "not a refusal: {line}");
+    connection.abort();
 
     let samples = scrape(gw.admin_addr().unwrap()).await;
     let refused = total(

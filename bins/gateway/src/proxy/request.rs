@@ -272,16 +272,20 @@ where
 }
 
 /// The error for a body that failed part-way: [`Error::BodyIncomplete`] when the client's side
-/// of the connection ended early (hyper reports an HTTP/1 body cut by EOF as an `UnexpectedEof`
-/// I/O error in its chain), else [`Error::BodyRead`]. A reset connection or HTTP/2 stream never
-/// gets here: hyper drops the request's future, and its access line says `client_gone`.
+/// ended early, else [`Error::BodyRead`]. hyper reports an HTTP/1 body cut by EOF as an
+/// `UnexpectedEof` I/O error in its chain, and an HTTP/2 stream the client reset (or a
+/// connection it ended with `GOAWAY`) as an `h2` error. (A reset HTTP/1 connection ends the
+/// connection, which drops the request's future: its access line says `client_gone` too.)
 fn body_error(error: BoxError) -> Error {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*error);
     let mut ended_early = false;
     while let Some(inner) = cause {
         ended_early |= inner
             .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::UnexpectedEof);
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::UnexpectedEof)
+            || inner
+                .downcast_ref::<h2::Error>()
+                .is_some_and(|h2| h2.is_reset() || h2.is_go_away());
         cause = inner.source();
     }
     if ended_early {
