@@ -277,17 +277,15 @@ where
 /// connection it ended with `GOAWAY`) as an `h2` error. (A reset HTTP/1 connection ends the
 /// connection, which drops the request's future: its access line says `client_gone` too.)
 fn body_error(error: BoxError) -> Error {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*error);
-    let mut ended_early = false;
-    while let Some(inner) = cause {
-        ended_early |= inner
+    let first: &(dyn std::error::Error + 'static) = &*error;
+    let ended_early = std::iter::successors(Some(first), |cause| cause.source()).any(|cause| {
+        cause
             .downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::UnexpectedEof)
-            || inner
+            || cause
                 .downcast_ref::<h2::Error>()
-                .is_some_and(|h2| h2.is_reset() || h2.is_go_away());
-        cause = inner.source();
-    }
+                .is_some_and(|h2| h2.is_reset() || h2.is_go_away())
+    });
     if ended_early {
         Error::BodyIncomplete(error)
     } else {
