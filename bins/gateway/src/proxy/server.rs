@@ -20,13 +20,17 @@
 //!   `h2_max_concurrent_streams`, so one connection cannot carry hundreds of requests.
 //! - TCP keepalive (`tcp_keepalive`) on every accepted socket, so the kernel notices a client
 //!   host that vanished without a FIN.
+//! - At most 128 KiB of unsent answer in the kernel per connection (`TCP_NOTSENT_LOWAT`), so the
+//!   client-write stall check below sees a slow reader's progress every 64 KiB or so rather than
+//!   every few MiB, and a client that stops reading pins little kernel memory.
 //! - A client-write stall timeout, `client_write_timeout`: hyper asks a response body for its
 //!   next frame only once the client has taken the previous ones (HTTP/1: room in the write
 //!   buffer; HTTP/2: flow-control window). A response whose frame has waited that long for the
 //!   client to read it means a client that stopped reading; its connection is closed, which drops
 //!   the body and so gives the slot back and closes the engine connection. A slow reader that
-//!   keeps taking bytes is never cut. HTTP/2: the whole connection goes, since hyper offers no
-//!   way to reset one stream from outside its body; counted as `bound="client_stall"`.
+//!   keeps taking a few hundred KiB per `client_write_timeout` is never cut (HTTP/2: as often as
+//!   its client library sends `WINDOW_UPDATE`s). HTTP/2: the whole connection goes, since hyper
+//!   offers no way to reset one stream from outside its body; counted as `bound="client_stall"`.
 //! - A connection limit: at `max_connections` open connections the accept loop stops accepting
 //!   (new connections wait in the kernel's backlog) until one closes. The admin listener has a
 //!   loop and a cap of its own, so a flood on the API port cannot starve `/healthz`.
@@ -74,6 +78,18 @@ use crate::error::BoxError;
 use crate::metrics::{Bound, Metrics};
 use crate::proxy::refusals::Refusals;
 use crate::shutdown::ShutdownSignal;
+
+/// Most bytes of an answer the kernel may hold unsent for one client connection
+/// (`TCP_NOTSENT_LOWAT`), beyond what the client's receive window has taken.
+///
+/// Without it Linux grows the send buffer to the maximum of `net.ipv4.tcp_wmem` (4 MiB by
+/// default) and reports the socket writable again only once a third of that has drained, so a
+/// client reading 800 KB/s left one piece of its answer waiting over a second and was cut as a
+/// stalled one by a 1 s `client_write_timeout`. With the cap, hyper is asked for more after every
+/// 64 KiB or so the client takes, so the stall check sees a live reader as live; and a reader that
+/// stops pins 128 KiB of kernel memory here instead of megabytes.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+const UNSENT_LOW_WATER: u32 = 128 * 1024;
 
 /// Settings of one listener.
 #[derive(Debug, Clone, Copy)]
@@ -182,6 +198,10 @@ pub(crate) async fn serve<H, Fut, B>(
         }
         if let Err(error) = SockRef::from(&stream).set_tcp_keepalive(&keepalive) {
             debug!(listener = name, %peer, %error, "setting TCP keepalive failed");
+        }
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        if let Err(error) = SockRef::from(&stream).set_tcp_notsent_lowat(UNSENT_LOW_WATER) {
+            debug!(listener = name, %peer, %error, "setting TCP_NOTSENT_LOWAT failed");
         }
 
         let activity = Activity::new();
