@@ -56,6 +56,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -325,6 +327,7 @@ async fn serve_connection<S, B>(
     // After an idle close, how long the peer gets to finish the goodbye: an HTTP/2 graceful
     // shutdown waits for the peer's PING answer, which a hostile peer never sends.
     let mut cut_at: Option<Instant> = None;
+    let mut watchers = watchers(&mut stopping, &activity, &settings);
     loop {
         tokio::select! {
             result = conn.as_mut() => {
@@ -333,34 +336,39 @@ async fn serve_connection<S, B>(
                 }
                 break;
             }
-            () = stopping.fired(), if !closing => {
-                // HTTP/1: an idle keep-alive connection closes now, a busy one after its answer;
-                // HTTP/2: `GOAWAY`, and the connection closes once its streams are done.
-                conn.as_mut().graceful_shutdown();
-                closing = true;
-                // A peer that never finishes the goodbye is cut as soon as nothing is in flight,
-                // rather than holding the drain open.
-                cut_at = Some(Instant::now() + settings.header_read_timeout);
-            }
-            () = activity.idle_for(settings.idle_timeout), if !closing => {
-                debug!(listener = name, %peer, "closing a connection idle for the client idle timeout");
-                counters.client_idle.inc();
-                conn.as_mut().graceful_shutdown();
-                closing = true;
-                cut_at = Some(Instant::now() + settings.header_read_timeout);
-            }
-            () = activity.stalled_for(settings.write_timeout) => {
-                info!(
-                    listener = name,
-                    %peer,
-                    client_write_timeout = ?settings.write_timeout,
-                    "the client read none of its answer for the client write timeout; closing its connection"
-                );
-                counters.client_stall.inc();
-                // Dropping the connection drops the response bodies it holds: their slots go
-                // back and their engine connections close.
-                break;
-            }
+            Some(watch) = watchers.next() => match watch {
+                // Told to close already: the second reason to close changes nothing.
+                Watch::Stop | Watch::Idle if closing => {}
+                Watch::Stop => {
+                    // HTTP/1: an idle keep-alive connection closes now, a busy one after its
+                    // answer; HTTP/2: `GOAWAY`, and the connection closes once its streams are
+                    // done.
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                    // A peer that never finishes the goodbye is cut as soon as nothing is in
+                    // flight, rather than holding the drain open.
+                    cut_at = Some(Instant::now() + settings.header_read_timeout);
+                }
+                Watch::Idle => {
+                    debug!(listener = name, %peer, "closing a connection idle for the client idle timeout");
+                    counters.client_idle.inc();
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                    cut_at = Some(Instant::now() + settings.header_read_timeout);
+                }
+                Watch::Stalled => {
+                    info!(
+                        listener = name,
+                        %peer,
+                        client_write_timeout = ?settings.write_timeout,
+                        "the client read none of its answer for the client write timeout; closing its connection"
+                    );
+                    counters.client_stall.inc();
+                    // Dropping the connection drops the response bodies it holds: their slots
+                    // go back and their engine connections close.
+                    break;
+                }
+            },
             () = sleep_until_some(cut_at), if cut_at.is_some() => {
                 if activity.in_flight() == 0 {
                     debug!(listener = name, %peer, "idle connection did not close; cutting it");
@@ -373,6 +381,46 @@ async fn serve_connection<S, B>(
         }
     }
     drop(permit);
+}
+
+/// A connection's watchers, each polled only when its own waker fired.
+type Watchers<'a> = FuturesUnordered<Pin<Box<dyn Future<Output = Watch> + Send + 'a>>>;
+
+/// The watchers of one connection: the shutdown signal, the idle timeout and the write stall.
+/// Each ends at most once. In a set that polls a future only when its own waker fired, not at
+/// every wake-up of the connection's task (several per request: the client's bytes, the
+/// engine's answer), as `select!` branches were, at about 1 700 instructions per request.
+fn watchers<'a>(
+    stopping: &'a mut ShutdownSignal,
+    activity: &'a Activity,
+    settings: &ServerSettings,
+) -> Watchers<'a> {
+    let (idle, write) = (settings.idle_timeout, settings.write_timeout);
+    let watchers: Watchers<'a> = FuturesUnordered::new();
+    watchers.push(Box::pin(async move {
+        stopping.fired().await;
+        Watch::Stop
+    }));
+    watchers.push(Box::pin(async move {
+        activity.idle_for(idle).await;
+        Watch::Idle
+    }));
+    watchers.push(Box::pin(async move {
+        activity.stalled_for(write).await;
+        Watch::Stalled
+    }));
+    watchers
+}
+
+/// Which of a connection's watchers ended (see [`serve_connection`]).
+#[derive(Debug, Clone, Copy)]
+enum Watch {
+    /// The server is stopping.
+    Stop,
+    /// No request in flight for the client idle timeout.
+    Idle,
+    /// An answer waited for the client to read it for the client write timeout.
+    Stalled,
 }
 
 /// Waits until the client has sent at least one byte (or closed), for at most `timeout`.
