@@ -30,6 +30,7 @@ use crate::proxy::endpoint::Endpoint;
 use crate::proxy::problems;
 use crate::proxy::request::{self, BodyBudget, BodyLimits};
 use crate::upstreams::probe::{self, LlamaProps, LlamaSlot, ModelList, OllamaPs, ProbeError};
+use crate::upstreams::target::AnswerNames;
 
 /// Runs `future` to its end on a runtime of this thread's own, with a clock: the request
 /// reader bounds its body with `tokio::time::timeout`, and a watched body arms timers.
@@ -177,9 +178,11 @@ pub fn stream(
             idle_timeout: Duration::from_secs(3600),
             cancel_grace: Duration::ZERO,
             sse,
-            upstream: upstream.to_owned(),
-            model: model.to_owned(),
-            request_id: "fuzzing".to_owned(),
+            names: Arc::new(AnswerNames {
+                upstream: upstream.to_owned(),
+                model: model.to_owned(),
+            }),
+            request_id: HeaderValue::from_static("fuzzing"),
             stalled: Counter::default(),
             cut: Counter::default(),
             deadline: None,

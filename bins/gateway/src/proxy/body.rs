@@ -37,10 +37,12 @@
 //! mid-stream separately from clean ends.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
+use http::HeaderValue;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use prometheus_client::metrics::counter::Counter;
@@ -49,6 +51,7 @@ use tokio::time::{Instant, Sleep};
 use tracing::warn;
 
 use crate::error::{BoxError, chain};
+use crate::upstreams::target::AnswerNames;
 use meter::Meter;
 
 /// How a [`SlotBody`] ended.
@@ -77,12 +80,11 @@ pub(crate) struct Watch {
     pub(crate) cancel_grace: Duration,
     /// Whether the answer is SSE, and so can end with an `error` event.
     pub(crate) sse: bool,
-    /// The upstream's name.
-    pub(crate) upstream: String,
-    /// The model, as the route calls it.
-    pub(crate) model: String,
-    /// The request id, for the log.
-    pub(crate) request_id: String,
+    /// The upstream's and the model's names, shared with the target rather than copied for
+    /// every answer: only an answer that ends badly reads them.
+    pub(crate) names: Arc<AnswerNames>,
+    /// The request id, for the log and the last event (a clone of the header's shared bytes).
+    pub(crate) request_id: HeaderValue,
     /// `slotgate_bounds_total{bound="stream_idle"}`.
     pub(crate) stalled: Counter,
     /// `slotgate_bounds_total{bound="upstream_cut"}`.
@@ -98,29 +100,36 @@ pub(crate) struct Watch {
 }
 
 impl Watch {
+    /// The request id as text; empty if the header value is not (ours always are).
+    fn request_id(&self) -> &str {
+        self.request_id.to_str().unwrap_or_default()
+    }
+
     /// Logs an answer that stopped, and returns its last SSE event, if the answer is SSE.
     fn ended_badly(&self, why: &str) -> Option<Bytes> {
         warn!(
-            request_id = %self.request_id,
-            upstream = %self.upstream,
-            model = %self.model,
+            request_id = self.request_id(),
+            upstream = %self.names.upstream,
+            model = %self.names.model,
             why,
             "the upstream's answer stopped mid-way"
         );
-        self.last_event(|| Problem::upstream_stalled(&self.upstream, &self.model, why))
+        self.last_event(|| Problem::upstream_stalled(&self.names.upstream, &self.names.model, why))
     }
 
     /// Logs an answer that ran past its `stream_timeout`, and returns its last SSE event, if
     /// the answer is SSE.
     fn ran_too_long(&self, timeout: Duration) -> Option<Bytes> {
         warn!(
-            request_id = %self.request_id,
-            upstream = %self.upstream,
-            model = %self.model,
+            request_id = self.request_id(),
+            upstream = %self.names.upstream,
+            model = %self.names.model,
             stream_timeout = %humantime::format_duration(timeout),
             "the upstream's answer ran past its stream timeout; ending it"
         );
-        self.last_event(|| Problem::stream_timeout(&self.upstream, &self.model, timeout))
+        self.last_event(|| {
+            Problem::stream_timeout(&self.names.upstream, &self.names.model, timeout)
+        })
     }
 
     /// The SSE event that ends the answer with `problem`; `None` when the answer is not SSE.
@@ -128,7 +137,7 @@ impl Watch {
         if !self.sse {
             return None;
         }
-        Some(sse_event(problem(), &self.request_id))
+        Some(sse_event(problem(), self.request_id()))
     }
 }
 

@@ -34,7 +34,7 @@ use crate::upstreams::auto_slots::AutoSlots;
 use crate::upstreams::cluster::SharedKey;
 use crate::upstreams::residency;
 use crate::upstreams::state::{UpstreamState, Upstreams};
-use crate::upstreams::target::{Sizing, Target};
+use crate::upstreams::target::{AnswerNames, Sizing, Target};
 
 /// The routing table.
 #[derive(Debug)]
@@ -156,6 +156,10 @@ impl Routes {
                     cancel_grace: upstream.cancel_grace,
                     stream_idle_timeout: upstream.stream_idle_timeout,
                     stream_timeout: upstream.stream_timeout,
+                    answer_names: Arc::new(AnswerNames {
+                        upstream: upstream.name.clone(),
+                        model: model.clone(),
+                    }),
                     hold: previous.map_or_else(Arc::default, |p| Arc::clone(&p.hold)),
                     metrics: Arc::new(metrics.target(&upstream.name, model)),
                     // Carried over so that an excess in progress is not forgotten by a reload.

@@ -498,7 +498,7 @@ impl App {
         }
         let recorder = (endpoint.path == RESPONSES && response.status().is_success())
             .then(|| Recorder::new(Arc::clone(&self.affinity), target.upstream.name.clone()));
-        let mut watch = self.watch(target, &target.model, request_id, response.headers(), sent);
+        let mut watch = self.watch(target, request_id, response.headers(), sent);
         watch.meter = meter;
         let names = rename::prepare(&mut response, asked, &target.engine_model);
         response.map(|body| {
@@ -888,7 +888,6 @@ impl App {
     fn watch(
         &self,
         target: &Target,
-        model: &str,
         request_id: &HeaderValue,
         headers: &http::HeaderMap,
         sent: Instant,
@@ -897,9 +896,8 @@ impl App {
             idle_timeout: target.stream_idle_timeout,
             cancel_grace: target.cancel_grace,
             sse: is_open_ended_sse(headers),
-            upstream: target.upstream.name.clone(),
-            model: model.to_owned(),
-            request_id: request_id.to_str().unwrap_or_default().to_owned(),
+            names: Arc::clone(&target.answer_names),
+            request_id: request_id.clone(),
             stalled: self.stalled.clone(),
             cut: self.cut.clone(),
             deadline: target
@@ -1097,7 +1095,12 @@ const QUEUE_WAIT_HEADER: HeaderName = HeaderName::from_static("x-slotgate-queue-
 fn mark_routed(headers: &mut http::HeaderMap, target: &Target, waited: Duration) {
     mark_upstream(headers, target);
     let millis = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
-    headers.insert(QUEUE_WAIT_HEADER, HeaderValue::from(millis));
+    // Most requests find a free slot: a static "0" spares them an allocation.
+    let value = match millis {
+        0 => HeaderValue::from_static("0"),
+        millis => HeaderValue::from(millis),
+    };
+    headers.insert(QUEUE_WAIT_HEADER, value);
 }
 
 /// Sets `x-slotgate-upstream` to `target`'s upstream.

@@ -21,6 +21,16 @@ use crate::upstreams::engine_load::EngineLoad;
 use crate::upstreams::hold::HoldStats;
 use crate::upstreams::state::UpstreamState;
 
+/// The names an answer's warnings and last event carry (`proxy::body::Watch`): made once per
+/// target, shared by its answers.
+#[derive(Debug)]
+pub(crate) struct AnswerNames {
+    /// The upstream's configured name.
+    pub(crate) upstream: String,
+    /// The model, as the route calls it.
+    pub(crate) model: String,
+}
+
 /// One upstream's offer of one model.
 #[derive(Debug)]
 pub(crate) struct Target {
@@ -61,6 +71,9 @@ pub(crate) struct Target {
     /// The upstream's `stream_timeout`: the longest one answer may run, from when its request
     /// is sent (`proxy::body::Watch`); `None`: no bound.
     pub(crate) stream_timeout: Option<Duration>,
+    /// The upstream's and the model's names for the warnings and the last event of an answer
+    /// that ends badly, shared by every answer instead of copied for each.
+    pub(crate) answer_names: Arc<AnswerNames>,
     /// Observed slot hold times, for `Retry-After`.
     pub(crate) hold: Arc<HoldStats>,
     /// This target's metric handles.

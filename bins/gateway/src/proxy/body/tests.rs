@@ -7,11 +7,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::HeaderValue;
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Empty, Full};
 use prometheus_client::metrics::counter::Counter;
 
 use super::{Completion, SlotBody, SlotGuard, Watch};
+use crate::upstreams::target::AnswerNames;
 
 /// Records how the body ended.
 #[derive(Clone, Default)]
@@ -154,9 +156,11 @@ fn watch(sse: bool) -> (Watch, Counter, Counter) {
         idle_timeout: IDLE,
         cancel_grace: GRACE,
         sse,
-        upstream: "a".into(),
-        model: "m".into(),
-        request_id: "req-1".into(),
+        names: Arc::new(AnswerNames {
+            upstream: "a".into(),
+            model: "m".into(),
+        }),
+        request_id: HeaderValue::from_static("req-1"),
         stalled: stalled.clone(),
         cut: cut.clone(),
         deadline: None,
