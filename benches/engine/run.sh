@@ -3,6 +3,7 @@
 #
 #   benches/engine/run.sh                         # defaults below
 #   DURATION=30s CONNS_LIST="2 8 16" benches/engine/run.sh
+#   PREFETCH=1 benches/engine/run.sh              # also through a slotgate that sends 1 ahead
 #
 # For each concurrency in CONNS_LIST, wrk sends POST /v1/chat/completions (TOKENS tokens, all of
 # them generated: ignore_eos) for DURATION, first straight to llama-server, then through slotgate
@@ -10,8 +11,10 @@
 # the engine's own /metrics meanwhile and reports the peak of llamacpp:requests_deferred: the
 # requests the engine queued itself. Through slotgate, it also reports the mean of
 # slotgate_handoff_gap_seconds over the measured run: how long a slot freed by one answer sat
-# idle before the next queued request left for the engine. Results go to stdout as a Markdown
-# table and to $OUT.
+# idle before the next queued request left for the engine. With PREFETCH=k, a second slotgate
+# with parallel = slots + k is measured too: it keeps up to k requests waiting inside the engine,
+# which starts each the instant a slot frees (what a `prefetch = k` setting would do; see
+# docs/benchmarks.md). Results go to stdout as a Markdown table and to $OUT.
 #
 # Needs: tests/engine/setup.sh (builds llama-server once, cached), wrk (apt-get if missing),
 # curl. Builds slotgate in release mode. Everything listens on 127.0.0.1 only, and every process
@@ -26,7 +29,8 @@ CONTEXT=${CONTEXT:-2048}        # llama-server -c (split between the slots)
 TOKENS=${TOKENS:-32}            # tokens generated per request
 ENGINE_THREADS=${ENGINE_THREADS:-1}
 ENGINE_PORT=${ENGINE_PORT:-18390}
-SLOTGATE_PORT=${SLOTGATE_PORT:-18391}
+SLOTGATE_PORT=${SLOTGATE_PORT:-18391} # and its admin port, + 1
+PREFETCH=${PREFETCH:-0}         # > 0: also a slotgate on SLOTGATE_PORT + 2 with parallel + this
 OUT=${OUT:-target/engine-bench/results.md}
 
 step() { printf '\n==> %s\n' "$*" >&2; }
@@ -77,24 +81,36 @@ wait_http "http://127.0.0.1:$ENGINE_PORT/health"
 
 max_conns=0
 for c in $CONNS_LIST; do [ "$c" -gt "$max_conns" ] && max_conns=$c; done
-step "slotgate on :$SLOTGATE_PORT (parallel $SLOTS, queue $max_conns)"
-cat >"$work/slotgate.toml" <<TOML
+# $1: port (its admin port is $1 + 1); $2: parallel.
+start_slotgate() {
+  local port=$1 parallel=$2
+  step "slotgate on :$port (parallel $parallel, queue $max_conns)"
+  cat >"$work/slotgate-$port.toml" <<TOML
 [server]
-listen = "127.0.0.1:$SLOTGATE_PORT"
-admin_listen = "127.0.0.1:$((SLOTGATE_PORT + 1))"
+listen = "127.0.0.1:$port"
+admin_listen = "127.0.0.1:$((port + 1))"
 
 [upstreams.engine]
 url = "http://127.0.0.1:$ENGINE_PORT"
 kind = "llama-server"
 
 [upstreams.engine.models.tiny]
-parallel = $SLOTS
+parallel = $parallel
 queue = $max_conns
 queue_timeout = "120s"
 TOML
-RUST_LOG=warn target/release/slotgate serve --config "$work/slotgate.toml" >"$work/slotgate.log" 2>&1 &
-pids+=($!)
-wait_http "http://127.0.0.1:$((SLOTGATE_PORT + 1))/readyz"
+  RUST_LOG=warn target/release/slotgate serve --config "$work/slotgate-$port.toml" \
+    >"$work/slotgate-$port.log" 2>&1 &
+  pids+=($!)
+  wait_http "http://127.0.0.1:$((port + 1))/readyz"
+}
+slotgate_ports=("$SLOTGATE_PORT")
+start_slotgate "$SLOTGATE_PORT" "$SLOTS"
+PREFETCH_PORT=$((SLOTGATE_PORT + 2))
+if [ "$PREFETCH" -gt 0 ]; then
+  slotgate_ports+=("$PREFETCH_PORT")
+  start_slotgate "$PREFETCH_PORT" $((SLOTS + PREFETCH))
+fi
 
 cat >"$work/post.lua" <<LUA
 wrk.method = "POST"
@@ -108,12 +124,15 @@ LUA
 # run started before then would measure that grace as queue wait.
 wait_idle() {
   for _ in $(seq 300); do
+    local busy=0 port
+    for port in "${slotgate_ports[@]}"; do
+      busy=$((busy + $(curl -s --max-time 2 "http://127.0.0.1:$((port + 1))/metrics" |
+        awk '$1 ~ /^slotgate_slots_in_use\{/ || $1 ~ /^slotgate_queue_depth\{/ {n += $2}
+             END {print n + 0}')))
+    done
     [ "$(curl -s --max-time 2 "http://127.0.0.1:$ENGINE_PORT/metrics" |
       awk '$1 == "llamacpp:requests_processing" || $1 == "llamacpp:requests_deferred" {n += $2}
-           END {print n + 0}')" = 0 ] &&
-      [ "$(curl -s --max-time 2 "http://127.0.0.1:$((SLOTGATE_PORT + 1))/metrics" |
-        awk '$1 ~ /^slotgate_slots_in_use\{/ || $1 ~ /^slotgate_queue_depth\{/ {n += $2}
-             END {print n + 0}')" = 0 ] && return 0
+           END {print n + 0}')" = 0 ] && [ "$busy" = 0 ] && return 0
     sleep 0.1
   done
   echo "the engine or slotgate is still busy" >&2
@@ -132,9 +151,10 @@ poll_deferred() {
   echo "$peak"
 }
 
-# slotgate's handoff gaps so far: "sum_seconds count" of slotgate_handoff_gap_seconds.
+# The handoff gaps so far of the slotgate on port $1: "sum_seconds count" of
+# slotgate_handoff_gap_seconds.
 handoff_gaps() {
-  curl -s --max-time 5 "http://127.0.0.1:$((SLOTGATE_PORT + 1))/metrics" |
+  curl -s --max-time 5 "http://127.0.0.1:$(($1 + 1))/metrics" |
     awk '$1 ~ /^slotgate_handoff_gap_seconds_sum/ {s += $2}
          $1 ~ /^slotgate_handoff_gap_seconds_count/ {c += $2}
          END {printf "%.9f %d\n", s, c}'
@@ -150,14 +170,14 @@ measure() {
   # wrk stops by closing connections with requests in flight, which the engine finishes anyway
   # (a non-streamed request runs on until it notices): start measuring once it is idle.
   wait_idle
-  [ "$port" = "$SLOTGATE_PORT" ] && read -r s0 c0 < <(handoff_gaps)
+  [ "$port" != "$ENGINE_PORT" ] && read -r s0 c0 < <(handoff_gaps "$port")
   timeout 600 wrk -t1 -c"$conns" -d"$DURATION" --timeout 60s --latency -s "$work/post.lua" \
     "$url" >"$work/wrk.out" &
   local wrk_pid=$!
   deferred=$(poll_deferred "$wrk_pid")
   wait "$wrk_pid"
-  if [ "$port" = "$SLOTGATE_PORT" ]; then
-    read -r s1 c1 < <(handoff_gaps)
+  if [ "$port" != "$ENGINE_PORT" ]; then
+    read -r s1 c1 < <(handoff_gaps "$port")
     gap=$(awk -v s="$s1" -v s0="$s0" -v c="$c1" -v c0="$c0" \
       'BEGIN {n = c - c0; if (n > 0) printf "%.0f_µs_(%d)", (s - s0) / n * 1e6, n; else print "none"}')
   fi
@@ -178,6 +198,11 @@ for conns in $CONNS_LIST; do
   read -r s_rps s_p50 s_p99 s_bad s_def s_gap < <(measure "$SLOTGATE_PORT" "$conns")
   rows+=("| $conns | direct | $d_rps | $d_p50 | $d_p99 | $d_bad | $d_def | — |")
   rows+=("| $conns | slotgate | $s_rps | $s_p50 | $s_p99 | $s_bad | $s_def | ${s_gap//_/ } |")
+  if [ "$PREFETCH" -gt 0 ]; then
+    step "$conns connections: through slotgate, $PREFETCH ahead"
+    read -r p_rps p_p50 p_p99 p_bad p_def p_gap < <(measure "$PREFETCH_PORT" "$conns")
+    rows+=("| $conns | slotgate, parallel $SLOTS + $PREFETCH | $p_rps | $p_p50 | $p_p99 | $p_bad | $p_def | ${p_gap//_/ } |")
+  fi
 done
 
 mkdir -p "$(dirname "$OUT")"
@@ -186,7 +211,7 @@ mkdir -p "$(dirname "$OUT")"
   echo "(ignore_eos) from llama-server ($("$LLAMA_SERVER" --version 2>&1 | sed -n 's/^version: //p'))"
   echo "with the tiny test model, --parallel $SLOTS -c $CONTEXT -t $ENGINE_THREADS; slotgate parallel $SLOTS,"
   echo "queue $max_conns. $(nproc) CPUs, $(date -u +%Y-%m-%d). Command:"
-  echo "\`DURATION=$DURATION CONNS_LIST=\"$CONNS_LIST\" TOKENS=$TOKENS benches/engine/run.sh\`"
+  echo "\`DURATION=$DURATION CONNS_LIST=\"$CONNS_LIST\" TOKENS=$TOKENS PREFETCH=$PREFETCH benches/engine/run.sh\`"
   echo
   echo "| connections | path | requests/s | p50 | p99 | non-2xx | engine deferred (peak) | handoff gap, mean (count) |"
   echo "|---:|---|---:|---:|---:|---:|---:|---:|"
