@@ -151,6 +151,57 @@ async fn a_request_for_more_sequences_than_parallel_is_a_400_that_says_why() {
     fake.shutdown().await;
 }
 
+// === prefetch ===
+
+/// `prefetch = 1`: one request more than `parallel` goes to the engine to wait in its own
+/// queue, and no more; the rest wait in the gateway. The status document keeps `slots` at the
+/// engine's count and shows `prefetch` beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefetch_sends_k_requests_ahead_to_the_engine_and_no_more() {
+    // The engine could run 16 sequences: whatever reaches it at once is the gateway's doing.
+    let fake = fake(16, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}prefetch = 1\n",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 2, 16, "60s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let key = authority(fake.addr());
+
+    let tasks: Vec<_> = (0..6u64)
+        .map(|i| {
+            tokio::spawn(async move {
+                let id = format!("ahead-{i}");
+                let headers = [("x-fake-hold-ms", "1500"), ("x-request-id", id.as_str())];
+                send(post(addr, "/v1/chat/completions", chat_n("qwen", 1), &headers)).await
+            })
+        })
+        .collect();
+    // While they run: three at the engine (two slots and one ahead), three in the gateway.
+    support::eventually("three at the engine, three queued", SOON, || {
+        gw.limiter().in_flight(&key, "qwen") == 3 && gw.limiter().queued(&key, "qwen") == 3
+    })
+    .await;
+    let admin = gw.admin_addr().expect("admin listener");
+    let doc = support::upstream_status(admin, "gpu").await;
+    let model = &doc["models"][0];
+    assert_eq!(model["parallel"], 2, "{doc}");
+    assert_eq!(model["slots"], 2, "{doc}");
+    assert_eq!(model["prefetch"], 1, "{doc}");
+    for task in tasks {
+        let reply = task.await.unwrap();
+        assert_eq!(reply.status.as_u16(), 200, "{}", reply.text());
+    }
+    let observer = fake.observer();
+    assert_eq!(observer.snapshot().received, 6, "every request was served");
+    let peak = observer.peak_sequences_in_flight();
+    assert_eq!(peak, 3, "parallel 2 + prefetch 1 at the engine at most, and reached");
+    assert_eq!(gw.limiter().in_flight(&key, "qwen"), 0, "every slot back");
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
 // === the routing headers ===
 
 /// The value of `name` in `headers` as text; panics when absent.

@@ -12,9 +12,8 @@
 # requests the engine queued itself. Through slotgate, it also reports the mean of
 # slotgate_handoff_gap_seconds over the measured run: how long a slot freed by one answer sat
 # idle before the next queued request left for the engine. With PREFETCH=k, a second slotgate
-# with parallel = slots + k is measured too: it keeps up to k requests waiting inside the engine,
-# which starts each the instant a slot frees (what a `prefetch = k` setting would do; see
-# docs/benchmarks.md). Results go to stdout as a Markdown table and to $OUT.
+# with `prefetch = k` is measured too: it keeps up to k requests waiting inside the engine, which
+# starts each the instant a slot frees (docs/configuration.md#prefetch). Results go to stdout as a Markdown table and to $OUT.
 #
 # Needs: tests/engine/setup.sh (builds llama-server once, cached), wrk (apt-get if missing),
 # curl. Builds slotgate in release mode. Everything listens on 127.0.0.1 only, and every process
@@ -30,7 +29,7 @@ TOKENS=${TOKENS:-32}            # tokens generated per request
 ENGINE_THREADS=${ENGINE_THREADS:-1}
 ENGINE_PORT=${ENGINE_PORT:-18390}
 SLOTGATE_PORT=${SLOTGATE_PORT:-18391} # and its admin port, + 1
-PREFETCH=${PREFETCH:-0}         # > 0: also a slotgate on SLOTGATE_PORT + 2 with parallel + this
+PREFETCH=${PREFETCH:-0}         # > 0: also a slotgate on SLOTGATE_PORT + 2 with this prefetch
 OUT=${OUT:-target/engine-bench/results.md}
 
 step() { printf '\n==> %s\n' "$*" >&2; }
@@ -81,10 +80,10 @@ wait_http "http://127.0.0.1:$ENGINE_PORT/health"
 
 max_conns=0
 for c in $CONNS_LIST; do [ "$c" -gt "$max_conns" ] && max_conns=$c; done
-# $1: port (its admin port is $1 + 1); $2: parallel.
+# $1: port (its admin port is $1 + 1); $2: prefetch.
 start_slotgate() {
-  local port=$1 parallel=$2
-  step "slotgate on :$port (parallel $parallel, queue $max_conns)"
+  local port=$1 prefetch=$2
+  step "slotgate on :$port (parallel $SLOTS, prefetch $prefetch, queue $max_conns)"
   cat >"$work/slotgate-$port.toml" <<TOML
 [server]
 listen = "127.0.0.1:$port"
@@ -95,7 +94,8 @@ url = "http://127.0.0.1:$ENGINE_PORT"
 kind = "llama-server"
 
 [upstreams.engine.models.tiny]
-parallel = $parallel
+parallel = $SLOTS
+prefetch = $prefetch
 queue = $max_conns
 queue_timeout = "120s"
 TOML
@@ -105,11 +105,11 @@ TOML
   wait_http "http://127.0.0.1:$((port + 1))/readyz"
 }
 slotgate_ports=("$SLOTGATE_PORT")
-start_slotgate "$SLOTGATE_PORT" "$SLOTS"
+start_slotgate "$SLOTGATE_PORT" 0
 PREFETCH_PORT=$((SLOTGATE_PORT + 2))
 if [ "$PREFETCH" -gt 0 ]; then
   slotgate_ports+=("$PREFETCH_PORT")
-  start_slotgate "$PREFETCH_PORT" $((SLOTS + PREFETCH))
+  start_slotgate "$PREFETCH_PORT" "$PREFETCH"
 fi
 
 cat >"$work/post.lua" <<LUA
@@ -201,7 +201,7 @@ for conns in $CONNS_LIST; do
   if [ "$PREFETCH" -gt 0 ]; then
     step "$conns connections: through slotgate, $PREFETCH ahead"
     read -r p_rps p_p50 p_p99 p_bad p_def p_gap < <(measure "$PREFETCH_PORT" "$conns")
-    rows+=("| $conns | slotgate, parallel $SLOTS + $PREFETCH | $p_rps | $p_p50 | $p_p99 | $p_bad | $p_def | ${p_gap//_/ } |")
+    rows+=("| $conns | slotgate, prefetch $PREFETCH | $p_rps | $p_p50 | $p_p99 | $p_bad | $p_def | ${p_gap//_/ } |")
   fi
 done
 

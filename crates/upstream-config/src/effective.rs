@@ -199,6 +199,7 @@ struct QueueingView {
     queue_order: &'static str,
     queue_keepalive: String,
     honor_sdk_timeout: bool,
+    prefetch: usize,
 }
 
 impl From<Queueing> for QueueingView {
@@ -207,6 +208,7 @@ impl From<Queueing> for QueueingView {
             queue_order: queueing.order.as_str(),
             queue_keepalive: queueing.keepalive.map_or_else(|| "off".to_owned(), human),
             honor_sdk_timeout: queueing.honor_sdk_timeout,
+            prefetch: queueing.prefetch,
         }
     }
 }

@@ -384,7 +384,8 @@ impl Priority {
 
 // ===== Queueing =====
 
-/// How one model's queue on one upstream serves its waiters, and what a waiting client sees.
+/// How one model's queue on one upstream serves its waiters, what a waiting client sees, and how
+/// many requests may wait inside the engine instead (`prefetch`).
 ///
 /// ```
 /// use std::time::Duration;
@@ -403,11 +404,13 @@ impl Priority {
 ///     queue_order = "fair"
 ///     queue_keepalive = "5s"
 ///     honor_sdk_timeout = false
+///     prefetch = 1
 /// "#)?;
 /// let q = config.upstreams["a"].queueing("m");
 /// assert_eq!(q.order, QueueOrder::Fair);
 /// assert_eq!(q.keepalive, Some(Duration::from_secs(5)));
 /// assert!(!q.honor_sdk_timeout);
+/// assert_eq!(q.prefetch, 1);
 /// assert_eq!(config.upstreams["a"].queueing("other"), Queueing::default());
 /// # Ok::<(), slotgate_config::ConfigError>(())
 /// ```
@@ -422,6 +425,10 @@ pub struct Queueing {
     /// `honor_sdk_timeout`: whether the OpenAI SDKs' `x-stainless-timeout` header caps the
     /// queue wait (default `true`).
     pub honor_sdk_timeout: bool,
+    /// `prefetch`: how many requests beyond `parallel` the gateway sends ahead, to wait in the
+    /// engine's own queue and start the instant one of its slots frees (default 0: never more
+    /// than `parallel` at the engine). The model's cap in the limiter is `parallel + prefetch`.
+    pub prefetch: usize,
 }
 
 impl Queueing {
@@ -429,6 +436,8 @@ impl Queueing {
     pub const MIN_KEEPALIVE: Duration = Duration::from_secs(1);
     /// The longest `queue_keepalive`: proxies commonly cut a connection idle for 60 s.
     pub const MAX_KEEPALIVE: Duration = Duration::from_secs(60);
+    /// The largest `prefetch`.
+    pub const MAX_PREFETCH: usize = 64;
 }
 
 impl Default for Queueing {
@@ -437,6 +446,7 @@ impl Default for Queueing {
             order: QueueOrder::Fifo,
             keepalive: None,
             honor_sdk_timeout: true,
+            prefetch: 0,
         }
     }
 }

@@ -85,6 +85,7 @@ const MODEL_KEYS: &[&str] = &[
     "queue_order",
     "queue_keepalive",
     "honor_sdk_timeout",
+    "prefetch",
 ];
 /// The keys of an `api_keys` entry written as a table.
 const CLIENT_KEY_KEYS: &[&str] = &["key", "name", "priority", "share"];
@@ -96,6 +97,7 @@ const QUEUEING_KEYS: &[&str] = &[
     "queue_order",
     "queue_keepalive",
     "honor_sdk_timeout",
+    "prefetch",
 ];
 
 const UNLIMITED: &str = "unlimited";
@@ -1104,8 +1106,8 @@ fn engine_model(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> EngineMode
     EngineModel::Named(text.to_owned())
 }
 
-/// The model table's `queue_order`, `queue_keepalive` and `honor_sdk_timeout`, defaults for
-/// those absent; `None` when any is wrong (reported). Whether they are allowed at all (not with
+/// The model table's `queue_order`, `queue_keepalive`, `honor_sdk_timeout` and `prefetch`,
+/// defaults for those absent; `None` when any is wrong (reported). Whether they are allowed at all (not with
 /// `parallel = "unlimited"`) is `model_limits`' business.
 fn queueing(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Queueing> {
     // Not a table: `model_limits` reports it.
@@ -1151,10 +1153,24 @@ fn queueing(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Queuein
         defaults.honor_sdk_timeout,
         Reader::boolean,
     );
+    let prefetch = optional(r, t, path, "prefetch", defaults.prefetch, |r, p, v| {
+        let ahead = r.count(p, v, 0)?;
+        if ahead > Queueing::MAX_PREFETCH {
+            let message = format!(
+                "must be at most {}: it is how many requests wait inside the engine beyond its \
+                 slots, a handful at most",
+                Queueing::MAX_PREFETCH
+            );
+            r.invalid(p, v, message);
+            return None;
+        }
+        Some(ahead)
+    });
     Some(Queueing {
         order: order?,
         keepalive: keepalive?,
         honor_sdk_timeout: honor_sdk_timeout?,
+        prefetch: prefetch?,
     })
 }
 

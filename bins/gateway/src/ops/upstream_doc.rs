@@ -62,7 +62,15 @@ fn model_status<'g>(model: &'g str, t: &Target) -> ModelDoc<'g> {
     // One reading: the limits and the counts shown together agree.
     let reading = t.reading();
     let (parallel, capacity) = match &t.sizing {
-        Sizing::Fixed { capacity } => (Parallel::Count(reading.limits.parallel), *capacity),
+        Sizing::Fixed { capacity } => (
+            Parallel::Count(
+                reading
+                    .limits
+                    .parallel
+                    .saturating_sub(t.queueing.prefetch),
+            ),
+            *capacity,
+        ),
         Sizing::Unlimited => (Parallel::Word("unlimited"), None),
         Sizing::Auto(_) => (Parallel::Word("auto"), None),
     };
@@ -103,6 +111,7 @@ fn model_status<'g>(model: &'g str, t: &Target) -> ModelDoc<'g> {
         queue: reading.limits.queue,
         queue_timeout: t.queue_timeout.map(duration),
         capacity,
+        prefetch: t.queueing.prefetch,
         in_flight: reading.in_flight,
         // Under `[cluster]` this replica's requests wait in the shared queue.
         queued: reading.queued + t.shared.as_ref().map_or(0, |s| s.local().queued),
@@ -165,6 +174,9 @@ struct ModelDoc<'g> {
     /// As the configuration writes it (`30s`).
     queue_timeout: Option<String>,
     capacity: Option<usize>,
+    /// Requests sent ahead to wait inside the engine (`prefetch`): `in_flight` may reach
+    /// `slots` plus this.
+    prefetch: usize,
     in_flight: usize,
     queued: usize,
     /// The engine's own counts, once the reconciliation has looked (see

@@ -106,6 +106,9 @@ impl Routes {
             }
             for (model, limits) in &upstream.models {
                 let previous = carried.get(&(authority, model.as_str()));
+                // Requests sent ahead to wait in the engine's own queue: the key's cap is the
+                // engine's slots plus these (`Target::slots` gives the slots alone).
+                let prefetch = upstream.queueing(model).prefetch;
                 let mut shared = None;
                 let (sizing, queue_timeout) = match *limits {
                     ModelLimits::Limited {
@@ -114,9 +117,10 @@ impl Routes {
                         queue_timeout,
                         capacity,
                     } => {
-                        limiter.configure(authority, model.as_str(), parallel, queue);
+                        let cap = parallel.saturating_add(prefetch);
+                        limiter.configure(authority, model.as_str(), cap, queue);
                         shared = cluster.map(|cluster| {
-                            SharedKey::configure(cluster, authority, model, parallel, queue)
+                            SharedKey::configure(cluster, authority, model, cap, queue)
                         });
                         (Sizing::Fixed { capacity }, Some(queue_timeout))
                     }
@@ -132,7 +136,7 @@ impl Routes {
                         let auto = AutoSlots::new(
                             state,
                             model,
-                            queue,
+                            (queue, prefetch),
                             limiter,
                             previous.and_then(|p| p.auto()),
                         );

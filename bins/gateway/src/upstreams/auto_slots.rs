@@ -53,9 +53,11 @@ pub(crate) struct AutoSlots {
     authority: String,
     model: String,
     limiter: Limiter,
-    /// The key whose `parallel` is the count in force: the count lives there and nowhere else
-    /// (0 while unknown).
+    /// The key whose `parallel` is the count in force plus `prefetch`: the count lives there and
+    /// nowhere else (0 while unknown).
     key: KeyHandle,
+    /// The model's `prefetch`: requests sent ahead beyond the engine's slots.
+    prefetch: usize,
     /// Whether a count has been read: the "not known yet" state, read lock-free by every
     /// request's routing. Set only under `state`, after the key has the count.
     known: AtomicBool,
@@ -86,24 +88,26 @@ pub(crate) struct SlotsView {
 
 impl AutoSlots {
     /// The discovery state of `model` on `upstream`, configuring its limiter key with the count
-    /// `previous` found (same key, previous configuration) or with 0 slots while there is none.
-    /// Either way a read is due ([`AutoSlots::needs_read`]).
+    /// `previous` found (same key, previous configuration) plus `prefetch`, or with 0 slots while
+    /// there is none. Either way a read is due ([`AutoSlots::needs_read`]).
     pub(crate) fn new(
         upstream: &UpstreamState,
         model: &str,
-        queue: usize,
+        (queue, prefetch): (usize, usize),
         limiter: &Limiter,
         previous: Option<&AutoSlots>,
     ) -> Self {
         let found = previous.and_then(AutoSlots::found);
         let authority = upstream.authority.as_str();
-        limiter.configure(authority, model, found.unwrap_or(0), queue);
+        let cap = found.map_or(0, |slots| slots.saturating_add(prefetch));
+        limiter.configure(authority, model, cap, queue);
         Self {
             upstream: upstream.name.clone(),
             authority: upstream.authority.clone(),
             model: model.to_owned(),
             limiter: limiter.clone(),
             key: limiter.handle(authority, model),
+            prefetch,
             known: AtomicBool::new(found.is_some()),
             state: Mutex::new(DiscoveryRecord {
                 checked: previous.and_then(|p| p.state.lock().checked),
@@ -119,9 +123,10 @@ impl AutoSlots {
         self.known.load(Ordering::Acquire)
     }
 
-    /// The slot count in force (the key's `parallel`), `None` while unknown.
+    /// The slot count in force (the key's `parallel`, less `prefetch`), `None` while unknown.
     pub(crate) fn found(&self) -> Option<usize> {
-        self.is_known().then(|| self.key.limits().parallel)
+        self.is_known()
+            .then(|| self.key.limits().parallel.saturating_sub(self.prefetch))
     }
 
     /// Whether the count should be read now: never read, asked for, or the upstream has been
@@ -172,7 +177,7 @@ impl AutoSlots {
                     self.limiter.configure(
                         self.authority.as_str(),
                         self.model.as_str(),
-                        slots,
+                        slots.saturating_add(self.prefetch),
                         queue,
                     );
                 }

@@ -104,12 +104,14 @@ impl Target {
     }
 
     /// The slot count in force in `reading`: the configured `parallel`, or the one read for
-    /// `parallel = "auto"`; `None` when unlimited or not known yet.
+    /// `parallel = "auto"`; `None` when unlimited or not known yet. The key's own cap is this
+    /// plus `prefetch`; the engine runs this many at once.
     pub(crate) fn slots(&self, reading: &KeyReading) -> Option<usize> {
+        let slots = reading.limits.parallel.saturating_sub(self.queueing.prefetch);
         match &self.sizing {
-            Sizing::Fixed { .. } => Some(reading.limits.parallel),
+            Sizing::Fixed { .. } => Some(slots),
             Sizing::Unlimited => None,
-            Sizing::Auto(auto) => auto.is_known().then_some(reading.limits.parallel),
+            Sizing::Auto(auto) => auto.is_known().then_some(slots),
         }
     }
 

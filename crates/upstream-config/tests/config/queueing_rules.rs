@@ -102,6 +102,40 @@ fn queueing_defaults_to_fifo_without_keepalive_honoring_the_sdk_timeout() {
     assert_eq!(queueing.order, QueueOrder::Fifo);
     assert_eq!(queueing.keepalive, None);
     assert!(queueing.honor_sdk_timeout);
+    assert_eq!(queueing.prefetch, 0, "nothing sent ahead unless asked");
+}
+
+#[test]
+fn a_model_may_send_requests_ahead_to_wait_in_the_engine() {
+    const M: &str = "upstreams.a.models.m";
+    let config = ok(&with_model(&format!("{LIMITS}\nprefetch = 2")));
+    assert_eq!(config.upstreams["a"].queueing("m").prefetch, 2);
+    let auto = ok(&with_model(
+        "parallel = \"auto\"\nqueue = 1\nqueue_timeout = \"1s\"\nprefetch = 1",
+    )
+    .replace("kind = \"vllm\"", "kind = \"llama-server\""));
+    assert_eq!(auto.upstreams["a"].queueing("m").prefetch, 1);
+    assert_only_issue(
+        &with_model(&format!("{LIMITS}\nprefetch = 65")),
+        &format!("{M}.prefetch"),
+        "must be at most 64",
+    );
+    assert_only_issue(
+        &with_model(&format!("{LIMITS}\nprefetch = -1")),
+        &format!("{M}.prefetch"),
+        "",
+    );
+    assert_only_issue(
+        &with_model(&format!("{LIMITS}\nprefetch = \"1\"")),
+        &format!("{M}.prefetch"),
+        "",
+    );
+    // An unlimited model holds no slot, so there is nothing to send ahead of.
+    assert_only_issue(
+        &with_model("parallel = \"unlimited\"\nprefetch = 1"),
+        &format!("{M}.prefetch"),
+        "not allowed with parallel = \"unlimited\"",
+    );
 }
 
 #[test]
@@ -155,6 +189,7 @@ fn the_effective_config_shows_how_each_model_queues_and_reloads_the_same() {
         "queue_order = \"fifo\"",
         "queue_keepalive = \"off\"",
         "honor_sdk_timeout = true",
+        "prefetch = 0",
         "tenant_header = \"x-team\"",
     ] {
         assert!(text.lines().any(|l| l == line), "{line:?} in:\n{text}");
