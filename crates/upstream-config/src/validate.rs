@@ -1107,8 +1107,8 @@ fn engine_model(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> EngineMode
 }
 
 /// The model table's `queue_order`, `queue_keepalive`, `honor_sdk_timeout` and `prefetch`,
-/// defaults for those absent; `None` when any is wrong (reported). Whether they are allowed at all (not with
-/// `parallel = "unlimited"`) is `model_limits`' business.
+/// defaults for those absent; `None` when any is wrong (reported). Whether they are allowed at
+/// all (not with `parallel = "unlimited"`) is `model_limits`' business.
 fn queueing(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Queueing> {
     // Not a table: `model_limits` reports it.
     let Value::Dict(_, t) = value else {
