@@ -174,7 +174,13 @@ async fn prefetch_sends_k_requests_ahead_to_the_engine_and_no_more() {
             tokio::spawn(async move {
                 let id = format!("ahead-{i}");
                 let headers = [("x-fake-hold-ms", "1500"), ("x-request-id", id.as_str())];
-                send(post(addr, "/v1/chat/completions", chat_n("qwen", 1), &headers)).await
+                send(post(
+                    addr,
+                    "/v1/chat/completions",
+                    chat_n("qwen", 1),
+                    &headers,
+                ))
+                .await
             })
         })
         .collect();
@@ -196,7 +202,10 @@ async fn prefetch_sends_k_requests_ahead_to_the_engine_and_no_more() {
     let observer = fake.observer();
     assert_eq!(observer.snapshot().received, 6, "every request was served");
     let peak = observer.peak_sequences_in_flight();
-    assert_eq!(peak, 3, "parallel 2 + prefetch 1 at the engine at most, and reached");
+    assert_eq!(
+        peak, 3,
+        "parallel 2 + prefetch 1 at the engine at most, and reached"
+    );
     assert_eq!(gw.limiter().in_flight(&key, "qwen"), 0, "every slot back");
     gw.shutdown().await;
     fake.shutdown().await;

@@ -63,12 +63,7 @@ fn model_status<'g>(model: &'g str, t: &Target) -> ModelDoc<'g> {
     let reading = t.reading();
     let (parallel, capacity) = match &t.sizing {
         Sizing::Fixed { capacity } => (
-            Parallel::Count(
-                reading
-                    .limits
-                    .parallel
-                    .saturating_sub(t.queueing.prefetch),
-            ),
+            Parallel::Count(reading.limits.parallel.saturating_sub(t.queueing.prefetch)),
             *capacity,
         ),
         Sizing::Unlimited => (Parallel::Word("unlimited"), None),

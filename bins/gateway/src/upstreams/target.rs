@@ -107,7 +107,10 @@ impl Target {
     /// `parallel = "auto"`; `None` when unlimited or not known yet. The key's own cap is this
     /// plus `prefetch`; the engine runs this many at once.
     pub(crate) fn slots(&self, reading: &KeyReading) -> Option<usize> {
-        let slots = reading.limits.parallel.saturating_sub(self.queueing.prefetch);
+        let slots = reading
+            .limits
+            .parallel
+            .saturating_sub(self.queueing.prefetch);
         match &self.sizing {
             Sizing::Fixed { .. } => Some(slots),
             Sizing::Unlimited => None,
