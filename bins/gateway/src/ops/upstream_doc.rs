@@ -61,11 +61,11 @@ pub(crate) fn upstream_status<'g>(
 fn model_status<'g>(model: &'g str, t: &Target) -> ModelDoc<'g> {
     // One reading: the limits and the counts shown together agree.
     let reading = t.reading();
+    // The engine's count, without `prefetch` (`Target::slots` is its one home).
+    let slots = t.slots(&reading);
     let (parallel, capacity) = match &t.sizing {
-        Sizing::Fixed { capacity } => (
-            Parallel::Count(reading.limits.parallel.saturating_sub(t.queueing.prefetch)),
-            *capacity,
-        ),
+        // A fixed count always has its slots.
+        Sizing::Fixed { capacity } => (Parallel::Count(slots.unwrap_or_default()), *capacity),
         Sizing::Unlimited => (Parallel::Word("unlimited"), None),
         Sizing::Auto(_) => (Parallel::Word("auto"), None),
     };
@@ -102,7 +102,7 @@ fn model_status<'g>(model: &'g str, t: &Target) -> ModelDoc<'g> {
         name: model,
         loaded: t.is_loaded(),
         parallel,
-        slots: t.slots(&reading),
+        slots,
         queue: reading.limits.queue,
         queue_timeout: t.queue_timeout.map(duration),
         capacity,
