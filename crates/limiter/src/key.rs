@@ -22,6 +22,21 @@
 //! With a host cap the step always runs (the host's units can change between two changes of the
 //! key, and a key may have to join or leave the host's line).
 //!
+//! **Running plain.** Most keys use none of what the scheduler is for: no host cap, FIFO order,
+//! every waiter in the normal class. Such a key *runs plain* (`State::plain`): its waiters all
+//! sit in one list ([`PLAIN_LIST`]), whose head is always the scheduler's pick, so join, cancel,
+//! release and the grant step work on that list directly, as the limiter did before weights
+//! and classes (issue #13: no regression at weight 1). The scheduler's counts that positions
+//! read (waiters per class, the list's share) are kept as the general path keeps them; the
+//! normal class's ring, turn and credit are not, and `Sched::unplain` rebuilds them when the
+//! key leaves plain. Under FIFO order nothing reads them, and fair order forgets them when it
+//! starts (`Sched::set_order`), so a key that ran plain and one that did not are
+//! indistinguishable. A key leaves plain before anything the general path must do: a waiter
+//! of another class joins, the order changes, a host cap attaches. It comes back at the end of
+//! any general step that leaves the conditions true (`State::recheck_plain`). The proptests of
+//! `tests/shortcuts.rs` run every sequence on a key that may run plain and on one that never
+//! does, and compare every outcome and position.
+//!
 //! Everything here runs under the key's own mutex and nothing else, which is what keeps keys
 //! from contending with each other (rule 5). No method wakes a task while holding the lock:
 //! wakers are collected, the guard dropped, and only then are they woken (tokio's
@@ -31,9 +46,9 @@ use std::task::Waker;
 
 use crate::error::{AcquireError, TryAcquireError};
 use crate::group::{Group, Member};
-use crate::sched::{QueueOrder, QueuePosition, Sched, Ticket};
+use crate::sched::{PLAIN_LIST, QueueOrder, QueuePosition, Sched, Ticket};
 use crate::sync::{Arc, Mutex, MutexGuard};
-use crate::waiters::{Status, Token, WaitQueue};
+use crate::waiters::{Left, Status, Token, WaitQueue};
 
 /// The host cap a key counts against, holding the keys that wait for it.
 pub(crate) type HostCap = Group<KeyState>;
@@ -85,6 +100,9 @@ struct State {
     group: Option<Arc<HostCap>>,
     /// Whether this key is in its host's queue of blocked keys.
     blocked: bool,
+    /// Whether the key runs plain (module docs): no host cap, FIFO order, and nobody waiting
+    /// outside the normal class's list. Read through [`State::is_plain`].
+    plain: bool,
 }
 
 /// One key's shared state. Permits and acquire futures hold it by `Arc`, so the hot path never
@@ -122,6 +140,7 @@ impl WakeList {
         }
     }
 
+    #[inline]
     pub(crate) fn wake_all(self) {
         // `rest` fills only after `first`: nothing to do (and no `Vec` to walk) without it.
         if let Some(first) = self.first {
@@ -140,6 +159,7 @@ impl KeyState {
                 waiters: WaitQueue::new(),
                 sched: Sched::new(),
                 closed: false,
+                plain: group.is_none(),
                 group,
                 blocked: false,
             }),
@@ -149,6 +169,7 @@ impl KeyState {
     /// Takes `weight` units if they are free (at the key and its host) and nobody waits;
     /// otherwise joins the queue if it has room, in the class and tenant list of `ticket`
     /// (`None`: normal class, no tenant).
+    #[inline]
     pub(crate) fn join(
         this: &Arc<Self>,
         weight: usize,
@@ -169,6 +190,26 @@ impl KeyState {
         if s.waiters.len() >= s.limits.queue {
             return Err(AcquireError::QueueFull);
         }
+        if s.is_plain() && ticket.is_none_or(|t| t.class() == crate::Priority::Normal) {
+            // Plain: to the back of the one list. If others wait, the head and the free units
+            // are as the last step left them; if nobody did, `take_free` found the newcomer
+            // does not fit (and it is not too heavy). Either way no grant step could grant.
+            s.sched.plain_joined(ticket.map_or(1, Ticket::tenant_share));
+            return Ok(Joined::Queued(s.waiters.push_back(PLAIN_LIST, weight)));
+        }
+        Ok(Joined::Queued(Self::queue(this, s, weight, ticket)))
+    }
+
+    /// Queues a waiter through the scheduler, and runs the grant step if the newcomer may
+    /// change the pick. Out of line, so the plain join stays small.
+    #[inline(never)]
+    fn queue(
+        this: &Arc<Self>,
+        mut s: MutexGuard<'_, State>,
+        weight: usize,
+        ticket: Option<&Ticket>,
+    ) -> Token {
+        s.leave_plain();
         let list = match ticket {
             None => s.sched.list_for(crate::Priority::Normal, None, 1),
             Some(t) => s
@@ -181,10 +222,11 @@ impl KeyState {
         if len > 1 && s.group.is_none() && shortcuts() {
             // Behind others in a line that already waited: no pick, no head and no class
             // changed, so the grant step would find what the last one found (module docs).
-            return Ok(Joined::Queued(token));
+            // Nor can the key have become plain: nobody left.
+            return token;
         }
         Self::settle_join(this, s);
-        Ok(Joined::Queued(token))
+        token
     }
 
     /// The grant step after a join that may change the pick: the newcomer may be served first
@@ -193,10 +235,12 @@ impl KeyState {
     #[inline(never)]
     fn settle_join(this: &Arc<Self>, mut s: MutexGuard<'_, State>) {
         let Step::From(first) = s.first_step() else {
+            s.recheck_plain();
             return;
         };
         let mut wakers = WakeList::default();
         let moved = s.fill_from(first, this, &mut wakers);
+        s.recheck_plain();
         let group = s.group.clone().filter(|_| moved);
         drop(s);
         wakers.wake_all();
@@ -222,6 +266,7 @@ impl KeyState {
     }
 
     /// Looks at a queued waiter on behalf of its future (see [`WaitQueue::poll`]).
+    #[inline]
     pub(crate) fn poll_waiter(&self, token: Token, waker: &Waker) -> Status {
         self.state.lock().waiters.poll(token, waker)
     }
@@ -235,6 +280,26 @@ impl KeyState {
         if matches!(status, Status::Granted { .. }) {
             s.give_back(weight);
         }
+        if s.is_plain() {
+            if let Some(left) = left {
+                s.sched.plain_left();
+                if !left.was_head {
+                    // Somebody was ahead of it and still is: nothing a grant step could use.
+                    return;
+                }
+            }
+            // A head left (its partial grant may fit the next), or a slot came back.
+            Self::settle_plain(s);
+            return;
+        }
+        Self::cancel_scheduled(this, s, left);
+    }
+
+    /// [`cancel`](Self::cancel) through the scheduler. Out of line, so the plain cancel stays
+    /// small.
+    #[inline(never)]
+    fn cancel_scheduled(this: &Arc<Self>, mut s: MutexGuard<'_, State>, left: Option<Left>) {
+        s.leave_plain();
         if let Some(left) = left {
             let State { sched, waiters, .. } = &mut *s;
             sched.left(left.list, waiters);
@@ -264,7 +329,8 @@ impl KeyState {
     /// Changes the order in which waiters are served; waiters already queued keep their place.
     pub(crate) fn set_order(this: &Arc<Self>, order: QueueOrder) {
         let mut s = this.state.lock();
-        s.sched.order = order;
+        s.leave_plain();
+        s.sched.set_order(order);
         Self::settle(this, s);
     }
 
@@ -293,6 +359,7 @@ impl KeyState {
             return;
         }
         group.state.lock().in_flight += s.in_flight;
+        s.leave_plain();
         s.group = Some(group.clone());
         Self::settle(this, s);
     }
@@ -333,18 +400,55 @@ impl KeyState {
 
     /// Runs the grant step, releases the lock, wakes who was granted, and kicks the host if
     /// host units may now be free for another key.
-    fn settle(this: &Arc<Self>, mut s: MutexGuard<'_, State>) {
+    #[inline]
+    fn settle(this: &Arc<Self>, s: MutexGuard<'_, State>) {
+        if s.is_plain() {
+            Self::settle_plain(s);
+            return;
+        }
+        Self::settle_scheduled(this, s);
+    }
+
+    /// [`settle`](Self::settle) through the scheduler.
+    #[inline(never)]
+    fn settle_scheduled(this: &Arc<Self>, mut s: MutexGuard<'_, State>) {
+        s.leave_plain();
         let Step::From(first) = s.first_step() else {
+            s.recheck_plain();
             return;
         };
         let mut wakers = WakeList::default();
         s.fill_from(first, this, &mut wakers);
+        s.recheck_plain();
         let group = s.group.clone();
         drop(s);
         wakers.wake_all();
         if let Some(group) = group {
             group.kick();
         }
+    }
+
+    /// [`settle`](Self::settle) of a plain key: the grant step over its one list, which
+    /// begins with a look at the head (nobody waits, or the head neither fits nor is too heavy:
+    /// nothing to do).
+    #[inline]
+    fn settle_plain(s: MutexGuard<'_, State>) {
+        match s.waiters.front_weight(PLAIN_LIST) {
+            Some(weight) if s.fits(weight) || s.too_heavy(weight).is_some() => {
+                Self::grant_plain(s);
+            }
+            _ => {}
+        }
+    }
+
+    /// The rest of [`settle_plain`](Self::settle_plain) once its look found work: grants (or
+    /// refuses) heads, releases the lock, wakes them. Out of line: the look is the common case.
+    #[inline(never)]
+    fn grant_plain(mut s: MutexGuard<'_, State>) {
+        let mut wakers = WakeList::default();
+        s.fill_plain(&mut wakers);
+        drop(s);
+        wakers.wake_all();
     }
 }
 
@@ -396,6 +500,48 @@ enum Take {
 }
 
 impl State {
+    /// Whether the key runs plain now (module docs); never in the tests that compare the
+    /// shortcuts with the whole grant step.
+    #[inline]
+    fn is_plain(&self) -> bool {
+        self.plain && shortcuts()
+    }
+
+    /// Before the scheduler's general path: a plain key's scheduler gets back what running
+    /// plain left out.
+    #[inline]
+    fn leave_plain(&mut self) {
+        if self.plain {
+            self.plain = false;
+            self.sched.unplain(&self.waiters);
+        }
+    }
+
+    /// After the general path: whether the key can run plain from here on. From a state the
+    /// general path keeps whole, running plain needs nothing more.
+    #[inline]
+    fn recheck_plain(&mut self) {
+        self.plain = self.group.is_none() && shortcuts() && self.sched.can_be_plain();
+    }
+
+    /// The grant step of a plain key: [`fill`](Self::fill) over its one list, whose pick is
+    /// always that list's head, so no scheduler is asked.
+    fn fill_plain(&mut self, wakers: &mut WakeList) {
+        while let Some(weight) = self.waiters.front_weight(PLAIN_LIST) {
+            // Fitting first, the common case: a weight that fits is never too heavy.
+            if self.fits(weight) {
+                self.in_flight += weight;
+                wakers.push(self.waiters.grant_front(PLAIN_LIST));
+                self.sched.plain_served();
+            } else if let Some(parallel) = self.too_heavy(weight) {
+                wakers.push(self.waiters.refuse_front(PLAIN_LIST, parallel));
+                self.sched.plain_left();
+            } else {
+                break;
+            }
+        }
+    }
+
     /// `Some(parallel)` when `weight` can never fit under the limits. A paused key
     /// (`parallel = 0`) refuses nothing: everything queues until it grows again.
     #[inline]

@@ -116,7 +116,10 @@
 //!
 //! Which waiter is next is decided by a small scheduler over several FIFO lists of the same slab
 //! (one per priority class, and per tenant under fair order), with deficit round-robin between
-//! the lists of a class (`sched.rs`); with one list it is the plain FIFO above.
+//! the lists of a class (`sched.rs`); with one list it is the plain FIFO above. A key that
+//! uses none of it (FIFO order, only normal-class waiters, no host cap) skips the scheduler
+//! altogether and works on its one list directly, until a waiter or a setting needs more
+//! (`key.rs`, "Running plain").
 //!
 //! A host cap is a second, smaller state of the same shape (`group.rs`): a limit, the units in
 //! flight over the host's keys, and a FIFO of the keys whose head waits for it. Locks are taken

@@ -207,6 +207,10 @@ pub struct QueuePosition {
     pub ahead_in_line: usize,
 }
 
+/// The list of the normal class under FIFO order: the one list of a key that runs plain
+/// (`key.rs`).
+pub(crate) const PLAIN_LIST: usize = Priority::Normal as usize;
+
 /// Per-list scheduling state.
 #[derive(Debug, Clone)]
 struct ListInfo {
@@ -457,6 +461,74 @@ impl Sched {
             self.tenants.remove(&(class, tenant));
             self.free_lists.push(list);
         }
+    }
+
+    /// Changes the order; waiters already queued keep their lists.
+    ///
+    /// Under FIFO order with no tenant list left from a fair period, each class's ring holds
+    /// the class's own list alone, and a ring of one never looks at credit (`pick_only` only
+    /// tops it up). So when fair order starts from there, every turn and credit is forgotten:
+    /// fair order starts a fresh round, and a key that ran plain (`key.rs`), which keeps no
+    /// credit, starts it exactly as one that did not.
+    pub(crate) fn set_order(&mut self, order: QueueOrder) {
+        if self.order == QueueOrder::Fifo && order == QueueOrder::Fair && self.tenants.is_empty() {
+            self.visiting = [false; 3];
+            for info in &mut self.lists[..3] {
+                info.credit = 0;
+            }
+        }
+        self.order = order;
+    }
+
+    /// Whether the key may run plain (`key.rs`): FIFO order, no tenant list left from a fair
+    /// period, and nobody waiting outside the normal class. Then [`PLAIN_LIST`] is the only
+    /// list anybody waits in, and the only one anybody joins until a waiter of another class
+    /// arrives or the order changes.
+    #[inline]
+    pub(crate) fn can_be_plain(&self) -> bool {
+        self.order == QueueOrder::Fifo
+            && self.tenants.is_empty()
+            && self.queued[Priority::High.index()] == 0
+            && self.queued[Priority::Low.index()] == 0
+    }
+
+    /// A plain key's waiter joined [`PLAIN_LIST`] with this share. The class's count and the
+    /// list's share are kept as [`joined`](Self::joined) and [`list_for`](Self::list_for)
+    /// keep them (positions read them); its ring, turn and credit are left for
+    /// [`unplain`](Self::unplain).
+    #[inline]
+    pub(crate) fn plain_joined(&mut self, share: usize) {
+        self.lists[PLAIN_LIST].share = share;
+        self.queued[PLAIN_LIST] += 1;
+    }
+
+    /// A plain key's waiter left [`PLAIN_LIST`] without being granted (cancelled, refused).
+    #[inline]
+    pub(crate) fn plain_left(&mut self) {
+        self.queued[PLAIN_LIST] -= 1;
+        if self.queued[PLAIN_LIST] == 0 {
+            self.passed[PLAIN_LIST] = 0;
+        }
+    }
+
+    /// A plain key granted the head of [`PLAIN_LIST`]: the class was served.
+    #[inline]
+    pub(crate) fn plain_served(&mut self) {
+        self.queued[PLAIN_LIST] -= 1;
+        self.passed[PLAIN_LIST] = 0;
+    }
+
+    /// The key stops running plain: the ring of the normal class is rebuilt from its list, and
+    /// its turn and credit start afresh. Under FIFO order, with no tenant list, nothing reads
+    /// them until fair order starts, which forgets them anyway ([`set_order`](Self::set_order)).
+    pub(crate) fn unplain(&mut self, queue: &WaitQueue) {
+        let ring = &mut self.rings[PLAIN_LIST];
+        ring.clear();
+        if queue.list_len(PLAIN_LIST) > 0 {
+            ring.push_back(PLAIN_LIST);
+        }
+        self.visiting[PLAIN_LIST] = false;
+        self.lists[PLAIN_LIST].credit = 0;
     }
 
     /// Every waiter was closed.

@@ -167,46 +167,50 @@ impl WaitQueue {
     #[inline]
     pub(crate) fn push_back(&mut self, list: usize, weight: usize) -> Token {
         if self.lists.len() <= list {
-            self.lists.resize(list + 1, List::EMPTY);
+            self.grow_lists(list);
         }
+        let tail = self.lists[list].tail;
         let entry = Entry::Waiting {
             waker: None,
-            prev: self.lists[list].tail,
+            prev: tail,
             next: NIL,
             weight,
             list,
         };
-        let index = if self.free == NIL {
-            self.slots.push(Slot {
-                generation: 0,
-                entry,
-            });
-            self.slots.len() - 1
-        } else {
+        // `free` is NIL (no entry) when the free list is empty, as `tail` is for an empty list:
+        // both lookups then find nothing.
+        let (index, generation) = if let Some(slot) = self.slots.get_mut(self.free) {
             let index = self.free;
-            let slot = &mut self.slots[index];
             self.free = match slot.entry {
                 Entry::Vacant { next_free } => next_free,
                 // The free list only ever links vacant entries.
                 _ => NIL,
             };
             slot.entry = entry;
-            index
+            (index, slot.generation)
+        } else {
+            self.slots.push(Slot {
+                generation: 0,
+                entry,
+            });
+            (self.slots.len() - 1, 0)
         };
-        let l = &mut self.lists[list];
-        if l.tail == NIL {
-            l.head = index;
-        } else if let Entry::Waiting { next, .. } = &mut self.slots[l.tail].entry {
+        if let Some(Slot {
+            entry: Entry::Waiting { next, .. },
+            ..
+        }) = self.slots.get_mut(tail)
+        {
             *next = index;
+        }
+        let l = &mut self.lists[list];
+        if tail == NIL {
+            l.head = index;
         }
         l.tail = index;
         l.len += 1;
         self.waiting += 1;
         self.occupied += 1;
-        Token {
-            index,
-            generation: self.slots[index].generation,
-        }
+        Token { index, generation }
     }
 
     /// Hands the head waiter of `list` its units: unlinks it, marks it granted and returns its
@@ -388,11 +392,25 @@ impl WaitQueue {
         self.free = index;
         self.occupied -= 1;
         if self.occupied == 0 && self.slots.len() > Self::SHRINK_ABOVE {
-            // A burst of waiters is over: give its memory back. Tokens into the old slab are
-            // all gone (occupied == 0), so resetting generations is safe.
-            self.slots = Vec::new();
-            self.free = NIL;
+            self.shrink();
         }
+    }
+
+    /// A burst of waiters is over: gives its memory back. Tokens into the old slab are all
+    /// gone (nothing is occupied), so resetting generations is safe. Out of line, so that
+    /// [`vacate`](Self::vacate) stays small where it is inlined.
+    #[cold]
+    #[inline(never)]
+    fn shrink(&mut self) {
+        self.slots = Vec::new();
+        self.free = NIL;
+    }
+
+    /// Makes room for lists up to `list`: once per list id a key ever uses.
+    #[cold]
+    #[inline(never)]
+    fn grow_lists(&mut self, list: usize) {
+        self.lists.resize(list + 1, List::EMPTY);
     }
 }
 

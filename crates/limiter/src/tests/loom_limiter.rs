@@ -15,7 +15,7 @@ use loom::sync::Arc;
 use loom::sync::atomic::AtomicUsize;
 use loom::thread;
 
-use crate::{AcquireError, Limiter};
+use crate::{AcquireError, Limiter, Priority, Ticket};
 
 const H: &str = "h";
 const M: &str = "m";
@@ -385,7 +385,7 @@ fn two_levels_cancel_of_the_front_model_races_a_release() {
 }
 
 /// The grant step's shortcuts (`key.rs`, issue #13), each racing the release that could make it
-/// wrong. (1) A waiter behind the head is cancelled (no grant step) while the permit is
+/// wrong; on these keys (FIFO, normal class, no host cap) they are the key running plain. (1) A waiter behind the head is cancelled (no grant step) while the permit is
 /// released: the head gets the slot whichever goes first, nothing is left over.
 #[test]
 fn shortcut_cancel_behind_the_head_races_release() {
@@ -451,5 +451,32 @@ fn shortcut_release_with_nobody_waiting_races_a_join() {
         joiner.join().unwrap();
         assert_eq!(l.in_flight(H, M), 0);
         assert_eq!(l.queued(H, M), 0);
+    });
+}
+
+/// (4) A key running plain (`key.rs`: FIFO, nobody waiting outside the normal class) leaves it
+/// when a high-class waiter joins, while a release races: whichever goes first, both waiters
+/// are served, no wake-up is lost and nothing is left over; the key runs plain again after.
+#[test]
+fn plain_key_leaves_plain_as_a_release_races() {
+    run_model("plain_key_leaves_plain_as_a_release_races", || {
+        let l: Limiter = Limiter::new();
+        l.configure(H, M, 1, 2);
+        let held = l.try_acquire(H, M).unwrap();
+        let normal = l.acquire(H, M);
+
+        let releaser = thread::spawn(move || drop(held));
+        let l2 = l.clone();
+        let high = thread::spawn(move || {
+            let ticket = Ticket::new().priority(Priority::High);
+            drop(block_on(l2.acquire_with(H, M, &ticket)).expect("served"));
+        });
+        drop(block_on(normal).expect("served"));
+        releaser.join().unwrap();
+        high.join().unwrap();
+        assert_eq!(l.in_flight(H, M), 0);
+        assert_eq!(l.queued(H, M), 0);
+        // Plain again: a normal acquire is granted at once.
+        drop(l.try_acquire(H, M).expect("free"));
     });
 }

@@ -11,7 +11,6 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
 use proptest::prelude::*;
-use proptest::sample::Index;
 
 use crate::key::NO_SHORTCUTS;
 use crate::{Acquire, AcquireError, KeyHandle, Limiter, Permit, Priority, QueueOrder, Ticket};
@@ -25,8 +24,10 @@ enum Op {
         share: u32,
         plain: bool,
     },
-    Release(Index),
-    Cancel(Index),
+    /// Drops the permit at this index, modulo the permits held.
+    Release(usize),
+    /// Drops the waiter at this index, modulo the waiters made.
+    Cancel(usize),
     Configure {
         parallel: usize,
         queue: usize,
@@ -35,7 +36,21 @@ enum Op {
 }
 
 fn op() -> impl Strategy<Value = Op> {
-    let acquire = (0..3usize, 0..3usize, 0..4usize, 1..3u32, any::<bool>()).prop_map(
+    ops_with(0..3usize, 1..3u32)
+}
+
+/// Mostly normal-class acquires with shares up to 4: the key runs plain (`key.rs`) for long
+/// stretches, leaves it when a high or low waiter arrives or fair order starts, and comes back.
+fn plain_op() -> impl Strategy<Value = Op> {
+    let class = prop_oneof![1 => Just(0usize), 6 => Just(1usize), 1 => Just(2usize)];
+    ops_with(class, 1..5u32)
+}
+
+fn ops_with(
+    class: impl Strategy<Value = usize>,
+    share: impl Strategy<Value = u32>,
+) -> impl Strategy<Value = Op> {
+    let acquire = (0..3usize, class, 0..4usize, share, any::<bool>()).prop_map(
         |(tenant, class, weight, share, plain)| Op::Acquire {
             tenant,
             class,
@@ -46,8 +61,8 @@ fn op() -> impl Strategy<Value = Op> {
     );
     prop_oneof![
         8 => acquire,
-        4 => any::<Index>().prop_map(Op::Release),
-        3 => any::<Index>().prop_map(Op::Cancel),
+        4 => any::<usize>().prop_map(Op::Release),
+        3 => any::<usize>().prop_map(Op::Cancel),
         1 => (0..5usize, 0..10usize)
             .prop_map(|(parallel, queue)| Op::Configure { parallel, queue }),
         1 => any::<bool>().prop_map(Op::Order),
@@ -116,13 +131,13 @@ impl Side {
             }
             Op::Release(i) => {
                 if !side.permits.is_empty() {
-                    let at = i.index(side.permits.len());
+                    let at = i % side.permits.len();
                     drop(side.permits.remove(at));
                 }
             }
             Op::Cancel(i) => {
                 if !side.waiters.is_empty() {
-                    let at = i.index(side.waiters.len());
+                    let at = i % side.waiters.len();
                     drop(side.waiters[at].take());
                 }
             }
@@ -171,6 +186,46 @@ impl Side {
     }
 }
 
+/// Runs `ops` on a limiter with the shortcuts and one without, comparing after every step.
+fn same_on_both(ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut fast = Side::new(false);
+    let mut whole = Side::new(true);
+    for op in ops {
+        fast.apply(op);
+        whole.apply(op);
+        let (a, b) = (fast.look(), whole.look());
+        prop_assert_eq!(&a, &b, "after {:?}", op);
+    }
+    Ok(())
+}
+
+/// A normal waiter passed over by high ones, then served while the key ran plain: the count of
+/// passes starts again from there, as the whole step keeps it, so the next normal waiter is not
+/// served ahead of high ones too early.
+#[test]
+fn a_normal_grant_while_plain_restarts_the_pass_count() {
+    let acquire = |class| Op::Acquire {
+        tenant: 0,
+        class,
+        weight: 1,
+        share: 1,
+        plain: false,
+    };
+    let (high, normal) = (0, 1);
+    let mut ops = vec![Op::Configure {
+        parallel: 1,
+        queue: 10,
+    }];
+    ops.extend([acquire(normal), acquire(normal), acquire(normal)]);
+    ops.extend([acquire(high), acquire(high), acquire(high)]);
+    // Three high grants pass the normal waiters; the third leaves only normal ones: plain.
+    ops.extend([Op::Release(0), Op::Release(0), Op::Release(0)]);
+    // A normal grant while plain; then high waiters again.
+    ops.extend([Op::Release(0), acquire(high), acquire(high)]);
+    ops.extend([Op::Release(0), Op::Release(0), Op::Release(0)]);
+    same_on_both(&ops).expect("the same on both");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -191,5 +246,12 @@ proptest! {
         whole.with(|s| { s.waiters.clear(); s.permits.clear(); });
         prop_assert_eq!(fast.key.reading(), whole.key.reading());
         prop_assert_eq!(fast.key.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_key_running_plain_behaves_as_the_whole_grant_step(
+        ops in proptest::collection::vec(plain_op(), 1..160)
+    ) {
+        same_on_both(&ops)?;
     }
 }
