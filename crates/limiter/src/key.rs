@@ -435,7 +435,7 @@ impl KeyState {
     fn settle_plain(s: MutexGuard<'_, State>) {
         match s.waiters.front_weight(PLAIN_LIST) {
             Some(weight) if s.fits(weight) || s.too_heavy(weight).is_some() => {
-                Self::grant_plain(s);
+                Self::grant_plain(s, weight);
             }
             _ => {}
         }
@@ -444,9 +444,9 @@ impl KeyState {
     /// The rest of [`settle_plain`](Self::settle_plain) once its look found work: grants (or
     /// refuses) heads, releases the lock, wakes them. Out of line: the look is the common case.
     #[inline(never)]
-    fn grant_plain(mut s: MutexGuard<'_, State>) {
+    fn grant_plain(mut s: MutexGuard<'_, State>, head: usize) {
         let mut wakers = WakeList::default();
-        s.fill_plain(&mut wakers);
+        s.fill_plain(head, &mut wakers);
         drop(s);
         wakers.wake_all();
     }
@@ -525,9 +525,10 @@ impl State {
     }
 
     /// The grant step of a plain key: [`fill`](Self::fill) over its one list, whose pick is
-    /// always that list's head, so no scheduler is asked.
-    fn fill_plain(&mut self, wakers: &mut WakeList) {
-        while let Some(weight) = self.waiters.front_weight(PLAIN_LIST) {
+    /// always that list's head (of weight `head`, looked at already), so no scheduler is asked.
+    fn fill_plain(&mut self, head: usize, wakers: &mut WakeList) {
+        let mut weight = head;
+        loop {
             // Fitting first, the common case: a weight that fits is never too heavy.
             if self.fits(weight) {
                 self.in_flight += weight;
@@ -537,7 +538,11 @@ impl State {
                 wakers.push(self.waiters.refuse_front(PLAIN_LIST, parallel));
                 self.sched.plain_left();
             } else {
-                break;
+                return;
+            }
+            match self.waiters.front_weight(PLAIN_LIST) {
+                Some(next) => weight = next,
+                None => return,
             }
         }
     }

@@ -11,7 +11,8 @@
 //! the head's weight fits the credit, then goes to the back of the ring keeping what is left
 //! (and loses it when it empties). With one list in the ring this is plain FIFO, which is why
 //! both orders share the code, and why switching order live needs nothing special: lists made
-//! before the switch are served until they empty.
+//! before the switch are served until they empty (fair order that follows FIFO order starts a
+//! fresh round: [`Sched::set_order`]).
 //!
 //! Classes are served highest first, except that a class passed over `PASS_LIMIT` times in a
 //! row while it had waiters is served next (`passed` counts, per class, grants to higher classes
