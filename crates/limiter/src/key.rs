@@ -33,9 +33,11 @@
 //! starts (`Sched::set_order`), so a key that ran plain and one that did not are
 //! indistinguishable. A key leaves plain before anything the general path must do: a waiter
 //! of another class joins, the order changes, a host cap attaches. It comes back at the end of
-//! any general step that leaves the conditions true (`State::recheck_plain`). The proptests of
-//! `tests/shortcuts.rs` run every sequence on a key that may run plain and on one that never
-//! does, and compare every outcome and position.
+//! any general step that leaves the conditions true (`State::recheck_plain`). While every
+//! waiter asks for one unit (`WaitQueue::all_weight_one`), the plain step does not even read
+//! the head's weight: a free unit and somebody waiting is a grant, anything else is nothing to
+//! do. The proptests of `tests/shortcuts.rs` run every sequence on a key that may run plain and
+//! on one that never does, and compare every outcome and position.
 //!
 //! Everything here runs under the key's own mutex and nothing else, which is what keeps keys
 //! from contending with each other (rule 5). No method wakes a task while holding the lock:
@@ -433,6 +435,13 @@ impl KeyState {
     /// nothing to do).
     #[inline]
     fn settle_plain(s: MutexGuard<'_, State>) {
+        if s.waiters.all_weight_one() {
+            // A free unit and somebody waiting is a grant; anything else, nothing to do.
+            if !s.waiters.is_empty() && s.fits(1) {
+                Self::grant_plain(s, 1);
+            }
+            return;
+        }
         match s.waiters.front_weight(PLAIN_LIST) {
             Some(weight) if s.fits(weight) || s.too_heavy(weight).is_some() => {
                 Self::grant_plain(s, weight);
@@ -539,6 +548,13 @@ impl State {
                 self.sched.plain_left();
             } else {
                 return;
+            }
+            if self.waiters.all_weight_one() {
+                if self.waiters.is_empty() || !self.fits(1) {
+                    return;
+                }
+                weight = 1;
+                continue;
             }
             match self.waiters.front_weight(PLAIN_LIST) {
                 Some(next) => weight = next,

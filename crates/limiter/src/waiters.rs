@@ -113,6 +113,9 @@ pub(crate) struct WaitQueue {
     lists: Vec<List>,
     /// Entries in the list (state `Waiting`).
     waiting: usize,
+    /// Whether a waiter whose weight is not 1 may be queued: set when one joins, cleared when
+    /// the queue empties.
+    odd: bool,
     /// Entries not vacant (waiting, granted or closed but not yet observed).
     occupied: usize,
 }
@@ -133,6 +136,7 @@ impl WaitQueue {
             free: NIL,
             lists: Vec::new(),
             waiting: 0,
+            odd: false,
             occupied: 0,
         }
     }
@@ -146,6 +150,14 @@ impl WaitQueue {
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.waiting == 0
+    }
+
+    /// Whether every waiter queued asks for exactly one unit (conservative: `false` may also
+    /// mean that one that did has left). Then the head is granted exactly when a unit is free,
+    /// and is never too heavy for a key with room for one.
+    #[inline]
+    pub(crate) fn all_weight_one(&self) -> bool {
+        !self.odd
     }
 
     /// How many waiters are in `list`.
@@ -209,6 +221,7 @@ impl WaitQueue {
         l.tail = index;
         l.len += 1;
         self.waiting += 1;
+        self.odd |= weight != 1;
         self.occupied += 1;
         Token { index, generation }
     }
@@ -377,6 +390,9 @@ impl WaitQueue {
             *n_prev = prev;
         }
         self.waiting -= 1;
+        if self.waiting == 0 {
+            self.odd = false;
+        }
         // Leave a non-list state behind so a second unlink is a no-op.
         self.slots[index].entry = Entry::Closed;
         waker
