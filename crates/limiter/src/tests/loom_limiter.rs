@@ -385,8 +385,9 @@ fn two_levels_cancel_of_the_front_model_races_a_release() {
 }
 
 /// The grant step's shortcuts (`key.rs`, issue #13), each racing the release that could make it
-/// wrong; on these keys (FIFO, normal class, no host cap) they are the key running plain. (1) A waiter behind the head is cancelled (no grant step) while the permit is
-/// released: the head gets the slot whichever goes first, nothing is left over.
+/// wrong; on these keys (FIFO, normal class, no host cap) they are the key running plain.
+/// (1) A waiter behind the head is cancelled (no grant step) while the permit is released: the
+/// head gets the slot whichever goes first, nothing is left over.
 #[test]
 fn shortcut_cancel_behind_the_head_races_release() {
     run_model("shortcut_cancel_behind_the_head_races_release", || {
