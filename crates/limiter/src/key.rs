@@ -317,8 +317,14 @@ impl KeyState {
     /// A permit of `weight` units was released.
     pub(crate) fn release(this: &Arc<Self>, weight: usize) {
         let mut s = this.state.lock();
+        if s.is_plain() {
+            // No host cap: the units come back to the key alone.
+            s.in_flight = s.in_flight.saturating_sub(weight);
+            Self::settle_plain(s);
+            return;
+        }
         s.give_back(weight);
-        Self::settle(this, s);
+        Self::settle_scheduled(this, s);
     }
 
     /// Changes the limits live. Held permits are never revoked; new room goes to waiters first.
