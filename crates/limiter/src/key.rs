@@ -8,9 +8,10 @@
 //! take them (a newcomer queues behind, `try_acquire` refuses), so they need no bookkeeping of
 //! their own and cannot leak — a head that leaves simply lets `fill` pour them into the next.
 //!
-//! **When the grant step is skipped.** Every change ends in `fill`, so between changes the state
-//! is one that `fill` leaves: nobody waits, or the waiter picked next does not fit. On a key
-//! without a host cap, the weight-1 hot paths (issue #13) skip it where it would change nothing:
+//! **When the grant step is skipped.** Every change ends in `fill` (or, on a key that runs plain,
+//! its one-list form `fill_plain`, below), so between changes the state is one that `fill`
+//! leaves: nobody waits, or the waiter picked next does not fit. On a key without a host cap
+//! that does not run plain, the scheduler's path skips it where it would change nothing:
 //! - a join behind others in the same line (same class, same tenant), and a cancel of a waiter
 //!   that had somebody ahead in its line: the pick, the heads of all lines, which classes have
 //!   waiters and the free units are all as the last `fill` saw them, so it returns at once;
@@ -437,22 +438,11 @@ impl KeyState {
     }
 
     /// [`settle`](Self::settle) of a plain key: the grant step over its one list, which
-    /// begins with a look at the head (nobody waits, or the head neither fits nor is too heavy:
-    /// nothing to do).
+    /// begins with a look at the head ([`State::plain_head`]; mostly nothing to do).
     #[inline]
     fn settle_plain(s: MutexGuard<'_, State>) {
-        if s.waiters.all_weight_one() {
-            // A free unit and somebody waiting is a grant; anything else, nothing to do.
-            if !s.waiters.is_empty() && s.fits(1) {
-                Self::grant_plain(s, 1);
-            }
-            return;
-        }
-        match s.waiters.front_weight(PLAIN_LIST) {
-            Some(weight) if s.fits(weight) || s.too_heavy(weight).is_some() => {
-                Self::grant_plain(s, weight);
-            }
-            _ => {}
+        if let Some(head) = s.plain_head() {
+            Self::grant_plain(s, head);
         }
     }
 
@@ -539,11 +529,26 @@ impl State {
         self.plain = self.group.is_none() && shortcuts() && self.sched.can_be_plain();
     }
 
+    /// The weight of a plain key's head waiter if the grant step has something to do with it
+    /// (it fits, or is too heavy and must be refused); `None` when nobody waits or the head
+    /// waits for units. While every waiter asks for one unit, the head's weight is not even
+    /// read: a free unit and somebody waiting is a grant.
+    #[inline]
+    fn plain_head(&self) -> Option<usize> {
+        if self.waiters.all_weight_one() {
+            return (!self.waiters.is_empty() && self.fits(1)).then_some(1);
+        }
+        self.waiters
+            .front_weight(PLAIN_LIST)
+            .filter(|&weight| self.fits(weight) || self.too_heavy(weight).is_some())
+    }
+
     /// The grant step of a plain key: [`fill`](Self::fill) over its one list, whose pick is
-    /// always that list's head (of weight `head`, looked at already), so no scheduler is asked.
+    /// always that list's head, so no scheduler is asked. `head` is the first
+    /// [`plain_head`](Self::plain_head), looked at already.
     fn fill_plain(&mut self, head: usize, wakers: &mut WakeList) {
-        let mut weight = head;
-        loop {
+        let mut next = Some(head);
+        while let Some(weight) = next {
             // Fitting first, the common case: a weight that fits is never too heavy.
             if self.fits(weight) {
                 self.in_flight += weight;
@@ -553,19 +558,10 @@ impl State {
                 wakers.push(self.waiters.refuse_front(PLAIN_LIST, parallel));
                 self.sched.plain_left();
             } else {
+                // `plain_head` never names such a head; stop rather than look at it again.
                 return;
             }
-            if self.waiters.all_weight_one() {
-                if self.waiters.is_empty() || !self.fits(1) {
-                    return;
-                }
-                weight = 1;
-                continue;
-            }
-            match self.waiters.front_weight(PLAIN_LIST) {
-                Some(next) => weight = next,
-                None => return,
-            }
+            next = self.plain_head();
         }
     }
 

@@ -457,7 +457,7 @@ fn shortcut_release_with_nobody_waiting_races_a_join() {
 
 /// (4) A key running plain (`key.rs`: FIFO, nobody waiting outside the normal class) leaves it
 /// when a high-class waiter joins, while a release races: whichever goes first, both waiters
-/// are served, no wake-up is lost and nothing is left over; the key runs plain again after.
+/// are served, no wake-up is lost and nothing is left over.
 #[test]
 fn plain_key_leaves_plain_as_a_release_races() {
     run_model("plain_key_leaves_plain_as_a_release_races", || {
@@ -477,7 +477,7 @@ fn plain_key_leaves_plain_as_a_release_races() {
         high.join().unwrap();
         assert_eq!(l.in_flight(H, M), 0);
         assert_eq!(l.queued(H, M), 0);
-        // Plain again: a normal acquire is granted at once.
+        // Nothing left over: a new acquire is granted at once.
         drop(l.try_acquire(H, M).expect("free"));
     });
 }
