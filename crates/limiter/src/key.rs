@@ -437,21 +437,40 @@ impl KeyState {
         }
     }
 
-    /// [`settle`](Self::settle) of a plain key: the grant step over its one list, which
-    /// begins with a look at the head ([`State::plain_head`]; mostly nothing to do).
+    /// [`settle`](Self::settle) of a plain key: the grant step over its one list. The common
+    /// cases of nothing to do are looked at here (nobody waits; every waiter asks for one unit
+    /// and none is free), the rest is out of line.
     #[inline]
     fn settle_plain(s: MutexGuard<'_, State>) {
-        if let Some(head) = s.plain_head() {
-            Self::grant_plain(s, head);
+        if s.waiters.is_empty() || (s.waiters.all_weight_one() && !s.fits(1)) {
+            return;
         }
+        Self::grant_plain(s);
     }
 
-    /// The rest of [`settle_plain`](Self::settle_plain) once its look found work: grants (or
-    /// refuses) heads, releases the lock, wakes them. Out of line: the look is the common case.
+    /// The rest of [`settle_plain`](Self::settle_plain), with somebody waiting: grants (or
+    /// refuses) heads, releases the lock, wakes them.
     #[inline(never)]
-    fn grant_plain(mut s: MutexGuard<'_, State>, head: usize) {
+    fn grant_plain(mut s: MutexGuard<'_, State>) {
         let mut wakers = WakeList::default();
-        s.fill_plain(head, &mut wakers);
+        if s.waiters.all_weight_one() {
+            // One unit per waiter, and one is free (`settle_plain` looked): a grant per free
+            // unit. After a release of one unit that is one grant, woken without the list.
+            s.in_flight += 1;
+            let first = s.waiters.grant_front(PLAIN_LIST);
+            s.sched.plain_served();
+            if s.waiters.is_empty() || !s.fits(1) {
+                drop(s);
+                if let Some(waker) = first {
+                    waker.wake();
+                }
+                return;
+            }
+            wakers.push(first);
+        }
+        if let Some(head) = s.plain_head() {
+            s.fill_plain(head, &mut wakers);
+        }
         drop(s);
         wakers.wake_all();
     }
