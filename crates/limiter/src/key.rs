@@ -51,7 +51,7 @@ use crate::error::{AcquireError, TryAcquireError};
 use crate::group::{Group, Member};
 use crate::sched::{PLAIN_LIST, QueueOrder, QueuePosition, Sched, Ticket};
 use crate::sync::{Arc, Mutex, MutexGuard};
-use crate::waiters::{Left, Status, Token, WaitQueue};
+use crate::waiters::{Left, Removed, Status, Token, WaitQueue};
 
 /// The host cap a key counts against, holding the keys that wait for it.
 pub(crate) type HostCap = Group<KeyState>;
@@ -279,10 +279,14 @@ impl KeyState {
     /// set aside for it, if it was the head, go to whoever is head now.
     pub(crate) fn cancel(this: &Arc<Self>, token: Token, weight: usize) {
         let mut s = this.state.lock();
-        let (status, left) = s.waiters.remove(token);
-        if matches!(status, Status::Granted { .. }) {
-            s.give_back(weight);
-        }
+        let left = match s.waiters.remove(token) {
+            Removed::Waiting(left) => Some(left),
+            Removed::Granted => {
+                s.give_back(weight);
+                None
+            }
+            Removed::Done => None,
+        };
         if s.is_plain() {
             if let Some(left) = left {
                 s.sched.plain_left();

@@ -601,6 +601,7 @@ impl Sched {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::waiters::Removed;
 
     #[test]
     fn tenant_lists_are_recycled_when_they_empty() {
@@ -613,8 +614,10 @@ mod tests {
             let token = queue.push_back(list, 1);
             sched.joined(list, queue.list_len(list));
             assert_eq!(sched.pick(&queue), Some((list, 1)));
-            let (_, left) = queue.remove(token);
-            sched.left(left.expect("was waiting").list, &queue);
+            let Removed::Waiting(left) = queue.remove(token) else {
+                panic!("was waiting")
+            };
+            sched.left(left.list, &queue);
         }
         assert_eq!(
             sched.lists.len(),

@@ -50,6 +50,17 @@ pub(crate) enum Status {
     },
 }
 
+/// What [`WaitQueue::remove`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Removed {
+    /// It was waiting, and left the queue from there.
+    Waiting(Left),
+    /// Units had been handed to it: the caller holds them and must pass them on.
+    Granted,
+    /// Nothing to pass on: it was closed or refused, or the token was stale.
+    Done,
+}
+
 /// Where a removed waiter stood (see [`WaitQueue::remove`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Left {
@@ -245,9 +256,7 @@ impl WaitQueue {
         if index == NIL {
             return None;
         }
-        let waker = self.unlink(index);
-        self.slots[index].entry = outcome;
-        waker
+        self.unlink(index, outcome)
     }
 
     /// Marks every queued waiter closed and returns their wakers, emptying every list.
@@ -256,10 +265,9 @@ impl WaitQueue {
         for list in 0..self.lists.len() {
             while self.lists[list].head != NIL {
                 let index = self.lists[list].head;
-                if let Some(waker) = self.unlink(index) {
+                if let Some(waker) = self.unlink(index, Entry::Closed) {
                     wakers.push(waker);
                 }
-                self.slots[index].entry = Entry::Closed;
             }
         }
         wakers
@@ -321,31 +329,33 @@ impl WaitQueue {
 
     /// Removes a waiter on behalf of its dropped future, wherever it stands: O(1).
     ///
-    /// Returns what the entry was, and for a waiting one the list it left and whether it was
-    /// that list's head; `Granted` means the caller holds units it must pass on.
+    /// Returns what the entry was: for a waiting one the list it left and whether it was that
+    /// list's head; `Granted` means the caller holds units it must pass on.
     #[inline]
-    pub(crate) fn remove(&mut self, token: Token) -> (Status, Option<Left>) {
+    pub(crate) fn remove(&mut self, token: Token) -> Removed {
         let Some(slot) = self.slot_mut(token) else {
-            return (Status::Closed, None);
+            return Removed::Done;
         };
-        let mut left = None;
-        let status = match slot.entry {
-            Entry::Waiting { list, prev, .. } => {
-                // Dropping the waker here is fine: the caller holds the lock, and a waker's
-                // drop never re-enters the limiter.
-                self.unlink(token.index);
-                left = Some(Left {
-                    list,
-                    was_head: prev == NIL,
-                });
-                Status::Waiting
-            }
-            Entry::Granted { at } => Status::Granted { at },
-            Entry::TooHeavy { parallel } => Status::TooHeavy { parallel },
-            Entry::Closed | Entry::Vacant { .. } => Status::Closed,
+        let removed = match slot.entry {
+            Entry::Waiting { list, prev, .. } => Removed::Waiting(Left {
+                list,
+                was_head: prev == NIL,
+            }),
+            Entry::Granted { .. } => Removed::Granted,
+            Entry::TooHeavy { .. } | Entry::Closed | Entry::Vacant { .. } => Removed::Done,
         };
-        self.vacate(token.index);
-        (status, left)
+        let vacant = Entry::Vacant {
+            next_free: self.free,
+        };
+        if let Removed::Waiting(_) = removed {
+            // Dropping the waker here is fine: the caller holds the lock, and a waker's drop
+            // never re-enters the limiter.
+            drop(self.unlink(token.index, vacant));
+        } else {
+            self.slots[token.index].entry = vacant;
+        }
+        self.vacated(token.index);
+        removed
     }
 
     #[inline]
@@ -356,21 +366,23 @@ impl WaitQueue {
             .filter(|slot| !matches!(slot.entry, Entry::Vacant { .. }))
     }
 
-    /// Unlinks a `Waiting` entry from the list and takes its waker; the entry itself is left
-    /// for the caller to overwrite.
+    /// Unlinks a `Waiting` entry from its list, leaves `outcome` in its place (what the entry
+    /// is from now on: granted, refused, closed or vacant) and returns its waker. Called only
+    /// on list members (a list's head, an entry just seen waiting); on anything else it only
+    /// writes `outcome`.
     #[inline]
-    fn unlink(&mut self, index: usize) -> Option<Waker> {
+    fn unlink(&mut self, index: usize, outcome: Entry) -> Option<Waker> {
+        // One write: the old entry is moved out whole, so nothing of it is dropped here.
         let Entry::Waiting {
             waker,
             prev,
             next,
             list,
             ..
-        } = &mut self.slots[index].entry
+        } = std::mem::replace(&mut self.slots[index].entry, outcome)
         else {
             return None;
         };
-        let (prev, next, list, waker) = (*prev, *next, *list, waker.take());
         let l = &mut self.lists[list];
         if prev == NIL {
             l.head = next;
@@ -393,18 +405,25 @@ impl WaitQueue {
         if self.waiting == 0 {
             self.odd = false;
         }
-        // Leave a non-list state behind so a second unlink is a no-op.
-        self.slots[index].entry = Entry::Closed;
         waker
     }
 
+    /// Vacates an entry that is no longer in a list (granted, refused or closed, and now
+    /// observed).
     #[inline]
     fn vacate(&mut self, index: usize) {
-        let slot = &mut self.slots[index];
-        slot.generation = slot.generation.wrapping_add(1);
-        slot.entry = Entry::Vacant {
+        self.slots[index].entry = Entry::Vacant {
             next_free: self.free,
         };
+        self.vacated(index);
+    }
+
+    /// The entry at `index` was just made vacant (pointing at the old free list): it becomes
+    /// the free list's head under a new generation, so old tokens no longer reach it.
+    #[inline]
+    fn vacated(&mut self, index: usize) {
+        let slot = &mut self.slots[index];
+        slot.generation = slot.generation.wrapping_add(1);
         self.free = index;
         self.occupied -= 1;
         if self.occupied == 0 && self.slots.len() > Self::SHRINK_ABOVE {
@@ -469,10 +488,10 @@ mod tests {
     fn remove_from_middle_head_and_tail() {
         let mut q = WaitQueue::new();
         let tokens: Vec<_> = (0..5).map(|_| q.push_back(0, 1)).collect();
-        let left = |list, was_head| Some(Left { list, was_head });
-        assert_eq!(q.remove(tokens[2]), (Status::Waiting, left(0, false)));
-        assert_eq!(q.remove(tokens[0]), (Status::Waiting, left(0, true)));
-        assert_eq!(q.remove(tokens[4]), (Status::Waiting, left(0, false)));
+        let left = |list, was_head| Removed::Waiting(Left { list, was_head });
+        assert_eq!(q.remove(tokens[2]), left(0, false));
+        assert_eq!(q.remove(tokens[0]), left(0, true));
+        assert_eq!(q.remove(tokens[4]), left(0, false));
         assert_eq!(q.len(), 2);
         q.grant_front(0);
         assert!(matches!(q.poll(tokens[1], &noop()), Status::Granted { .. }));
@@ -485,14 +504,14 @@ mod tests {
     fn stale_tokens_never_touch_a_reused_entry() {
         let mut q = WaitQueue::new();
         let a = q.push_back(0, 1);
-        let left = Some(Left {
+        let left = Removed::Waiting(Left {
             list: 0,
             was_head: true,
         });
-        assert_eq!(q.remove(a), (Status::Waiting, left));
+        assert_eq!(q.remove(a), left);
         let b = q.push_back(0, 1);
         assert_eq!(a.index, b.index, "the vacant entry is reused");
-        assert_eq!(q.remove(a).0, Status::Closed, "stale token is inert");
+        assert_eq!(q.remove(a), Removed::Done, "stale token is inert");
         assert_eq!(q.len(), 1);
         assert_eq!(q.poll(b, &noop()), Status::Waiting);
     }
@@ -502,7 +521,7 @@ mod tests {
         let mut q = WaitQueue::new();
         let a = q.push_back(0, 1);
         q.grant_front(0);
-        assert!(matches!(q.remove(a).0, Status::Granted { .. }));
+        assert_eq!(q.remove(a), Removed::Granted);
         assert_eq!(q.occupied, 0);
     }
 
@@ -516,7 +535,7 @@ mod tests {
         assert_eq!(wakers.len(), 1);
         assert!(q.is_empty());
         assert_eq!(q.poll(a, &noop()), Status::Closed);
-        assert_eq!(q.remove(b).0, Status::Closed);
+        assert_eq!(q.remove(b), Removed::Done);
         assert_eq!(q.occupied, 0);
     }
 
@@ -534,11 +553,11 @@ mod tests {
         q.grant_front(2);
         assert_eq!(q.position(w3), Some((2, 0)));
         assert!(matches!(q.poll(w1, &noop()), Status::Granted { .. }));
-        let left = Some(Left {
+        let left = Removed::Waiting(Left {
             list: 0,
             was_head: true,
         });
-        assert_eq!(q.remove(w0), (Status::Waiting, left));
+        assert_eq!(q.remove(w0), left);
         assert_eq!(q.position(w2), Some((0, 0)));
         assert_eq!(q.front_weight(1), None);
         let wakers = q.close_all();
