@@ -114,10 +114,12 @@ impl Future for Acquire {
                 Status::Waiting => Poll::Pending,
                 Status::Granted { at } => {
                     this.state = State::Done;
+                    // The wait ends at the handoff, whose instant the grant step read already:
+                    // no clock read here, and the time until this poll is the handoff gap's.
                     Poll::Ready(Ok(Permit::new(
                         this.key.clone(),
                         this.weight,
-                        since.elapsed(),
+                        at.saturating_duration_since(since),
                         Some(at),
                     )))
                 }

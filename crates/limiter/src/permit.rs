@@ -58,7 +58,9 @@ impl Permit {
     }
 
     /// How long the acquirer sat in the queue before this permit was granted: zero when a slot
-    /// was free at once. Measured up to the moment the acquire future saw the grant.
+    /// was free at once. Measured from the acquire call up to the handoff
+    /// ([`handed_over`](Permit::handed_over)); the time from there until the acquirer uses the
+    /// units is the handoff gap, not counted here.
     pub fn waited(&self) -> Duration {
         self.waited
     }

@@ -115,6 +115,9 @@ pub(crate) struct Slot {
     permit: Permit,
     /// Under `[cluster]`: the slot in the shared store, released with the permit.
     shared: Option<SharedSlot>,
+    /// When the slot became this request's: the handoff, for a slot handed over from a
+    /// release (the limiter's wait ends there too, so the two add up to the whole time);
+    /// otherwise the moment it was found free.
     granted: Instant,
     hold: Arc<HoldStats>,
     metrics: Arc<TargetMetrics>,
@@ -194,9 +197,9 @@ fn granted(
     })?;
     metrics.queue_wait.observe(permit.waited());
     Ok(Slot {
+        granted: permit.handed_over().unwrap_or_else(Instant::now),
         permit,
         shared: None,
-        granted: Instant::now(),
         hold: Arc::clone(hold),
         metrics: Arc::clone(metrics),
         engine_error: false,

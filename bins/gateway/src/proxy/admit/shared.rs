@@ -59,9 +59,9 @@ pub(super) fn join(
             .queue_wait
             .observe(shared_slot.waited() + permit.waited());
         Ok(Slot {
+            granted: permit.handed_over().unwrap_or_else(Instant::now),
             permit,
             shared: Some(shared_slot),
-            granted: Instant::now(),
             hold,
             metrics,
             engine_error: false,
