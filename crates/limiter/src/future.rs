@@ -47,6 +47,13 @@ enum State {
 // === impl Acquire ===
 
 impl Acquire {
+    /// An acquire of one unit, in the normal class with no tenant: [`new`](Self::new) made
+    /// for the constants, so the checks that a weight or a ticket needs fold away.
+    pub(crate) fn one(key: Arc<KeyState>) -> Self {
+        Self::new(key, 1, None)
+    }
+
+    #[inline]
     pub(crate) fn new(key: Arc<KeyState>, weight: usize, ticket: Option<&Ticket>) -> Self {
         let state = match KeyState::join(&key, weight, ticket) {
             Ok(Joined::Granted) => State::Ready(Ok(())),

@@ -220,7 +220,7 @@ where
         Q: Hash + Eq + ToOwned<Owned = H> + ?Sized,
         R: Hash + Eq + ToOwned<Owned = M> + ?Sized,
     {
-        Acquire::new(self.resolve(host, model), 1, None)
+        Acquire::one(self.resolve(host, model))
     }
 
     /// Acquires a permit of `weight` units (slots) at once, for a request that occupies several
@@ -721,7 +721,7 @@ impl<H: fmt::Debug, M: fmt::Debug> fmt::Debug for Limiter<H, M> {
 impl KeyHandle {
     /// Acquires a permit for this key; see [`Limiter::acquire`].
     pub fn acquire(&self) -> Acquire {
-        Acquire::new(self.key.clone(), 1, None)
+        Acquire::one(self.key.clone())
     }
 
     /// Acquires a permit as `ticket` says; see [`Limiter::acquire_with`].
