@@ -456,12 +456,12 @@ impl KeyState {
     /// refuses) heads, releases the lock, wakes them.
     #[inline(never)]
     fn grant_plain(mut s: MutexGuard<'_, State>) {
-        let mut wakers = WakeList::default();
+        let mut first = None;
         if s.waiters.all_weight_one() {
             // One unit per waiter, and one is free (`settle_plain` looked): a grant per free
             // unit. After a release of one unit that is one grant, woken without the list.
             s.in_flight += 1;
-            let first = s.waiters.grant_front(PLAIN_LIST);
+            first = s.waiters.grant_front(PLAIN_LIST);
             s.sched.plain_served();
             if s.waiters.is_empty() || !s.fits(1) {
                 drop(s);
@@ -470,8 +470,9 @@ impl KeyState {
                 }
                 return;
             }
-            wakers.push(first);
         }
+        let mut wakers = WakeList::default();
+        wakers.push(first);
         if let Some(head) = s.plain_head() {
             s.fill_plain(head, &mut wakers);
         }
