@@ -290,8 +290,10 @@ impl KeyState {
         if s.is_plain() {
             if let Some(left) = left {
                 s.sched.plain_left();
-                if !left.was_head {
+                if !left.was_head || s.waiters.all_weight_one() {
                     // Somebody was ahead of it and still is: nothing a grant step could use.
+                    // Nor when every waiter asks for one unit: the head waited because no unit
+                    // was free, so none is now, and the next head asks for one too.
                     return;
                 }
             }
@@ -608,14 +610,14 @@ impl State {
     /// host units with a model blocked on the host are that model's.
     #[inline]
     fn take_free(&mut self, weight: usize) -> Take {
-        let free = self.waiters.is_empty() && self.fits(weight);
         let Some(group) = &self.group else {
-            if free {
+            if self.waiters.is_empty() && self.fits(weight) {
                 self.in_flight += weight;
                 return Take::Taken;
             }
             return Take::NoRoom;
         };
+        let free = self.waiters.is_empty() && self.fits(weight);
         let mut g = group.state.lock();
         if let Some(parallel) = g.too_heavy(weight) {
             return Take::TooHeavy(parallel);
