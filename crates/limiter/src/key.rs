@@ -37,7 +37,8 @@
 //! any general step that leaves the conditions true (`State::recheck_plain`). While every
 //! waiter asks for one unit (`WaitQueue::all_weight_one`), the plain step does not even read
 //! the head's weight: a free unit and somebody waiting is a grant, anything else is nothing to
-//! do. The proptests of `tests/shortcuts.rs` run every sequence on a key that may run plain and
+//! do; a release of one unit hands it to the head with no wake list, and a head that leaves
+//! passes nothing on (it waited because no unit was free, and the next head asks for one too). The proptests of `tests/shortcuts.rs` run every sequence on a key that may run plain and
 //! on one that never does, and compare every outcome and position.
 //!
 //! Everything here runs under the key's own mutex and nothing else, which is what keeps keys
