@@ -24,22 +24,23 @@
 //! key, and a key may have to join or leave the host's line).
 //!
 //! **Running plain.** Most keys use none of what the scheduler is for: no host cap, FIFO order,
-//! every waiter in the normal class. Such a key *runs plain* (`State::plain`): its waiters all
-//! sit in one list ([`PLAIN_LIST`]), whose head is always the scheduler's pick, so join, cancel,
-//! release and the grant step work on that list directly, as the limiter did before weights
-//! and classes (issue #13: no regression at weight 1). The scheduler's counts that positions
-//! read (waiters per class, the list's share) are kept as the general path keeps them; the
-//! normal class's ring, turn and credit are not, and `Sched::unplain` rebuilds them when the
-//! key leaves plain. Under FIFO order nothing reads them, and fair order forgets them when it
-//! starts (`Sched::set_order`), so a key that ran plain and one that did not are
-//! indistinguishable. A key leaves plain before anything the general path must do: a waiter
-//! of another class joins, the order changes, a host cap attaches. It comes back at the end of
-//! any general step that leaves the conditions true (`State::recheck_plain`). While every
-//! waiter asks for one unit (`WaitQueue::all_weight_one`), the plain step does not even read
-//! the head's weight: a free unit and somebody waiting is a grant, anything else is nothing to
-//! do; a release of one unit hands it to the head with no wake list, and a head that leaves
-//! passes nothing on (it waited because no unit was free, and the next head asks for one too). The proptests of `tests/shortcuts.rs` run every sequence on a key that may run plain and
-//! on one that never does, and compare every outcome and position.
+//! every waiter in the normal class with a share of 1. Such a key *runs plain* (`State::plain`):
+//! its waiters all sit in one list ([`PLAIN_LIST`]), whose head is always the scheduler's pick, so
+//! join, cancel, release and the grant step work on that list directly, as the limiter did before
+//! weights and classes (issue #13: no regression at weight 1). The scheduler's count of waiters per
+//! class, which positions read, is kept as the general path keeps it, and the list's share stays
+//! the 1 that the general path would write; the normal class's ring, turn and credit are not kept,
+//! and `Sched::unplain` rebuilds them when the key leaves plain. Under FIFO order nothing reads
+//! them, and fair order forgets them when it starts (`Sched::set_order`), so a key that ran plain
+//! and one that did not are indistinguishable. A key leaves plain before anything the general path
+//! must do: a waiter of another class or share joins, the order changes, a host cap attaches. It
+//! comes back at the end of any general step that leaves the conditions true
+//! (`State::recheck_plain`). While every waiter asks for one unit (`WaitQueue::all_weight_one`),
+//! the plain step does not even read the head's weight: a free unit and somebody waiting is a
+//! grant, anything else is nothing to do; a release of one unit hands it to the head with no wake
+//! list, and a head that leaves passes nothing on (it waited because no unit was free, and the next
+//! head asks for one too). The proptests of `tests/shortcuts.rs` run every sequence on a key that
+//! may run plain and on one that never does, and compare every outcome and position.
 //!
 //! Everything here runs under the key's own mutex and nothing else, which is what keeps keys
 //! from contending with each other (rule 5). No method wakes a task while holding the lock:
@@ -194,11 +195,13 @@ impl KeyState {
         if s.waiters.len() >= s.limits.queue {
             return Err(AcquireError::QueueFull);
         }
-        if s.is_plain() && ticket.is_none_or(|t| t.class() == crate::Priority::Normal) {
+        if s.is_plain()
+            && ticket.is_none_or(|t| t.class() == crate::Priority::Normal && t.tenant_share() == 1)
+        {
             // Plain: to the back of the one list. If others wait, the head and the free units
             // are as the last step left them; if nobody did, `take_free` found the newcomer
             // does not fit (and it is not too heavy). Either way no grant step could grant.
-            s.sched.plain_joined(ticket.map_or(1, Ticket::tenant_share));
+            s.sched.plain_joined();
             return Ok(Joined::Queued(s.waiters.push_back(PLAIN_LIST, weight)));
         }
         Ok(Joined::Queued(Self::queue(this, s, weight, ticket)))

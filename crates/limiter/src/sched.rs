@@ -482,24 +482,25 @@ impl Sched {
     }
 
     /// Whether the key may run plain (`key.rs`): FIFO order, no tenant list left from a fair
-    /// period, and nobody waiting outside the normal class. Then [`PLAIN_LIST`] is the only
-    /// list anybody waits in, and the only one anybody joins until a waiter of another class
-    /// arrives or the order changes.
+    /// period, nobody waiting outside the normal class, and the normal list's share 1 (the
+    /// last to join it gave no other). Then [`PLAIN_LIST`] is the only list anybody waits in,
+    /// and the only one anybody joins until a waiter of another class or share arrives or the
+    /// order changes.
     #[inline]
     pub(crate) fn can_be_plain(&self) -> bool {
         self.order == QueueOrder::Fifo
             && self.tenants.is_empty()
             && self.queued[Priority::High.index()] == 0
             && self.queued[Priority::Low.index()] == 0
+            && self.lists[PLAIN_LIST].share == 1
     }
 
-    /// A plain key's waiter joined [`PLAIN_LIST`] with this share. The class's count and the
-    /// list's share are kept as [`joined`](Self::joined) and [`list_for`](Self::list_for)
-    /// keep them (positions read them); its ring, turn and credit are left for
-    /// [`unplain`](Self::unplain).
+    /// A plain key's waiter joined [`PLAIN_LIST`], with a share of 1. The class's count is
+    /// kept as [`joined`](Self::joined) keeps it (positions read it), and the list's share
+    /// stays the 1 that [`list_for`](Self::list_for) would write (a key with another share
+    /// does not run plain); its ring, turn and credit are left for [`unplain`](Self::unplain).
     #[inline]
-    pub(crate) fn plain_joined(&mut self, share: usize) {
-        self.lists[PLAIN_LIST].share = share;
+    pub(crate) fn plain_joined(&mut self) {
         self.queued[PLAIN_LIST] += 1;
     }
 
