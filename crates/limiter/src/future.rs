@@ -53,6 +53,7 @@ impl Acquire {
         Self::new(key, 1, None)
     }
 
+    // Inline so that `one` gets an instance of its own, with the constants folded in.
     #[inline]
     pub(crate) fn new(key: Arc<KeyState>, weight: usize, ticket: Option<&Ticket>) -> Self {
         let state = match KeyState::join(&key, weight, ticket) {
