@@ -9,7 +9,7 @@
 //! their own and cannot leak — a head that leaves simply lets `fill` pour them into the next.
 //!
 //! **When the grant step is skipped.** Every change ends in `fill` (or, on a key that runs plain,
-//! its one-list form `fill_plain`, below), so between changes the state is one that `fill`
+//! its one-list form `grant_plain`, below), so between changes the state is one that `fill`
 //! leaves: nobody waits, or the waiter picked next does not fit. On a key without a host cap
 //! that does not run plain, the scheduler's path skips it where it would change nothing:
 //! - a join behind others in the same line (same class, same tenant), and a cancel of a waiter
@@ -466,9 +466,7 @@ impl KeyState {
         if s.waiters.all_weight_one() {
             // One unit per waiter, and one is free (`settle_plain` looked): a grant per free
             // unit. After a release of one unit that is one grant, woken without the list.
-            s.in_flight += 1;
-            first = s.waiters.grant_front(PLAIN_LIST);
-            s.sched.plain_served();
+            first = s.grant_plain_head(1);
             if s.waiters.is_empty() || !s.fits(1) {
                 drop(s);
                 if let Some(waker) = first {
@@ -581,9 +579,7 @@ impl State {
         while let Some(weight) = next {
             // Fitting first, the common case: a weight that fits is never too heavy.
             if self.fits(weight) {
-                self.in_flight += weight;
-                wakers.push(self.waiters.grant_front(PLAIN_LIST));
-                self.sched.plain_served();
+                wakers.push(self.grant_plain_head(weight));
             } else if let Some(parallel) = self.too_heavy(weight) {
                 wakers.push(self.waiters.refuse_front(PLAIN_LIST, parallel));
                 self.sched.plain_left();
@@ -593,6 +589,15 @@ impl State {
             }
             next = self.plain_head();
         }
+    }
+
+    /// Hands a plain key's head waiter its `weight` units (which fit); returns its waker.
+    #[inline]
+    fn grant_plain_head(&mut self, weight: usize) -> Option<Waker> {
+        self.in_flight += weight;
+        let waker = self.waiters.grant_front(PLAIN_LIST);
+        self.sched.plain_served();
+        waker
     }
 
     /// `Some(parallel)` when `weight` can never fit under the limits. A paused key
@@ -609,19 +614,25 @@ impl State {
         weight <= self.limits.parallel.saturating_sub(self.in_flight)
     }
 
+    /// Whether a newcomer may take `weight` units of the key now: nobody waits, and they fit.
+    #[inline]
+    fn free_for(&self, weight: usize) -> bool {
+        self.waiters.is_empty() && self.fits(weight)
+    }
+
     /// Takes `weight` units if they fit and nobody waits, at the key and at its host. FIFO:
     /// free units with a waiter ahead are that waiter's partial grant, never a newcomer's; free
     /// host units with a model blocked on the host are that model's.
     #[inline]
     fn take_free(&mut self, weight: usize) -> Take {
         let Some(group) = &self.group else {
-            if self.waiters.is_empty() && self.fits(weight) {
+            if self.free_for(weight) {
                 self.in_flight += weight;
                 return Take::Taken;
             }
             return Take::NoRoom;
         };
-        let free = self.waiters.is_empty() && self.fits(weight);
+        let free = self.free_for(weight);
         let mut g = group.state.lock();
         if let Some(parallel) = g.too_heavy(weight) {
             return Take::TooHeavy(parallel);

@@ -196,14 +196,12 @@ fn granted(
         _ => Refused::Closed,
     })?;
     metrics.queue_wait.observe(permit.waited());
-    Ok(Slot {
-        granted: permit.handed_over().unwrap_or_else(Instant::now),
+    Ok(Slot::new(
         permit,
-        shared: None,
-        hold: Arc::clone(hold),
-        metrics: Arc::clone(metrics),
-        engine_error: false,
-    })
+        None,
+        Arc::clone(hold),
+        Arc::clone(metrics),
+    ))
 }
 
 /// A request waiting in a queue: a future of its [`Slot`], that ends at its [`Wait`] or when
@@ -354,6 +352,24 @@ impl Drop for Sending {
 }
 
 impl Slot {
+    /// The slot `permit` (and, under `[cluster]`, `shared`) gives, held from the handoff when
+    /// it was handed over, else from now.
+    pub(super) fn new(
+        permit: Permit,
+        shared: Option<SharedSlot>,
+        hold: Arc<HoldStats>,
+        metrics: Arc<TargetMetrics>,
+    ) -> Self {
+        Self {
+            granted: permit.handed_over().unwrap_or_else(Instant::now),
+            permit,
+            shared,
+            hold,
+            metrics,
+            engine_error: false,
+        }
+    }
+
     /// Gives the slot back without recording a hold time: the request never reached the
     /// upstream (a connect error), so the time says nothing about how long answers take.
     pub(crate) fn abandon(self) {

@@ -12,7 +12,6 @@
 //! it take more of the engine than the cap says.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use slotgate_admission::AdmitError;
 use slotgate_limiter::{AcquireError, Ticket};
@@ -58,14 +57,7 @@ pub(super) fn join(
         metrics
             .queue_wait
             .observe(shared_slot.waited() + permit.waited());
-        Ok(Slot {
-            granted: permit.handed_over().unwrap_or_else(Instant::now),
-            permit,
-            shared: Some(shared_slot),
-            hold,
-            metrics,
-            engine_error: false,
-        })
+        Ok(Slot::new(permit, Some(shared_slot), hold, metrics))
     };
     let mut stop = stop.clone();
     Ok(Admission::Queued(Queued {
