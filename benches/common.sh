@@ -26,3 +26,13 @@ wait_port() {
   echo "nothing listens on port $1" >&2
   return 1
 }
+
+# Builds the limiter's instruction-count driver (crates/limiter/benches/instructions.rs) and
+# prints its path.
+instructions_driver() {
+  cargo bench -p slotgate-limiter --bench instructions --no-run 2>"$work/build.log" || {
+    cat "$work/build.log" >&2
+    return 1
+  }
+  sed -n 's/.*Executable .*(\(.*instructions-[0-9a-f]*\))$/\1/p' "$work/build.log" | tail -1
+}

@@ -24,13 +24,7 @@ command -v valgrind >/dev/null 2>&1 || {
   exit 1
 }
 
-if [[ -z ${DRIVER:-} ]]; then
-  cargo bench -p slotgate-limiter --bench instructions --no-run 2>"$work/build.log" || {
-    cat "$work/build.log" >&2
-    exit 1
-  }
-  DRIVER=$(sed -n 's/.*Executable .*(\(.*instructions-[0-9a-f]*\))$/\1/p' "$work/build.log" | tail -1)
-fi
+DRIVER=${DRIVER:-$(instructions_driver)}
 
 # Total instructions of one run: $1 scenario, $2 count.
 instructions() {

@@ -24,6 +24,10 @@
 //!   slot). One thread keeps the count deterministic; it includes tokio's scheduler.
 //! - `cancel-fair-W`: `cancel-W` on a key with fair order and every waiter a tenant of its own
 //!   out of 8, the scheduler's worst common case (limiter only).
+//! - `contended-lines` / `tokio-contended-lines`: `contended` with a marker for a memory trace:
+//!   it prints the address of a counter to stderr (`marker 0x…`) and adds one to the counter
+//!   before every acquire, so that `benches/limiter-lines.sh` can cut valgrind lackey's trace
+//!   into one window per acquisition and count the cache lines each touches.
 //!
 //! The binary prints nothing on success; a bad scenario name exits with status 2. Without a
 //! scenario (`cargo bench`, `cargo test --benches`) it runs each one briefly, as a smoke test.
@@ -33,6 +37,7 @@ use std::hint::black_box;
 use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use slotgate_limiter::{Acquire, Limiter, QueueOrder, Ticket};
@@ -123,7 +128,18 @@ fn tokio_cancel(n: usize, waiters: usize) {
 
 const TASKS: usize = 64;
 
-fn contended(n: usize, tokio_semaphore: bool) {
+/// Counts acquisitions in the `*-lines` scenarios: every store to it starts a trace window.
+static MARKER: AtomicUsize = AtomicUsize::new(0);
+
+fn contended(n: usize, tokio_semaphore: bool, marked: bool) {
+    if marked {
+        eprintln!("marker {:p}", &MARKER);
+    }
+    let mark = move || {
+        if marked {
+            MARKER.fetch_add(1, Ordering::Relaxed);
+        }
+    };
     let rounds = n / TASKS;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
@@ -138,6 +154,7 @@ fn contended(n: usize, tokio_semaphore: bool) {
                 let semaphore = semaphore.clone();
                 tokio::spawn(async move {
                     for _ in 0..rounds {
+                        mark();
                         if tokio_semaphore {
                             let permit = semaphore.acquire().await.expect("open");
                             tokio::task::yield_now().await;
@@ -178,6 +195,7 @@ fn main() -> ExitCode {
             "cancel-fair-1000",
             "contended",
             "tokio-contended",
+            "contended-lines",
         ] {
             run(scenario, 6_400);
         }
@@ -209,8 +227,10 @@ fn run(scenario: &str, n: usize) -> bool {
         "tokio-uncontended" => tokio_uncontended(n, 1),
         "weighted" => uncontended(n, 3, false),
         "tokio-weighted" => tokio_uncontended(n, 3),
-        "contended" => contended(n, false),
-        "tokio-contended" => contended(n, true),
+        "contended" => contended(n, false, false),
+        "tokio-contended" => contended(n, true, false),
+        "contended-lines" => contended(n, false, true),
+        "tokio-contended-lines" => contended(n, true, true),
         _ => {
             if let Some(w) = waiters("cancel-fair-") {
                 cancel(n, w, true);
