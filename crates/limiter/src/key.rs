@@ -27,20 +27,29 @@
 //! every waiter in the normal class with a share of 1. Such a key *runs plain* (`State::plain`):
 //! its waiters all sit in one list ([`PLAIN_LIST`]), whose head is always the scheduler's pick, so
 //! join, cancel, release and the grant step work on that list directly, as the limiter did before
-//! weights and classes (issue #13: no regression at weight 1). The scheduler's count of waiters per
-//! class, which positions read, is kept as the general path keeps it, and the list's share stays
-//! the 1 that the general path would write; the normal class's ring, turn and credit are not kept,
-//! and `Sched::unplain` rebuilds them when the key leaves plain. Under FIFO order nothing reads
-//! them, and fair order forgets them when it starts (`Sched::set_order`), so a key that ran plain
-//! and one that did not are indistinguishable. A key leaves plain before anything the general path
-//! must do: a waiter of another class or share joins, the order changes, a host cap attaches. It
-//! comes back at the end of any general step that leaves the conditions true
-//! (`State::recheck_plain`). While every waiter asks for one unit (`WaitQueue::all_weight_one`),
-//! the plain step does not even read the head's weight: a free unit and somebody waiting is a
-//! grant, anything else is nothing to do; a release of one unit hands it to the head with no wake
-//! list, and a head that leaves passes nothing on (it waited because no unit was free, and the next
-//! head asks for one too). The proptests of `tests/shortcuts.rs` run every sequence on a key that
-//! may run plain and on one that never does, and compare every outcome and position.
+//! weights and classes (issue #13: no regression at weight 1). The list's share stays the 1 that
+//! the general path would write, and the count of passes over the normal class is kept (ended by a
+//! grant, or by the class emptying). The scheduler's count of the class's waiters is not kept: it
+//! is the list's length, written when a position reads it (`State::sync_plain`) and when the key
+//! leaves plain. Nor are the class's ring, turn and credit: `Sched::unplain` rebuilds them. Under
+//! FIFO order nothing reads those, and fair order forgets them when it starts (`Sched::set_order`),
+//! so a key that ran plain and one that did not are indistinguishable. A key leaves plain before
+//! anything the general path must do: a waiter of another class or share joins, the order changes,
+//! a host cap attaches. It comes back at the end of any general step that leaves the conditions
+//! true (`State::recheck_plain`). While every waiter asks for one unit
+//! (`WaitQueue::all_weight_one`), the plain step does not even read the head's weight: a free unit
+//! and somebody waiting is a grant, anything else is nothing to do; a release of one unit hands it
+//! to the head with no wake list, and a head that leaves passes nothing on (it waited because no
+//! unit was free, and the next head asks for one too). The proptests of `tests/shortcuts.rs` run
+//! every sequence on a key that may run plain and on one that never does, and compare every outcome
+//! and position.
+//!
+//! **Layout.** A contended acquisition costs what its cache lines cost: each line a core writes
+//! must travel to the next core that touches it. The key's state is cache-line aligned and
+//! `repr(C)`, with what a plain join, grant and cancel write first (the lock, `in_flight`, the wait
+//! queue's counters and its inline list: `waiters.rs`), and each waiter's entry is a line of its
+//! own. The scheduler's fields come last; a plain key only reads them. `benches/limiter-lines.sh`
+//! counts the lines touched per acquisition (`docs/benchmarks.md`).
 //!
 //! Everything here runs under the key's own mutex and nothing else, which is what keeps keys
 //! from contending with each other (rule 5). No method wakes a task while holding the lock:
@@ -91,28 +100,32 @@ pub(crate) enum Joined {
     Queued(Token),
 }
 
+/// `repr(C)`, in the order of the module docs' "Layout".
 #[derive(Debug)]
+#[repr(C)]
 struct State {
-    limits: Limits,
     /// Units held by permits (and granted waiters not yet polled).
     in_flight: usize,
-    waiters: WaitQueue,
-    /// Which waiter is served next.
-    sched: Sched,
-    /// Set by `remove`: waiters fail with `Closed`, new acquirers too.
-    closed: bool,
+    limits: Limits,
     /// The host cap this key counts against, from the moment its host has one.
     group: Option<Arc<HostCap>>,
-    /// Whether this key is in its host's queue of blocked keys.
-    blocked: bool,
+    /// Set by `remove`: waiters fail with `Closed`, new acquirers too.
+    closed: bool,
     /// Whether the key runs plain (module docs): no host cap, FIFO order, and nobody waiting
     /// outside the normal class's list. Read through [`State::is_plain`].
     plain: bool,
+    /// Whether this key is in its host's queue of blocked keys.
+    blocked: bool,
+    waiters: WaitQueue,
+    /// Which waiter is served next.
+    sched: Sched,
 }
 
 /// One key's shared state. Permits and acquire futures hold it by `Arc`, so the hot path never
-/// goes back to the limiter's map.
+/// goes back to the limiter's map. Aligned to a cache line, so that the state's first line is
+/// the key's own (module docs, "Layout").
 #[derive(Debug)]
+#[repr(align(64))]
 pub(crate) struct KeyState {
     state: Mutex<State>,
 }
@@ -201,7 +214,6 @@ impl KeyState {
             // Plain: to the back of the one list. If others wait, the head and the free units
             // are as the last step left them; if nobody did, `take_free` found the newcomer
             // does not fit (and it is not too heavy). Either way no grant step could grant.
-            s.sched.plain_joined();
             return Ok(Joined::Queued(s.waiters.push_back(PLAIN_LIST, weight)));
         }
         Ok(Joined::Queued(Self::queue(this, s, weight, ticket)))
@@ -293,7 +305,8 @@ impl KeyState {
         };
         if s.is_plain() {
             if let Some(left) = left {
-                s.sched.plain_left();
+                let emptied = s.waiters.is_empty();
+                s.sched.plain_left(emptied);
                 if !left.was_head || s.waiters.all_weight_one() {
                     // Somebody was ahead of it and still is: nothing a grant step could use.
                     // Nor when every waiter asks for one unit: the head waited because no unit
@@ -355,14 +368,16 @@ impl KeyState {
 
     /// Where a queued waiter stands; `None` once it is no longer waiting.
     pub(crate) fn position(&self, token: Token) -> Option<QueuePosition> {
-        let s = self.state.lock();
+        let mut s = self.state.lock();
+        s.sync_plain();
         let (list, ahead) = s.waiters.position(token)?;
         Some(s.sched.position(list, ahead, &s.waiters))
     }
 
     /// Where a newcomer with `ticket` would stand if it queued now.
     pub(crate) fn position_for(&self, ticket: &Ticket) -> QueuePosition {
-        let s = self.state.lock();
+        let mut s = self.state.lock();
+        s.sync_plain();
         s.sched.position_for(
             ticket.class(),
             ticket.tenant_name(),
@@ -550,6 +565,14 @@ impl State {
         }
     }
 
+    /// Before positions are read: a plain key's scheduler gets the count of waiters it does not
+    /// keep.
+    fn sync_plain(&mut self) {
+        if self.plain {
+            self.sched.sync_plain(&self.waiters);
+        }
+    }
+
     /// After the general path: whether the key can run plain from here on. From a state the
     /// general path keeps whole, running plain needs nothing more.
     #[inline]
@@ -582,7 +605,7 @@ impl State {
                 wakers.push(self.grant_plain_head(weight));
             } else if let Some(parallel) = self.too_heavy(weight) {
                 wakers.push(self.waiters.refuse_front(PLAIN_LIST, parallel));
-                self.sched.plain_left();
+                self.sched.plain_left(self.waiters.is_empty());
             } else {
                 // `plain_head` never names such a head; stop rather than look at it again.
                 return;

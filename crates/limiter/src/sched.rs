@@ -32,7 +32,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::Arc as StdArc;
 
-use crate::waiters::WaitQueue;
+use crate::waiters::{INLINE_LIST, WaitQueue};
 
 /// The order in which a key serves its waiters (see
 /// [`Limiter::configure_order`](crate::Limiter::configure_order)).
@@ -211,6 +211,9 @@ pub struct QueuePosition {
 /// The list of the normal class under FIFO order: the one list of a key that runs plain
 /// (`key.rs`).
 pub(crate) const PLAIN_LIST: usize = Priority::Normal as usize;
+
+// The list a plain key works on is the one whose ends the wait queue keeps inline.
+const _: () = assert!(PLAIN_LIST == INLINE_LIST);
 
 /// Per-list scheduling state.
 #[derive(Debug, Clone)]
@@ -495,35 +498,49 @@ impl Sched {
             && self.lists[PLAIN_LIST].share == 1
     }
 
-    /// A plain key's waiter joined [`PLAIN_LIST`], with a share of 1. The class's count is
-    /// kept as [`joined`](Self::joined) keeps it (positions read it), and the list's share
-    /// stays the 1 that [`list_for`](Self::list_for) would write (a key with another share
-    /// does not run plain); its ring, turn and credit are left for [`unplain`](Self::unplain).
-    #[inline]
-    pub(crate) fn plain_joined(&mut self) {
-        self.queued[PLAIN_LIST] += 1;
-    }
+    // A plain key's waiters join [`PLAIN_LIST`] with nothing to tell the scheduler: the list's
+    // share stays the 1 that `list_for` would write (a key with another share does not run
+    // plain), and the class's count, its ring, turn and credit are left for `sync_plain` and
+    // `unplain`. Leaving and being served do keep `passed`, which a class's count only resets.
 
-    /// A plain key's waiter left [`PLAIN_LIST`] without being granted (cancelled, refused).
+    /// A plain key's waiter left [`PLAIN_LIST`] without being granted (cancelled, refused);
+    /// `emptied`: nobody waits any more.
     #[inline]
-    pub(crate) fn plain_left(&mut self) {
-        self.queued[PLAIN_LIST] -= 1;
-        if self.queued[PLAIN_LIST] == 0 {
-            self.passed[PLAIN_LIST] = 0;
+    pub(crate) fn plain_left(&mut self, emptied: bool) {
+        if emptied {
+            self.not_passed();
         }
     }
 
     /// A plain key granted the head of [`PLAIN_LIST`]: the class was served.
     #[inline]
     pub(crate) fn plain_served(&mut self) {
-        self.queued[PLAIN_LIST] -= 1;
-        self.passed[PLAIN_LIST] = 0;
+        self.not_passed();
     }
 
-    /// The key stops running plain: the ring of the normal class is rebuilt from its list, and
-    /// its turn and credit start afresh. Under FIFO order, with no tenant list, nothing reads
-    /// them until fair order starts, which forgets them anyway ([`set_order`](Self::set_order)).
+    /// The normal class was served, or has nobody left: it was passed over by nobody since.
+    /// Written only when it changes: while a key runs plain it is zero after its first grant,
+    /// and its line is then only read.
+    #[inline]
+    fn not_passed(&mut self) {
+        if self.passed[PLAIN_LIST] != 0 {
+            self.passed[PLAIN_LIST] = 0;
+        }
+    }
+
+    /// The count of the normal class's waiters, which a plain key does not keep, from its list
+    /// (every waiter of a plain key is in it): before positions read it, and when the key
+    /// leaves plain.
+    pub(crate) fn sync_plain(&mut self, queue: &WaitQueue) {
+        self.queued[PLAIN_LIST] = queue.list_len(PLAIN_LIST);
+    }
+
+    /// The key stops running plain: the class's count is synced, the ring of the normal class is
+    /// rebuilt from its list, and its turn and credit start afresh. Under FIFO order, with no
+    /// tenant list, nothing reads those until fair order starts, which forgets them anyway
+    /// ([`set_order`](Self::set_order)).
     pub(crate) fn unplain(&mut self, queue: &WaitQueue) {
+        self.sync_plain(queue);
         let ring = &mut self.rings[PLAIN_LIST];
         ring.clear();
         if queue.list_len(PLAIN_LIST) > 0 {

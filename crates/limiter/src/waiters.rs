@@ -15,12 +15,21 @@
 //! is unlinked but stays occupied as [`Entry::Granted`] until its future observes the grant (or
 //! is dropped and passes the slot on). Likewise [`Entry::Closed`] waits to be observed. Only the
 //! owner of the token vacates the entry, so the slab never frees an entry a future still names.
+//!
+//! The ends of list [`INLINE_LIST`] (the normal class's list under FIFO order, where nearly
+//! every waiter of nearly every key sits) are kept in the queue itself, beside its counters;
+//! the other lists' ends are in a `Vec`. A join or a grant on that list then writes the lines of
+//! the queue and of the entries it links, and no third allocation (see `docs/benchmarks.md`,
+//! "Cache lines per acquisition"). Each entry fills one 64-byte line of its own.
 
 use std::task::Waker;
 use std::time::Instant;
 
 /// Marks "no entry" in the `prev` / `next` / free-list links.
 const NIL: usize = usize::MAX;
+
+/// The list whose ends are kept inline (module docs).
+pub(crate) const INLINE_LIST: usize = 1;
 
 /// The name of one waiter's entry, held by its acquire future.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +102,10 @@ enum Entry {
     },
 }
 
+/// One entry and its generation. Aligned so that each one is a cache line of its own: unaligned,
+/// the 64 bytes of most entries straddle two lines.
 #[derive(Debug)]
+#[repr(align(64))]
 struct Slot {
     generation: u64,
     entry: Entry,
@@ -117,18 +129,25 @@ impl List {
 
 /// FIFO lists of waiters backed by one indexed slab. Not synchronised: the key's mutex guards
 /// it.
+///
+/// `repr(C)`: the fields a join, a grant and a cancel on [`INLINE_LIST`] all write come first,
+/// so that they share the key's hot line (`key.rs`).
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct WaitQueue {
-    slots: Vec<Slot>,
-    free: usize,
-    lists: Vec<List>,
     /// Entries in the list (state `Waiting`).
     waiting: usize,
+    /// Entries not vacant (waiting, granted or closed but not yet observed).
+    occupied: usize,
+    free: usize,
+    slots: Vec<Slot>,
+    /// The ends of [`INLINE_LIST`].
+    inline: List,
     /// Whether a waiter whose weight is not 1 may be queued: set when one joins, cleared when
     /// the queue empties.
     odd: bool,
-    /// Entries not vacant (waiting, granted or closed but not yet observed).
-    occupied: usize,
+    /// The ends of the other lists, by id (the entry at [`INLINE_LIST`] is not used).
+    lists: Vec<List>,
 }
 
 impl Default for WaitQueue {
@@ -143,12 +162,33 @@ impl WaitQueue {
 
     pub(crate) const fn new() -> Self {
         Self {
-            slots: Vec::new(),
-            free: NIL,
-            lists: Vec::new(),
             waiting: 0,
-            odd: false,
             occupied: 0,
+            free: NIL,
+            slots: Vec::new(),
+            inline: List::EMPTY,
+            odd: false,
+            lists: Vec::new(),
+        }
+    }
+
+    /// The ends of `list`, `None` for an id no waiter ever joined.
+    #[inline]
+    fn list(&self, list: usize) -> Option<&List> {
+        if list == INLINE_LIST {
+            Some(&self.inline)
+        } else {
+            self.lists.get(list)
+        }
+    }
+
+    /// The ends of `list`, which a waiter joined before.
+    #[inline]
+    fn list_mut(&mut self, list: usize) -> &mut List {
+        if list == INLINE_LIST {
+            &mut self.inline
+        } else {
+            &mut self.lists[list]
         }
     }
 
@@ -174,13 +214,13 @@ impl WaitQueue {
     /// How many waiters are in `list`.
     #[inline]
     pub(crate) fn list_len(&self, list: usize) -> usize {
-        self.lists.get(list).map_or(0, |l| l.len)
+        self.list(list).map_or(0, |l| l.len)
     }
 
     /// The weight of the head waiter of `list`, `None` when it is empty.
     #[inline]
     pub(crate) fn front_weight(&self, list: usize) -> Option<usize> {
-        match self.slots.get(self.lists.get(list)?.head)?.entry {
+        match self.slots.get(self.list(list)?.head)?.entry {
             Entry::Waiting { weight, .. } => Some(weight),
             _ => None,
         }
@@ -189,10 +229,10 @@ impl WaitQueue {
     /// Queues a waiter of `weight` units at the back of `list`.
     #[inline]
     pub(crate) fn push_back(&mut self, list: usize, weight: usize) -> Token {
-        if self.lists.len() <= list {
+        if list != INLINE_LIST && self.lists.len() <= list {
             self.grow_lists(list);
         }
-        let tail = self.lists[list].tail;
+        let tail = self.list_mut(list).tail;
         let entry = Entry::Waiting {
             waker: None,
             prev: tail,
@@ -225,7 +265,7 @@ impl WaitQueue {
         {
             *next = index;
         }
-        let l = &mut self.lists[list];
+        let l = self.list_mut(list);
         if tail == NIL {
             l.head = index;
         }
@@ -252,7 +292,7 @@ impl WaitQueue {
     }
 
     fn settle_front(&mut self, list: usize, outcome: Entry) -> Option<Waker> {
-        let index = self.lists.get(list)?.head;
+        let index = self.list(list)?.head;
         if index == NIL {
             return None;
         }
@@ -262,10 +302,9 @@ impl WaitQueue {
     /// Marks every queued waiter closed and returns their wakers, emptying every list.
     pub(crate) fn close_all(&mut self) -> Vec<Waker> {
         let mut wakers = Vec::with_capacity(self.waiting);
-        for list in 0..self.lists.len() {
-            while self.lists[list].head != NIL {
-                let index = self.lists[list].head;
-                if let Some(waker) = self.unlink(index, Entry::Closed) {
+        for list in 0..self.lists.len().max(INLINE_LIST + 1) {
+            while let Some(&List { head, .. }) = self.list(list).filter(|l| l.head != NIL) {
+                if let Some(waker) = self.unlink(head, Entry::Closed) {
                     wakers.push(waker);
                 }
             }
@@ -383,7 +422,7 @@ impl WaitQueue {
         else {
             return None;
         };
-        let l = &mut self.lists[list];
+        let l = self.list_mut(list);
         if prev == NIL {
             l.head = next;
         }

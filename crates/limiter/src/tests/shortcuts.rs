@@ -2,8 +2,8 @@
 //! step: the same random sequence of acquires (weights 0 to 3, three classes, three tenants with
 //! shares), releases, cancellations, reconfigurations and switches of order runs on two
 //! limiters, one of them with every shortcut off. After every step both must agree on every
-//! outcome (granted, refused and why, still waiting), on every waiter's position, and on the
-//! key's reading. The scheduler's hidden state (credits, turns) shows in the grant order, so a
+//! outcome (granted, refused and why, still waiting), on every waiter's position, on where a
+//! newcomer of each class would stand, and on the key's reading. The scheduler's hidden state (credits, turns) shows in the grant order, so a
 //! shortcut that skipped a step that would have changed it is caught here.
 
 use std::future::Future;
@@ -155,8 +155,8 @@ impl Side {
     }
 
     /// Polls every waiter still held; returns what each said (`None` for a cancelled or
-    /// finished one) and the key's reading.
-    fn look(&mut self) -> (Vec<Option<Seen>>, crate::KeyReading) {
+    /// finished one), where a newcomer of each class would stand, and the key's reading.
+    fn look(&mut self) -> (Vec<Option<Seen>>, Vec<(usize, usize)>, crate::KeyReading) {
         self.with(|side| {
             let mut cx = Context::from_waker(Waker::noop());
             let mut seen = Vec::with_capacity(side.waiters.len());
@@ -181,7 +181,13 @@ impl Side {
                 };
                 seen.push(Some(outcome));
             }
-            (seen, side.key.reading())
+            // A low newcomer counts the normal waiters, which a plain key does not count itself.
+            let newcomers = [Priority::High, Priority::Normal, Priority::Low]
+                .map(|class| side.key.position_for(&Ticket::new().priority(class)))
+                .iter()
+                .map(|p| (p.ahead, p.ahead_in_line))
+                .collect();
+            (seen, newcomers, side.key.reading())
         })
     }
 }
@@ -223,6 +229,40 @@ fn a_normal_grant_while_plain_restarts_the_pass_count() {
     // A normal grant while plain; then high waiters again.
     ops.extend([Op::Release(0), acquire(high), acquire(high)]);
     ops.extend([Op::Release(0), Op::Release(0), Op::Release(0)]);
+    same_on_both(&ops).expect("the same on both");
+}
+
+/// Normal waiters passed over by high ones, then all cancelled while the key ran plain: the
+/// count of passes ends with them, as the whole step ends it when the class empties.
+#[test]
+fn the_last_normal_waiter_leaving_while_plain_ends_the_pass_count() {
+    let acquire = |class| Op::Acquire {
+        tenant: 0,
+        class,
+        weight: 1,
+        share: 1,
+        plain: false,
+    };
+    let (high, normal) = (0, 1);
+    let mut ops = vec![Op::Configure {
+        parallel: 1,
+        queue: 10,
+    }];
+    // Held by the first; two normal waiters, then three high ones.
+    ops.extend([acquire(normal), acquire(normal), acquire(normal)]);
+    ops.extend([acquire(high), acquire(high), acquire(high)]);
+    // Three high grants pass the normal waiters (waiters 1 and 2); then plain, and both leave.
+    ops.extend([Op::Release(0), Op::Release(0), Op::Release(0)]);
+    ops.extend([Op::Cancel(1), Op::Cancel(2)]);
+    // High and normal waiters again: the normal one waits for four high grants, not one.
+    ops.extend([acquire(high), acquire(high), acquire(normal)]);
+    ops.extend([acquire(high), acquire(high), acquire(high)]);
+    ops.extend([
+        Op::Release(0),
+        Op::Release(0),
+        Op::Release(0),
+        Op::Release(0),
+    ]);
     same_on_both(&ops).expect("the same on both");
 }
 
