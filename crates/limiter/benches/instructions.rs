@@ -28,9 +28,13 @@
 //!   it prints the address of a counter to stderr (`marker 0x…`) and adds one to the counter
 //!   before every acquire, so that `benches/limiter-lines.sh` can cut valgrind lackey's trace
 //!   into one window per acquisition and count the cache lines each touches.
+//! - `contended-mt` / `tokio-contended-mt`: `contended` on a 2-worker runtime, as in the
+//!   criterion bench, where two cores pass the key's state between them: for timing whole
+//!   processes A/B. Not for callgrind, whose count then depends on the threads' interleaving.
 //!
-//! The binary prints nothing on success; a bad scenario name exits with status 2. Without a
-//! scenario (`cargo bench`, `cargo test --benches`) it runs each one briefly, as a smoke test.
+//! The binary prints nothing on success but the `*-lines` scenarios' marker; a bad scenario
+//! name exits with status 2. Without a scenario (`cargo bench`, `cargo test --benches`) it runs
+//! each one briefly, as a smoke test.
 
 use std::future::Future;
 use std::hint::black_box;
@@ -131,7 +135,7 @@ const TASKS: usize = 64;
 /// Counts acquisitions in the `*-lines` scenarios: every store to it starts a trace window.
 static MARKER: AtomicUsize = AtomicUsize::new(0);
 
-fn contended(n: usize, tokio_semaphore: bool, marked: bool) {
+fn contended(n: usize, tokio_semaphore: bool, marked: bool, two_workers: bool) {
     if marked {
         eprintln!("marker {:p}", &MARKER);
     }
@@ -141,9 +145,14 @@ fn contended(n: usize, tokio_semaphore: bool, marked: bool) {
         }
     };
     let rounds = n / TASKS;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("runtime");
+    let runtime = if two_workers {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread().build()
+    }
+    .expect("runtime");
     runtime.block_on(async {
         let limiter: Limiter = Limiter::new();
         limiter.configure("h", "m", 4, TASKS);
@@ -196,6 +205,7 @@ fn main() -> ExitCode {
             "contended",
             "tokio-contended",
             "contended-lines",
+            "contended-mt",
         ] {
             run(scenario, 6_400);
         }
@@ -227,10 +237,12 @@ fn run(scenario: &str, n: usize) -> bool {
         "tokio-uncontended" => tokio_uncontended(n, 1),
         "weighted" => uncontended(n, 3, false),
         "tokio-weighted" => tokio_uncontended(n, 3),
-        "contended" => contended(n, false, false),
-        "tokio-contended" => contended(n, true, false),
-        "contended-lines" => contended(n, false, true),
-        "tokio-contended-lines" => contended(n, true, true),
+        "contended" => contended(n, false, false, false),
+        "tokio-contended" => contended(n, true, false, false),
+        "contended-lines" => contended(n, false, true, false),
+        "tokio-contended-lines" => contended(n, true, true, false),
+        "contended-mt" => contended(n, false, false, true),
+        "tokio-contended-mt" => contended(n, true, false, true),
         _ => {
             if let Some(w) = waiters("cancel-fair-") {
                 cancel(n, w, true);

@@ -501,7 +501,8 @@ impl Sched {
     // A plain key's waiters join [`PLAIN_LIST`] with nothing to tell the scheduler: the list's
     // share stays the 1 that `list_for` would write (a key with another share does not run
     // plain), and the class's count, its ring, turn and credit are left for `sync_plain` and
-    // `unplain`. Leaving and being served do keep `passed`, which a class's count only resets.
+    // `unplain`. Only the class's count of passes is kept: a grant ends it, and so does the
+    // class emptying.
 
     /// A plain key's waiter left [`PLAIN_LIST`] without being granted (cancelled, refused);
     /// `emptied`: nobody waits any more.

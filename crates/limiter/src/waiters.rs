@@ -130,8 +130,8 @@ impl List {
 /// FIFO lists of waiters backed by one indexed slab. Not synchronised: the key's mutex guards
 /// it.
 ///
-/// `repr(C)`: the fields a join, a grant and a cancel on [`INLINE_LIST`] all write come first,
-/// so that they share the key's hot line (`key.rs`).
+/// `repr(C)`: the fields a join, a grant and a cancel on [`INLINE_LIST`] write come first, so
+/// that they share the key's hot lines (`key.rs`, "Layout").
 #[derive(Debug)]
 #[repr(C)]
 pub(crate) struct WaitQueue {

@@ -3,8 +3,9 @@
 //! shares), releases, cancellations, reconfigurations and switches of order runs on two
 //! limiters, one of them with every shortcut off. After every step both must agree on every
 //! outcome (granted, refused and why, still waiting), on every waiter's position, on where a
-//! newcomer of each class would stand, and on the key's reading. The scheduler's hidden state (credits, turns) shows in the grant order, so a
-//! shortcut that skipped a step that would have changed it is caught here.
+//! newcomer of each class would stand, and on the key's reading. The scheduler's hidden state
+//! (credits, turns) shows in the grant order, so a shortcut that skipped a step that would have
+//! changed it is caught here.
 
 use std::future::Future;
 use std::pin::Pin;
