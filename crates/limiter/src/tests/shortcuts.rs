@@ -206,29 +206,42 @@ fn same_on_both(ops: &[Op]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// A normal waiter passed over by high ones, then served while the key ran plain: the count of
-/// passes starts again from there, as the whole step keeps it, so the next normal waiter is not
-/// served ahead of high ones too early.
-#[test]
-fn a_normal_grant_while_plain_restarts_the_pass_count() {
-    let acquire = |class| Op::Acquire {
+/// An acquire of weight 1 with a ticket in `class` (0 high, 1 normal, 2 low).
+fn ticketed(class: usize) -> Op {
+    Op::Acquire {
         tenant: 0,
         class,
         weight: 1,
         share: 1,
         plain: false,
-    };
-    let (high, normal) = (0, 1);
+    }
+}
+
+const HIGH: usize = 0;
+const NORMAL: usize = 1;
+
+/// One slot, held by a normal acquire; two normal waiters (waiters 1 and 2), then three high
+/// ones. Three high grants pass the normal waiters; the third leaves only normal ones, so the
+/// key runs plain with the class's count of passes at 3.
+fn normal_waiters_passed_over() -> Vec<Op> {
     let mut ops = vec![Op::Configure {
         parallel: 1,
         queue: 10,
     }];
-    ops.extend([acquire(normal), acquire(normal), acquire(normal)]);
-    ops.extend([acquire(high), acquire(high), acquire(high)]);
-    // Three high grants pass the normal waiters; the third leaves only normal ones: plain.
+    ops.extend([ticketed(NORMAL), ticketed(NORMAL), ticketed(NORMAL)]);
+    ops.extend([ticketed(HIGH), ticketed(HIGH), ticketed(HIGH)]);
     ops.extend([Op::Release(0), Op::Release(0), Op::Release(0)]);
+    ops
+}
+
+/// A normal waiter passed over by high ones, then served while the key ran plain: the count of
+/// passes starts again from there, as the whole step keeps it, so the next normal waiter is not
+/// served ahead of high ones too early.
+#[test]
+fn a_normal_grant_while_plain_restarts_the_pass_count() {
+    let mut ops = normal_waiters_passed_over();
     // A normal grant while plain; then high waiters again.
-    ops.extend([Op::Release(0), acquire(high), acquire(high)]);
+    ops.extend([Op::Release(0), ticketed(HIGH), ticketed(HIGH)]);
     ops.extend([Op::Release(0), Op::Release(0), Op::Release(0)]);
     same_on_both(&ops).expect("the same on both");
 }
@@ -237,33 +250,12 @@ fn a_normal_grant_while_plain_restarts_the_pass_count() {
 /// count of passes ends with them, as the whole step ends it when the class empties.
 #[test]
 fn the_last_normal_waiter_leaving_while_plain_ends_the_pass_count() {
-    let acquire = |class| Op::Acquire {
-        tenant: 0,
-        class,
-        weight: 1,
-        share: 1,
-        plain: false,
-    };
-    let (high, normal) = (0, 1);
-    let mut ops = vec![Op::Configure {
-        parallel: 1,
-        queue: 10,
-    }];
-    // Held by the first; two normal waiters, then three high ones.
-    ops.extend([acquire(normal), acquire(normal), acquire(normal)]);
-    ops.extend([acquire(high), acquire(high), acquire(high)]);
-    // Three high grants pass the normal waiters (waiters 1 and 2); then plain, and both leave.
-    ops.extend([Op::Release(0), Op::Release(0), Op::Release(0)]);
+    let mut ops = normal_waiters_passed_over();
     ops.extend([Op::Cancel(1), Op::Cancel(2)]);
     // High and normal waiters again: the normal one waits for four high grants, not one.
-    ops.extend([acquire(high), acquire(high), acquire(normal)]);
-    ops.extend([acquire(high), acquire(high), acquire(high)]);
-    ops.extend([
-        Op::Release(0),
-        Op::Release(0),
-        Op::Release(0),
-        Op::Release(0),
-    ]);
+    ops.extend([ticketed(HIGH), ticketed(HIGH), ticketed(NORMAL)]);
+    ops.extend([ticketed(HIGH), ticketed(HIGH), ticketed(HIGH)]);
+    ops.extend(std::iter::repeat_n(Op::Release(0), 4));
     same_on_both(&ops).expect("the same on both");
 }
 
