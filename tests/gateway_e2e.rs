@@ -308,6 +308,104 @@ async fn a_client_that_leaves_before_the_answer_keeps_the_slot_for_the_cancel_gr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_a_stream_in_prefill_keeps_the_slot_for_the_cancel_grace() {
+    // llama-server sends a stream's head at once, then nothing until prefill is done: the
+    // client that leaves then has had no byte of the answer, and the engine notices only at
+    // its first write. Issue 28: the next request reached the engine 5 ms after the client left.
+    const GRACE: Duration = Duration::from_secs(4);
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream_with_grace(&fake.url(), 1, 1, "4s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let key = authority(fake.addr());
+    let a = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", true),
+            &[
+                ("x-fake-fail", "first-token-delay-ms=60000"),
+                ("x-request-id", "a"),
+            ],
+        ),
+    )
+    .await
+    .head()
+    .await;
+    assert_eq!(a.status, 200);
+    let b = tokio::spawn(async move { chat(addr, "qwen", false, &[("x-request-id", "b")]).await });
+    eventually("B queued", SOON, || gw.limiter().queued(&key, "qwen") == 1).await;
+
+    let cut = tokio::time::Instant::now();
+    a.disconnect();
+    let b = tokio::time::timeout(SOON, b)
+        .await
+        .expect("B is served")
+        .unwrap();
+    assert_eq!(b.status, 200, "{}", b.text());
+    let b_record = fake.observer().wait_for_outcome("b", SOON).await.unwrap();
+    assert!(
+        b_record.received_at >= cut + GRACE / 2,
+        "B reached the upstream {:?} after A's client left, within the {GRACE:?} grace",
+        b_record.received_at - cut
+    );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_a_flowing_stream_frees_the_slot_at_once() {
+    // Once the answer's bytes flow, the engine notices a closed connection at its next write.
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream_with_grace(&fake.url(), 1, 1, "4s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let key = authority(fake.addr());
+    let mut a = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", true),
+            &[
+                ("x-fake-tokens", "100000"),
+                ("x-fake-chunk-interval-ms", "50"),
+            ],
+        ),
+    )
+    .await
+    .head()
+    .await;
+    assert!(a.next_data().await.unwrap().is_some(), "the stream flows");
+    let b = tokio::spawn(async move { chat(addr, "qwen", false, &[("x-request-id", "b")]).await });
+    eventually("B queued", SOON, || gw.limiter().queued(&key, "qwen") == 1).await;
+    let cut = tokio::time::Instant::now();
+    a.disconnect();
+    let b = tokio::time::timeout(SOON, b)
+        .await
+        .expect("B is served")
+        .unwrap();
+    assert_eq!(b.status, 200, "{}", b.text());
+    let b_record = fake.observer().wait_for_outcome("b", SOON).await.unwrap();
+    assert!(
+        b_record.received_at - cut < Duration::from_secs(2),
+        "B reached the upstream only {:?} after A's client left",
+        b_record.received_at - cut
+    );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_zero_cancel_grace_a_client_that_leaves_before_the_answer_frees_the_slot_at_once() {
     let fake = fake(4, "qwen").await;
     let gw = gateway(&format!(

@@ -7,6 +7,11 @@
 //! - the inner body reports its end (a `None` frame, or `is_end_stream()` after a frame);
 //! - the inner body yields an error (the upstream died mid-stream);
 //! - the wrapper itself is dropped (hyper drops the response body when the client goes away).
+//!   Before the first byte of the answer's body, that is a client leaving an engine still in
+//!   prefill (llama-server sends a stream's head first): the engine notices the closed
+//!   connection only at its first write, so the guard is told to keep the slot for
+//!   `cancel_grace` ([`Completion::Dropped`]), as when the client leaves before the head. Once
+//!   bytes flow, the engine notices at its next write (~10 ms) and the slot goes back at once.
 //!
 //! Frames are passed through untouched, one for one: the wrapper never buffers, so an SSE chunk
 //! reaches the client as soon as the upstream sends it.
@@ -62,7 +67,12 @@ pub(crate) enum Completion {
     /// The upstream body yielded an error (for example, the upstream closed mid-stream).
     Failed,
     /// The body was dropped before it ended: the client went away (or the server shut down).
-    Dropped,
+    /// The slot should go back only after `grace`: the upstream's `cancel_grace` while no byte
+    /// of the body had come yet, zero after.
+    Dropped {
+        /// How long the engine may take to notice.
+        grace: Duration,
+    },
     /// The upstream sent nothing for its stream idle timeout; the slot should go back only after
     /// `grace`, the time the engine needs to notice the closed connection.
     Stalled {
@@ -201,6 +211,8 @@ pin_project! {
         // The watch's deadline, if it has one.
         total: Option<Pin<Box<Sleep>>>,
         phase: Phase,
+        // Whether a byte of the body has come from the upstream (the engine is past prefill).
+        flowing: bool,
     }
 
     impl<B: Body, G: SlotGuard> PinnedDrop for SlotBody<B, G> {
@@ -213,7 +225,11 @@ pin_project! {
                 let how = if this.inner.is_end_stream() || *this.phase != Phase::Streaming {
                     Completion::Ended
                 } else {
-                    Completion::Dropped
+                    let grace = match this.watch.as_ref() {
+                        Some(watch) if !*this.flowing => watch.cancel_grace,
+                        _ => Duration::ZERO,
+                    };
+                    Completion::Dropped { grace }
                 };
                 this.release(how);
             }
@@ -232,6 +248,7 @@ impl<B: Body, G: SlotGuard> SlotBody<B, G> {
             armed: false,
             total: None,
             phase: Phase::Streaming,
+            flowing: false,
         }
     }
 
@@ -348,6 +365,7 @@ where
             Poll::Ready(Some(Ok(frame))) => {
                 *this.armed = false;
                 let frame = frame.map_data(|mut data| data.copy_to_bytes(data.remaining()));
+                *this.flowing |= frame.data_ref().is_some_and(|data| !data.is_empty());
                 if let (Some(meter), Some(data)) = (
                     this.watch.as_mut().and_then(|watch| watch.meter.as_mut()),
                     frame.data_ref(),

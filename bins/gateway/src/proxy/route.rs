@@ -32,6 +32,7 @@ use crate::metrics::{Metrics, RejectionMetrics};
 use crate::proxy::endpoint::Endpoint;
 use crate::upstreams::auto_slots::AutoSlots;
 use crate::upstreams::cluster::SharedKey;
+use crate::upstreams::ejection::Ejection;
 use crate::upstreams::residency;
 use crate::upstreams::state::{UpstreamState, Upstreams};
 use crate::upstreams::target::{AnswerNames, Sizing, Target};
@@ -87,9 +88,12 @@ impl Routes {
             })
             .collect();
         let mut routes: HashMap<String, Route> = HashMap::new();
+        let ejections = Ejection::for_config(config, upstreams);
         for upstream in config.upstreams.values() {
             // `Upstreams::build` made one state per configured upstream.
-            let Some(state) = upstreams.get(&upstream.name) else {
+            let (Some(state), Some(ejection)) =
+                (upstreams.get(&upstream.name), ejections.get(&upstream.name))
+            else {
                 continue;
             };
             let authority = state.authority.as_str();
@@ -168,6 +172,7 @@ impl Routes {
                     metrics: Arc::new(metrics.target(&upstream.name, model)),
                     // Carried over so that an excess in progress is not forgotten by a reload.
                     engine: previous.map_or_else(Arc::default, |p| Arc::clone(&p.engine)),
+                    ejection: Arc::clone(ejection),
                 };
                 routes
                     .entry(model.clone())

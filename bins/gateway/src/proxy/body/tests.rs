@@ -117,7 +117,12 @@ async fn releases_when_dropped_mid_stream() {
     assert!(body.frame().await.unwrap().is_ok());
     assert!(body.is_holding());
     drop(body);
-    assert_eq!(rec.seen(), vec![Completion::Dropped]);
+    assert_eq!(
+        rec.seen(),
+        vec![Completion::Dropped {
+            grace: Duration::ZERO
+        }]
+    );
 }
 
 #[test]
@@ -149,6 +154,36 @@ impl Body for ThenSilence {
 
 const IDLE: Duration = Duration::from_secs(30);
 const GRACE: Duration = Duration::from_secs(2);
+
+#[tokio::test]
+async fn dropped_before_the_first_byte_keeps_the_slot_for_the_cancel_grace() {
+    // The head came (the body exists), no byte of it yet: an engine in prefill.
+    let rec = Recorder::default();
+    let (watching, _, _) = watch(true);
+    let mut body = SlotBody::new(
+        ThenSilence(vec![Ok(Frame::data(Bytes::new()))].into()),
+        rec.clone(),
+    )
+    .watched(watching);
+    // An empty frame is not a byte of the answer.
+    assert!(body.frame().await.unwrap().is_ok());
+    drop(body);
+    assert_eq!(rec.seen(), vec![Completion::Dropped { grace: GRACE }]);
+
+    // After the first byte the engine notices at its next write: no grace.
+    let rec = Recorder::default();
+    let (watching, _, _) = watch(true);
+    let data = Frame::data(Bytes::from_static(b"data: 1\n\n"));
+    let mut body = SlotBody::new(ThenSilence(vec![Ok(data)].into()), rec.clone()).watched(watching);
+    assert!(body.frame().await.unwrap().is_ok());
+    drop(body);
+    assert_eq!(
+        rec.seen(),
+        vec![Completion::Dropped {
+            grace: Duration::ZERO
+        }]
+    );
+}
 
 fn watch(sse: bool) -> (Watch, Counter, Counter) {
     let (stalled, cut) = (Counter::default(), Counter::default());
