@@ -71,6 +71,22 @@ impl Prefix {
         redis::cmd("ZCARD").arg(key).query(&mut conn).unwrap_or(0)
     }
 
+    /// The key's limits as Redis holds them, `None` before any were written.
+    pub fn limits(&self, host: &str, model: &str) -> Option<(usize, usize)> {
+        let key = format!("{}:{{{}:{host}|{model}}}:limits", self.prefix, host.len());
+        let client = redis::Client::open(self.url.as_str()).ok()?;
+        let mut conn = client
+            .get_connection_with_timeout(Duration::from_secs(1))
+            .ok()?;
+        let (parallel, queue): (Option<usize>, Option<usize>) = redis::cmd("HMGET")
+            .arg(key)
+            .arg("parallel")
+            .arg("queue")
+            .query(&mut conn)
+            .ok()?;
+        Some((parallel?, queue?))
+    }
+
     fn cleanup(&self) {
         let Ok(client) = redis::Client::open(self.url.as_str()) else {
             return;
