@@ -479,6 +479,53 @@ async fn an_upstream_that_dies_mid_stream_ends_the_stream_and_frees_the_slot() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_cut_mid_event_leaves_the_client_only_whole_events() {
+    // Issue 28: the error event was glued onto the half event (`…"content":"haldata: {…`),
+    // one event of invalid JSON, and SDKs raised a decode error instead of the problem.
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let mut stream = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", true),
+            &[
+                ("x-fake-fail", "die-mid-event=3"),
+                ("x-fake-chunk-interval-ms", "20"),
+            ],
+        ),
+    )
+    .await
+    .head()
+    .await;
+    assert_eq!(stream.status, 200);
+    let rest = stream.rest().await.expect("a clean end of the stream");
+    let text = String::from_utf8_lossy(&rest);
+    assert!(text.ends_with("\n\n"), "{text}");
+    let events: Vec<&str> = text.trim_end().split("\n\n").collect();
+    // The three whole events, then the error: the half fourth event is dropped.
+    assert_eq!(events.len(), 4, "{text}");
+    for event in &events {
+        let json = event
+            .strip_prefix("data: ")
+            .expect("one data line per event");
+        let parsed: serde_json::Value = serde_json::from_str(json)
+            .unwrap_or_else(|e| panic!("event {json:?} is not JSON ({e}) in {text}"));
+        assert!(parsed.is_object());
+    }
+    assert!(events[3].contains("/problems/upstream-stalled"), "{text}");
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_that_refuses_connections_gives_a_problem_and_frees_the_slot() {
     let fake = fake(4, "qwen").await;
     let gw = gateway(&format!(

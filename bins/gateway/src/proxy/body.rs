@@ -13,8 +13,11 @@
 //!   `cancel_grace` ([`Completion::Dropped`]), as when the client leaves before the head. Once
 //!   bytes flow, the engine notices at its next write (~10 ms) and the slot goes back at once.
 //!
-//! Frames are passed through untouched, one for one: the wrapper never buffers, so an SSE chunk
-//! reaches the client as soon as the upstream sends it.
+//! Bytes are passed through untouched, as soon as the upstream sends them: the wrapper never
+//! buffers a whole answer. The one thing held back is the unfinished end of an SSE event split
+//! across frames, until the rest of it comes ([`events`]): engines write whole events, so in
+//! practice every frame goes on as it came, and an answer cut mid-event never leaves the client
+//! half an event before its last one.
 //!
 //! With a [`Watch`] (the gateway always gives one), the wrapper also bounds the upstream:
 //!
@@ -57,6 +60,7 @@ use tracing::warn;
 
 use crate::error::{BoxError, chain};
 use crate::upstreams::target::AnswerNames;
+use events::Events;
 use meter::Meter;
 
 /// How a [`SlotBody`] ended.
@@ -213,6 +217,8 @@ pin_project! {
         phase: Phase,
         // Whether a byte of the body has come from the upstream (the engine is past prefill).
         flowing: bool,
+        // For an SSE answer with a watch: what of an unfinished event is held back.
+        events: Option<Events>,
     }
 
     impl<B: Body, G: SlotGuard> PinnedDrop for SlotBody<B, G> {
@@ -249,6 +255,7 @@ impl<B: Body, G: SlotGuard> SlotBody<B, G> {
             total: None,
             phase: Phase::Streaming,
             flowing: false,
+            events: None,
         }
     }
 
@@ -258,6 +265,7 @@ impl<B: Body, G: SlotGuard> SlotBody<B, G> {
         self.total = watch
             .deadline
             .map(|(at, _)| Box::pin(tokio::time::sleep_until(at)));
+        self.events = watch.sse.then(Events::default);
         self.watch = Some(watch);
         self
     }
@@ -280,13 +288,40 @@ impl<B: Body, G: SlotGuard> SlotBodyProj<'_, B, G> {
         }
     }
 
+    /// What of `frame` goes on now: a data frame of an SSE answer up to its last whole event
+    /// (everything when it is the `last`), `None` when that is nothing; any other frame as
+    /// it is.
+    fn whole_events(&mut self, frame: Frame<Bytes>, last: bool) -> Option<Frame<Bytes>> {
+        let Some(events) = self.events.as_mut() else {
+            return Some(frame);
+        };
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            Err(other) => return Some(other),
+        };
+        let mut whole = events.whole(data);
+        if last {
+            let rest = events.rest();
+            if whole.is_empty() {
+                whole = rest;
+            } else if !rest.is_empty() {
+                whole = [whole, rest].concat().into();
+            }
+        }
+        (last || !whole.is_empty()).then(|| Frame::data(whole))
+    }
+
     /// Ends a failed answer: with its last SSE `event` and then a clean end, or, when it has
-    /// none (not SSE), with an error that cuts it (`why`).
+    /// none (not SSE), with an error that cuts it (`why`). The unfinished event it was in the
+    /// middle of, if any, is dropped: the last event follows whole ones.
     fn end_with(
         &mut self,
         event: Option<Bytes>,
         why: String,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(events) = self.events.as_mut() {
+            events.drop_partial();
+        }
         if let Some(event) = event {
             *self.phase = Phase::Closing;
             Poll::Ready(Some(Ok(Frame::data(event))))
@@ -336,59 +371,75 @@ where
             this.release(Completion::Stalled { grace });
             return this.end_with(event, why);
         }
-        let polled = this.inner.as_mut().poll_frame(cx);
-        let failure = match polled {
-            Poll::Pending => {
-                let (Some(watch), Some(idle)) = (this.watch.as_ref(), this.idle.as_mut()) else {
-                    return Poll::Pending;
-                };
-                if !*this.armed {
-                    *this.armed = true;
-                    idle.as_mut().reset(Instant::now() + watch.idle_timeout);
+        let failure = loop {
+            let polled = this.inner.as_mut().poll_frame(cx);
+            break match polled {
+                Poll::Pending => {
+                    let (Some(watch), Some(idle)) = (this.watch.as_ref(), this.idle.as_mut())
+                    else {
+                        return Poll::Pending;
+                    };
+                    if !*this.armed {
+                        *this.armed = true;
+                        idle.as_mut().reset(Instant::now() + watch.idle_timeout);
+                    }
+                    ready!(idle.as_mut().poll(cx));
+                    watch.stalled.inc();
+                    let why = format!(
+                        "no data for {}",
+                        humantime::format_duration(watch.idle_timeout)
+                    );
+                    let grace = watch.cancel_grace;
+                    let event = watch.ended_badly(&why);
+                    this.release(Completion::Stalled { grace });
+                    (event, why)
                 }
-                ready!(idle.as_mut().poll(cx));
-                watch.stalled.inc();
-                let why = format!(
-                    "no data for {}",
-                    humantime::format_duration(watch.idle_timeout)
-                );
-                let grace = watch.cancel_grace;
-                let event = watch.ended_badly(&why);
-                this.release(Completion::Stalled { grace });
-                (event, why)
-            }
-            Poll::Ready(None) => {
-                this.release(Completion::Ended);
-                *this.phase = Phase::Done;
-                return Poll::Ready(None);
-            }
-            Poll::Ready(Some(Ok(frame))) => {
-                *this.armed = false;
-                let frame = frame.map_data(|mut data| data.copy_to_bytes(data.remaining()));
-                *this.flowing |= frame.data_ref().is_some_and(|data| !data.is_empty());
-                if let (Some(meter), Some(data)) = (
-                    this.watch.as_mut().and_then(|watch| watch.meter.as_mut()),
-                    frame.data_ref(),
-                ) {
-                    meter.frame(data);
-                }
-                // Release as soon as the last frame is out, rather than waiting for hyper to poll
-                // once more for the `None`: the next queued request should not wait on us.
-                if this.inner.is_end_stream() {
+                Poll::Ready(None) => {
                     this.release(Completion::Ended);
+                    // An answer that ends cleanly gets what it sent, a last unfinished event
+                    // included.
+                    let rest = this.events.as_mut().map(Events::rest).unwrap_or_default();
+                    if rest.is_empty() {
+                        *this.phase = Phase::Done;
+                        return Poll::Ready(None);
+                    }
+                    *this.phase = Phase::Closing;
+                    return Poll::Ready(Some(Ok(Frame::data(rest))));
                 }
-                return Poll::Ready(Some(Ok(frame)));
-            }
-            Poll::Ready(Some(Err(error))) => {
-                this.release(Completion::Failed);
-                let error: BoxError = error.into();
-                let Some(watch) = this.watch.as_ref() else {
-                    return Poll::Ready(Some(Err(error)));
-                };
-                watch.cut.inc();
-                let why = format!("the connection failed: {}", chain(&*error));
-                (watch.ended_badly(&why), why)
-            }
+                Poll::Ready(Some(Ok(frame))) => {
+                    *this.armed = false;
+                    let frame = frame.map_data(|mut data| data.copy_to_bytes(data.remaining()));
+                    let last = this.inner.is_end_stream();
+                    let Some(frame) = this.whole_events(frame, last) else {
+                        // Only part of an event: wait for the rest of it.
+                        continue;
+                    };
+                    *this.flowing |= frame.data_ref().is_some_and(|data| !data.is_empty());
+                    if let (Some(meter), Some(data)) = (
+                        this.watch.as_mut().and_then(|watch| watch.meter.as_mut()),
+                        frame.data_ref(),
+                    ) {
+                        meter.frame(data);
+                    }
+                    // Release as soon as the last frame is out, rather than waiting for hyper
+                    // to poll once more for the `None`: the next queued request should not
+                    // wait on us.
+                    if last {
+                        this.release(Completion::Ended);
+                    }
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Poll::Ready(Some(Err(error))) => {
+                    this.release(Completion::Failed);
+                    let error: BoxError = error.into();
+                    let Some(watch) = this.watch.as_ref() else {
+                        return Poll::Ready(Some(Err(error)));
+                    };
+                    watch.cut.inc();
+                    let why = format!("the connection failed: {}", chain(&*error));
+                    (watch.ended_badly(&why), why)
+                }
+            };
         };
         let (event, why) = failure;
         this.end_with(event, why)
@@ -411,6 +462,7 @@ where
     }
 }
 
+pub(crate) mod events;
 pub(crate) mod meter;
 #[cfg(test)]
 mod tests;
