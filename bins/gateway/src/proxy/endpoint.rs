@@ -32,6 +32,8 @@
 
 use slotgate_config::Kind;
 
+use crate::proxy::request::prompt::Carries;
+
 /// Every kind.
 const ALL: &[Kind] = &Kind::ALL;
 /// The engines that serve Anthropic's token count (Ollama does not, PROTOCOLS §7).
@@ -71,6 +73,8 @@ pub(crate) struct Endpoint {
     pub(crate) manages_models: bool,
     /// How many engine slots (sequences) one request takes.
     pub(crate) weighed: Weighed,
+    /// Which members carry the prompt that cache-aware routing hashes.
+    pub(crate) carries: Carries,
 }
 
 /// How many engine slots one request on a route takes: its weight at the limiter.
@@ -99,7 +103,13 @@ impl Endpoint {
             stream_default: false,
             manages_models: false,
             weighed: Weighed::One,
+            carries: Carries::Nothing,
         }
+    }
+
+    const fn carrying(mut self, carries: Carries) -> Self {
+        self.carries = carries;
+        self
     }
 
     const fn weighed(mut self, weighed: Weighed) -> Self {
@@ -147,11 +157,15 @@ use ModelIn::{Form, Json, JsonOptional};
 
 /// The model-routed routes (see the module documentation).
 static ENDPOINTS: &[Endpoint] = &[
-    Endpoint::new("/v1/chat/completions", Json, true, ALL).weighed(Weighed::Choices),
-    Endpoint::new("/v1/completions", Json, true, ALL).weighed(Weighed::ChoicesOrBestOf),
+    Endpoint::new("/v1/chat/completions", Json, true, ALL)
+        .weighed(Weighed::Choices)
+        .carrying(Carries::Messages),
+    Endpoint::new("/v1/completions", Json, true, ALL)
+        .weighed(Weighed::ChoicesOrBestOf)
+        .carrying(Carries::Prompt),
     Endpoint::new("/v1/embeddings", Json, true, ALL),
-    Endpoint::new("/v1/responses", Json, true, ALL),
-    Endpoint::new("/v1/messages", Json, true, ALL),
+    Endpoint::new("/v1/responses", Json, true, ALL).carrying(Carries::InstructionsAndInput),
+    Endpoint::new("/v1/messages", Json, true, ALL).carrying(Carries::SystemAndMessages),
     Endpoint::new("/v1/messages/count_tokens", Json, false, LLAMA_VLLM),
     Endpoint::new("/v1/rerank", Json, true, LLAMA_VLLM),
     Endpoint::new("/rerank", Json, true, LLAMA_VLLM),
@@ -164,8 +178,12 @@ static ENDPOINTS: &[Endpoint] = &[
     Endpoint::new("/v1/audio/translations", Form, true, VLLM_OPENAI),
     Endpoint::new("/v1/audio/speech", Json, true, VLLM_OPENAI),
     Endpoint::new("/v1/images/generations", Json, true, VLLM_OPENAI),
-    Endpoint::new("/api/chat", Json, true, OLLAMA).streaming_by_default(),
-    Endpoint::new("/api/generate", Json, true, OLLAMA).streaming_by_default(),
+    Endpoint::new("/api/chat", Json, true, OLLAMA)
+        .streaming_by_default()
+        .carrying(Carries::Messages),
+    Endpoint::new("/api/generate", Json, true, OLLAMA)
+        .streaming_by_default()
+        .carrying(Carries::SystemAndPrompt),
     Endpoint::new("/api/embed", Json, true, OLLAMA),
     Endpoint::new("/api/embeddings", Json, true, OLLAMA),
     Endpoint::new("/api/show", Json, false, OLLAMA),
@@ -174,7 +192,7 @@ static ENDPOINTS: &[Endpoint] = &[
     Endpoint::new("/api/create", Json, false, OLLAMA).managing_models(),
     Endpoint::new("/api/delete", Json, false, OLLAMA).managing_models(),
     Endpoint::new("/api/copy", Json, false, OLLAMA).managing_models(),
-    Endpoint::new("/completion", JsonOptional, true, LLAMA),
+    Endpoint::new("/completion", JsonOptional, true, LLAMA).carrying(Carries::Prompt),
     Endpoint::new("/infill", JsonOptional, true, LLAMA),
     Endpoint::new("/embedding", JsonOptional, true, LLAMA),
     Endpoint::new("/embeddings", JsonOptional, true, LLAMA),
