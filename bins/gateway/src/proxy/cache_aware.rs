@@ -100,6 +100,9 @@ pub(crate) struct Feedback {
     host: Option<HostId>,
     /// When the prefix the host was believed to hold was last sent anywhere.
     stamp: Option<Stamp>,
+    /// The request's chain, recorded again after a correction (which may clear what was
+    /// recorded in the same second).
+    chain: Vec<u64>,
     predicted_bytes: usize,
     total_bytes: usize,
     /// The target's prefill time per KiB of uncached prompt.
@@ -193,6 +196,7 @@ impl CacheAware {
             cache: Arc::clone(self),
             host,
             stamp: prior.stamp,
+            chain: placement.prefix.hashes().to_vec(),
             predicted_bytes: placement.prefix.bytes_through(prior.elements),
             total_bytes: placement.prefix.total_bytes(),
             prefill: Arc::clone(&target.prefill),
@@ -226,9 +230,12 @@ impl CacheAware {
         builder.finish()
     }
 
-    /// Forgets what `host` was sent until `stamp`: it reported holding less.
-    fn forget_until(&self, host: HostId, stamp: Stamp) {
-        self.state.lock().index.forget_until(host, stamp);
+    /// Forgets what `host` was sent until `stamp` (it reported holding less), except `chain`,
+    /// which it has just computed.
+    fn correct(&self, host: HostId, stamp: Stamp, chain: &[u64]) {
+        let mut state = self.state.lock();
+        state.index.forget_until(host, stamp);
+        state.index.record(chain, host, Instant::now());
     }
 }
 
@@ -264,7 +271,7 @@ impl Feedback {
             && cached < predicted / 2
             && let (Some(host), Some(stamp)) = (self.host, self.stamp)
         {
-            self.cache.forget_until(host, stamp);
+            self.cache.correct(host, stamp, &self.chain);
         }
         if let Some(ttft) = ttft {
             let uncached = self.total_bytes
