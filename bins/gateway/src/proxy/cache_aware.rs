@@ -44,14 +44,12 @@ use std::time::{Duration, Instant};
 
 use http::HeaderMap;
 use parking_lot::Mutex;
-use slotgate_choose::{
-    Holdings, HostId, HostSet, Limits, Prefix, PrefixBuilder, Stamp, Standing, Verdict,
-};
+use slotgate_choose::{Holdings, HostId, HostSet, Limits, Prefix, PrefixBuilder, Stamp, Standing};
 use slotgate_config::CacheAffinity;
 
-use crate::proxy::endpoint::Endpoint;
+use crate::proxy::endpoint::{Carries, Endpoint};
 use crate::proxy::request::ApiRequest;
-use crate::proxy::request::prompt::{self, Carries, Shape};
+use crate::proxy::request::prompt::{self, Placement, Shape};
 use crate::proxy::route::Route;
 use crate::upstreams::hold::HoldStats;
 use crate::upstreams::target::Target;
@@ -83,13 +81,6 @@ struct State {
     index: Holdings,
     /// The upstream authority each [`HostId`] stands for, by its number.
     hosts: Vec<String>,
-}
-
-/// What was decided for one request by its prompt, carried to where it is sent.
-#[derive(Debug)]
-pub(crate) struct Placement {
-    prefix: Prefix,
-    verdict: Verdict,
 }
 
 /// The rest of the loop, riding with one answer: what the index predicted the host held.

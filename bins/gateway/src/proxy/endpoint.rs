@@ -32,8 +32,6 @@
 
 use slotgate_config::Kind;
 
-use crate::proxy::request::prompt::Carries;
-
 /// Every kind.
 const ALL: &[Kind] = &Kind::ALL;
 /// The engines that serve Anthropic's token count (Ollama does not, PROTOCOLS §7).
@@ -43,6 +41,23 @@ const VLLM: &[Kind] = &[Kind::Vllm];
 const OLLAMA: &[Kind] = &[Kind::Ollama];
 /// Served by none of the three engines; vLLM-Omni speaks the same API under `kind = "vllm"`.
 const VLLM_OPENAI: &[Kind] = &[Kind::Vllm, Kind::OpenAi];
+
+/// Which members carry a route's prompt (see [`request::prompt`](crate::proxy::request::prompt)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Carries {
+    /// No prompt worth routing by (embeddings, rerank, audio, metadata routes).
+    Nothing,
+    /// `messages`.
+    Messages,
+    /// `system`, then `messages` (Anthropic's Messages API).
+    SystemAndMessages,
+    /// `instructions`, then `input` (the Responses API).
+    InstructionsAndInput,
+    /// `prompt` (completions).
+    Prompt,
+    /// `system`, then `prompt` (Ollama's generate).
+    SystemAndPrompt,
+}
 
 /// Where a route's body names the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -43,7 +43,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::BoxError;
 use crate::metrics::{Bound, Metrics};
-use crate::proxy::cache_aware::Placement;
 use crate::proxy::endpoint::{Endpoint, ModelIn, Weighed};
 use crate::proxy::problems::{BadRequest, Error};
 
@@ -462,7 +461,7 @@ fn count(raw: Option<&RawValue>, member: &'static str) -> Result<usize, Error> {
 mod form;
 pub(crate) mod prompt;
 
-pub(crate) use prompt::Prompt;
+pub(crate) use prompt::{Placement, Prompt};
 
 #[cfg(test)]
 mod tests;

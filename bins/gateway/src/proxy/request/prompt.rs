@@ -25,23 +25,9 @@ use std::ops::Range;
 use serde::Deserialize;
 use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
+use slotgate_choose::{Prefix, Verdict};
 
-/// Which members carry a route's prompt (see the [module docs](self)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Carries {
-    /// No prompt worth routing by (embeddings, rerank, audio, metadata routes).
-    Nothing,
-    /// `messages`.
-    Messages,
-    /// `system`, then `messages` (Anthropic's Messages API).
-    SystemAndMessages,
-    /// `instructions`, then `input` (the Responses API).
-    InstructionsAndInput,
-    /// `prompt` (completions).
-    Prompt,
-    /// `system`, then `prompt` (Ollama's generate).
-    SystemAndPrompt,
-}
+use crate::proxy::endpoint::Carries;
 
 /// How a piece is hashed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +48,16 @@ pub(crate) struct Prompt {
     pub(crate) pieces: Vec<(Range<usize>, Shape)>,
     /// The `user` member's (or `metadata.user_id`'s) raw JSON.
     pub(crate) user: Option<Range<usize>>,
+}
+
+/// What cache-aware routing decided for a request by its prompt, carried with the request to
+/// where it is sent ([`cache_aware`](crate::proxy::cache_aware) makes and reads it).
+#[derive(Debug)]
+pub(crate) struct Placement {
+    /// The prompt's chain.
+    pub(crate) prefix: Prefix,
+    /// How the request was placed.
+    pub(crate) verdict: Verdict,
 }
 
 /// The members of a request body that may carry its prompt, as raw JSON borrowed from it
