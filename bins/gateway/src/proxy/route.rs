@@ -54,6 +54,9 @@ pub(crate) struct Route {
     pub(crate) targets: Vec<Arc<Target>>,
     /// Refusals of this model, by reason.
     pub(crate) rejections: RejectionMetrics,
+    /// Whether cache-aware routing places its requests: no upstream's table for the model says
+    /// `affinity = "off"`.
+    pub(crate) affinity: bool,
 }
 
 impl Routes {
@@ -169,20 +172,20 @@ impl Routes {
                         model: model.clone(),
                     }),
                     hold: previous.map_or_else(Arc::default, |p| Arc::clone(&p.hold)),
+                    prefill: previous.map_or_else(Arc::default, |p| Arc::clone(&p.prefill)),
                     metrics: Arc::new(metrics.target(&upstream.name, model)),
                     // Carried over so that an excess in progress is not forgotten by a reload.
                     engine: previous.map_or_else(Arc::default, |p| Arc::clone(&p.engine)),
                     ejection: Arc::clone(ejection),
                 };
-                routes
-                    .entry(model.clone())
-                    .or_insert_with(|| Route {
-                        model: model.clone(),
-                        targets: Vec::new(),
-                        rejections: metrics.rejections(model),
-                    })
-                    .targets
-                    .push(Arc::new(target));
+                let route = routes.entry(model.clone()).or_insert_with(|| Route {
+                    model: model.clone(),
+                    targets: Vec::new(),
+                    rejections: metrics.rejections(model),
+                    affinity: true,
+                });
+                route.affinity &= upstream.affinity(model);
+                route.targets.push(Arc::new(target));
             }
         }
         let mut by_name: HashMap<String, Arc<Route>> = routes

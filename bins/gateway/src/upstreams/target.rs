@@ -76,8 +76,13 @@ pub(crate) struct Target {
     /// The upstream's and the model's names for the warnings and the last event of an answer
     /// that ends badly, shared by every answer instead of copied for each.
     pub(crate) answer_names: Arc<AnswerNames>,
-    /// Observed slot hold times, for `Retry-After`.
+    /// Observed slot hold times, for `Retry-After` and the cost of waiting for a host that
+    /// holds a prompt's prefix.
     pub(crate) hold: Arc<HoldStats>,
+    /// Observed prefill time per KiB of prompt text the engine did not have cached, from
+    /// streamed answers' first tokens: the price of sending a request where its prefix is not
+    /// ([`cache_aware`](crate::proxy::cache_aware)).
+    pub(crate) prefill: Arc<HoldStats>,
     /// This target's metric handles.
     pub(crate) metrics: Arc<TargetMetrics>,
     /// The engine's own busy count, next to ours ([`reconcile`](crate::upstreams::reconcile)).
