@@ -1,5 +1,7 @@
 //! `[cluster]` end to end: two `slotgate` processes (the built binary) in front of one fake
-//! engine share one cap and one FIFO queue through Redis (`docs/scale-out.md`).
+//! engine share its caps and queues through Redis (`docs/scale-out.md`): one cap and one FIFO
+//! queue per model, and fair order, priority classes, weighted requests and an engine-wide cap
+//! by the same rules as one gateway.
 //!
 //! They need the Redis on `127.0.0.1:6379` (or `SLOTGATE_TEST_REDIS_URL`) and fail with a
 //! message saying so when it is missing; the store-down tests start their own `redis-server` on
@@ -743,5 +745,191 @@ async fn a_reload_changes_limits_in_the_store_but_not_the_cluster_table() {
     let issues = refused.issues().join("\n");
     assert!(issues.contains("[cluster] changed"), "{issues}");
     gateway.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// A chat request for `model` with `n` choices as the client key `key`, with `id` as its
+/// request id, held `hold_ms` on the engine; read to its end.
+fn spawn_as(
+    addr: SocketAddr,
+    (key, model, n): (&'static str, &'static str, u32),
+    id: String,
+    hold_ms: &'static str,
+) -> tokio::task::JoinHandle<(String, u16)> {
+    tokio::spawn(async move {
+        let body = serde_json::json!({
+            "model": model,
+            "messages": [{"role": "user", "content": "hello"}],
+            "n": n,
+        });
+        let request = Request::post(format!("http://{addr}/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {key}"))
+            .header("x-request-id", id.as_str())
+            .header("x-fake-hold-ms", hold_ms)
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        let client = Client::builder(TokioExecutor::new()).build_http();
+        let response = client.request(request).await.expect("the gateway answers");
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(status, 200, "{id}: {}", String::from_utf8_lossy(&body));
+        (id, status)
+    })
+}
+
+/// Issue #33's "done when": two gateways with fair order, a priority key, `n = 2` requests and
+/// an engine-wide cap hold every rule one gateway holds. The engine (room for 16) never runs
+/// more sequences than its cap of 3 over its two models; the high-priority request is served
+/// first; a tenant that floods the queue does not hold back another tenant's single request;
+/// within a tenant, first come first served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_keep_fairness_priority_weights_and_the_engine_cap() {
+    let url = redis_url();
+    redis_conn(&url);
+    let prefix = Prefix::new(&url, "rules");
+    let fake = FakeUpstream::start(FakeConfig::vllm(16).model("sql").model("chat"))
+        .await
+        .expect("the fake engine starts");
+    let toml = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+api_keys = [
+  {{ key = "sk-busy", name = "busy" }},
+  {{ key = "sk-quiet", name = "quiet" }},
+  {{ key = "sk-ops", name = "ops", priority = "high" }},
+]
+
+[cluster]
+{cluster}
+
+[upstreams.engine]
+url = "{url}"
+kind = "vllm"
+parallel = 3
+
+[upstreams.engine.models.sql]
+parallel = 3
+queue = 32
+queue_timeout = "60s"
+queue_order = "fair"
+
+[upstreams.engine.models.chat]
+parallel = 2
+queue = 8
+queue_timeout = "60s"
+"#,
+        cluster = cluster(&url, &prefix, ""),
+        url = fake.url(),
+    );
+    let a = Replica::start("rules-a", &toml);
+    let b = Replica::start("rules-b", &toml);
+    let gateways = [a.api, b.api];
+    let sql_waiting = || prefix.counts(&fake, "sql")[1];
+
+    // The scene: two sequences of `chat` (one request, n = 2) and one of `sql` fill the
+    // engine's cap of 3.
+    let mut tasks = vec![spawn_as(
+        b.api,
+        ("sk-busy", "chat", 2),
+        "chat-0".into(),
+        "3000",
+    )];
+    eventually("chat-0 runs", || fake.observer().sequences_in_flight() == 2).await;
+    tasks.push(spawn_as(
+        a.api,
+        ("sk-busy", "sql", 1),
+        "busy-0".into(),
+        "3000",
+    ));
+    eventually("the cap is full", || {
+        fake.observer().sequences_in_flight() == 3
+    })
+    .await;
+    // The busy tenant floods `sql` through both gateways; then the quiet tenant and the
+    // high-priority key send one each; a second `n = 2` request waits for `chat`.
+    for i in 1..=10 {
+        let id = format!("busy-{i}");
+        tasks.push(spawn_as(gateways[i % 2], ("sk-busy", "sql", 1), id, "100"));
+        eventually("the request waits in the global queue", || {
+            sql_waiting() == i
+        })
+        .await;
+    }
+    tasks.push(spawn_as(
+        b.api,
+        ("sk-quiet", "sql", 1),
+        "quiet-1".into(),
+        "100",
+    ));
+    eventually("quiet-1 is queued", || sql_waiting() == 11).await;
+    tasks.push(spawn_as(a.api, ("sk-ops", "sql", 1), "ops-1".into(), "100"));
+    eventually("ops-1 is queued", || sql_waiting() == 12).await;
+    tasks.push(spawn_as(
+        a.api,
+        ("sk-quiet", "chat", 2),
+        "chat-1".into(),
+        "100",
+    ));
+    eventually("chat-1 is queued", || prefix.counts(&fake, "chat")[1] == 1).await;
+    assert!(
+        fake.observer()
+            .request("busy-0")
+            .is_some_and(|r| !r.is_done()),
+        "the scene was set while the first requests still ran"
+    );
+
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("every request is served in time")
+            .expect("the request task did not panic");
+    }
+    assert_eq!(
+        fake.observer().peak_sequences_in_flight(),
+        3,
+        "the engine saw its cap of 3 sequences over both models, from two gateways"
+    );
+    let sql: Vec<String> = started_order(fake.observer(), &{
+        let mut ids: Vec<String> = (1..=10).map(|i| format!("busy-{i}")).collect();
+        ids.extend(["quiet-1".to_owned(), "ops-1".to_owned()]);
+        ids
+    });
+    let t0 = fake.observer().request("busy-0").expect("seen").received_at;
+    let timeline: Vec<String> = fake
+        .observer()
+        .inference_requests()
+        .into_iter()
+        .map(|r| {
+            format!(
+                "{} rx {:?} start {:?}",
+                r.id,
+                r.received_at - t0,
+                r.started_at.map(|s| s - t0)
+            )
+        })
+        .collect();
+    assert_eq!(sql.len(), 12, "{sql:?}");
+    assert_eq!(sql[0], "ops-1", "the high class first: {sql:?}");
+    let quiet = sql.iter().position(|id| id == "quiet-1").unwrap();
+    // Ops first, then the next two grants of the normal class, which one release may hand out
+    // together (the engine may then see them in either order); without fair order it would
+    // start after the ten of the busy tenant.
+    assert!(
+        quiet <= 3,
+        "the quiet tenant's one request is among the next two normal grants: {timeline:#?}"
+    );
+    // Within a tenant first come first served, up to the order in which two replicas forward
+    // two requests granted in the same step (at most a swap of neighbours at the engine).
+    let busy: Vec<&String> = sql.iter().filter(|id| id.starts_with("busy-")).collect();
+    for (at, id) in busy.iter().enumerate() {
+        let arrival: usize = id["busy-".len()..].parse().unwrap();
+        assert!(
+            arrival.abs_diff(at + 1) <= 1,
+            "FIFO within a tenant: {timeline:#?}"
+        );
+    }
+    drop((a, b));
     fake.shutdown().await;
 }
