@@ -18,12 +18,15 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use slotgate_admission::{Admission, AdmitError, AdmitFuture, Occupancy, Slot};
-use slotgate_limiter::Limiter;
+use slotgate_limiter::{Limiter, Priority, QueueOrder, Ticket};
 use support::{Prefix, eventually, redis_url};
 
 const HOST: &str = "http://gpu-1:8080";
 const MODEL: &str = "llama";
+/// A second model of the same host, for the engine-wide cap.
+const OTHER: &str = "llama-lora";
 /// A lease of the shared set-ups: short, so the expiry rule runs in about two seconds.
 const TTL: Duration = Duration::from_millis(1500);
 /// The bound on every wait of the harness.
@@ -85,16 +88,75 @@ impl Harness {
         }
     }
 
-    /// The key's counts across every replica: the local limiter's own, or (shared) what Redis
-    /// holds now.
+    /// Sets the key's order on every replica, and waits until the shared store has it.
+    async fn order(&self, model: &str, order: QueueOrder) {
+        for replica in &self.replicas {
+            replica.configure_order(HOST, model, order);
+        }
+        if let Some(prefix) = &self.prefix {
+            let fair = order == QueueOrder::Fair;
+            eventually(LIMIT, "the order reached Redis", || {
+                prefix.state(HOST, model).is_some_and(|s| s.fair == fair)
+            })
+            .await;
+        }
+    }
+
+    /// Caps the host on every replica (after its models are configured), and waits until the
+    /// shared store has it.
+    async fn cap(&self, parallel: usize) {
+        for replica in &self.replicas {
+            replica.configure_host(HOST, parallel);
+        }
+        if let Some(prefix) = &self.prefix {
+            eventually(LIMIT, "the host cap reached Redis", || {
+                prefix
+                    .state(HOST, MODEL)
+                    .is_some_and(|s| s.cap == Some(parallel))
+            })
+            .await;
+        }
+    }
+
+    /// The key's counts across every replica (units held, waiters): the local limiter's own,
+    /// or (shared) what Redis holds now.
     fn occupancy(&self) -> Occupancy {
+        self.occupancy_of(MODEL)
+    }
+
+    fn occupancy_of(&self, model: &str) -> Occupancy {
         match &self.prefix {
-            None => self.replicas[0].local(HOST, MODEL),
+            None => self.replicas[0].local(HOST, model),
             Some(prefix) => Occupancy::new(
-                prefix.zcard(HOST, MODEL, "holders"),
-                prefix.zcard(HOST, MODEL, "waiters"),
+                prefix.zcard(HOST, model, "holders"),
+                prefix.zcard(HOST, model, "waiters"),
             ),
         }
+    }
+
+    /// Starts the `i`-th acquire of `model` with `ticket` in a task that, once granted, writes
+    /// `label` into `log` and releases at once; waits until it is queued (`queued` waiters of
+    /// the model in all after it).
+    async fn join_logged(
+        &self,
+        i: usize,
+        model: &str,
+        ticket: &Ticket,
+        queued: usize,
+        (log, label): (&Log, &'static str),
+    ) -> tokio::task::JoinHandle<()> {
+        let acquire = self.replica(i).acquire_with(HOST, model, ticket);
+        let log = Arc::clone(log);
+        let task = tokio::spawn(async move {
+            let slot = acquire.await.expect("granted");
+            log.lock().push(label);
+            drop(slot);
+        });
+        eventually(LIMIT, "the waiter joined the queue", || {
+            self.occupancy_of(model).queued == queued
+        })
+        .await;
+        task
     }
 
     /// Waits until the key's counts are `expected` (releases and cancels of the shared limiter
@@ -140,6 +202,20 @@ impl Harness {
             self.kind
         );
     }
+}
+
+/// The order in which logged waiters were granted.
+type Log = Arc<Mutex<Vec<&'static str>>>;
+
+/// Awaits every task, each bounded by [`LIMIT`], and returns the log.
+async fn finish(tasks: Vec<tokio::task::JoinHandle<()>>, log: &Log) -> Vec<&'static str> {
+    for task in tasks {
+        tokio::time::timeout(LIMIT, task)
+            .await
+            .expect("every waiter is granted in time")
+            .expect("the task did not panic");
+    }
+    log.lock().clone()
 }
 
 /// Awaits a waiter's task, which must end with a slot within [`LIMIT`].
@@ -340,6 +416,156 @@ async fn a_dead_holders_slot_comes_back(h: Harness) {
         .await;
 }
 
+/// Weighted permits: a request of weight `w` holds `w` units; a heavy head is never overtaken
+/// by a lighter waiter behind it (units freed meanwhile are set aside for it); a weight above
+/// `parallel` is refused at once.
+async fn weighted_permits_hold_their_units_in_order(h: Harness) {
+    h.configure(3, 4).await;
+    let two = Ticket::new().weight(2);
+    let held = h
+        .replica(0)
+        .acquire_with(HOST, MODEL, &two)
+        .await
+        .expect("2 of 3 units");
+    assert_eq!(
+        h.occupancy().in_flight,
+        2,
+        "{:?}: units, not requests",
+        h.kind
+    );
+    let too_heavy = h
+        .replica(1)
+        .acquire_with(HOST, MODEL, &Ticket::new().weight(4))
+        .await;
+    assert!(
+        matches!(
+            too_heavy,
+            Err(AdmitError::TooHeavy {
+                weight: 4,
+                parallel: 3
+            })
+        ),
+        "{:?}: {too_heavy:?}",
+        h.kind
+    );
+    let log = Log::default();
+    // One unit is free, but the heavy head needs two: the light one behind it waits too.
+    let heavy = h
+        .join_logged(1, MODEL, &Ticket::new().weight(3), 1, (&log, "heavy"))
+        .await;
+    let light = h
+        .join_logged(2, MODEL, &Ticket::new(), 2, (&log, "light"))
+        .await;
+    assert!(
+        still_waiting(&light).await,
+        "{:?}: the light one overtook",
+        h.kind
+    );
+    drop(held);
+    assert_eq!(finish(vec![heavy, light], &log).await, ["heavy", "light"]);
+    h.settled(Occupancy::new(0, 0), "every unit came back")
+        .await;
+}
+
+/// The engine-wide cap: the host's models share it, each within its own limit too; a model
+/// whose head waits for the cap is served before a newcomer of another model.
+async fn an_engine_cap_is_shared_by_the_hosts_models(h: Harness) {
+    // The model alone could run 4; the engine runs 3 over both models.
+    h.configure(4, 4).await;
+    for replica in &h.replicas {
+        replica.configure(HOST, OTHER, 3, 4);
+    }
+    h.cap(3).await;
+    let first = h
+        .replica(0)
+        .acquire_with(HOST, MODEL, &Ticket::new().weight(2))
+        .await
+        .expect("2 of the engine's 3");
+    let second = h
+        .replica(1)
+        .acquire(HOST, OTHER)
+        .await
+        .expect("the engine's third");
+    let log = Log::default();
+    // Both models have room of their own; the engine has none.
+    let waits = h
+        .join_logged(0, MODEL, &Ticket::new().weight(2), 1, (&log, "model"))
+        .await;
+    let other = h
+        .join_logged(1, OTHER, &Ticket::new(), 1, (&log, "other"))
+        .await;
+    drop(second);
+    // One unit came back: not enough for the model's head, and the other model's newcomer
+    // may not take it (the engine's line is first come, first served across models).
+    assert!(
+        still_waiting(&other).await,
+        "{:?}: overtook the engine's line",
+        h.kind
+    );
+    // Both fit once the first holder leaves (granted in the same step, so either may log
+    // first).
+    drop(first);
+    let mut order = finish(vec![waits, other], &log).await;
+    order.sort_unstable();
+    assert_eq!(order, ["model", "other"]);
+    h.settled(Occupancy::new(0, 0), "every unit came back")
+        .await;
+}
+
+/// Fair order: a tenant that floods the queue does not hold back another tenant's single
+/// request, which is served within the next two grants (equal shares).
+async fn fair_order_does_not_starve_a_quiet_tenant(h: Harness) {
+    h.configure(1, 16).await;
+    h.order(MODEL, QueueOrder::Fair).await;
+    let held = h.granted(0).await;
+    let log = Log::default();
+    let busy = Ticket::new().tenant("busy");
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        tasks.push(h.join_logged(i, MODEL, &busy, i + 1, (&log, "busy")).await);
+    }
+    let quiet = Ticket::new().tenant("quiet");
+    tasks.push(h.join_logged(5, MODEL, &quiet, 6, (&log, "quiet")).await);
+    drop(held);
+    let order = finish(tasks, &log).await;
+    assert_eq!(
+        order,
+        ["busy", "quiet", "busy", "busy", "busy", "busy"],
+        "{:?}",
+        h.kind
+    );
+}
+
+/// Priority classes: higher first, and a class with waiters passed over
+/// [`Priority::PASS_LIMIT`] times in a row is served next.
+async fn priority_classes_keep_their_starvation_bound(h: Harness) {
+    h.configure(1, 16).await;
+    let held = h.granted(0).await;
+    let log = Log::default();
+    let mut tasks = vec![
+        h.join_logged(
+            0,
+            MODEL,
+            &Ticket::new().priority(Priority::Low),
+            1,
+            (&log, "low"),
+        )
+        .await,
+    ];
+    let high = Ticket::new().priority(Priority::High);
+    for i in 0..6 {
+        tasks.push(
+            h.join_logged(i + 1, MODEL, &high, i + 2, (&log, "high"))
+                .await,
+        );
+    }
+    drop(held);
+    let order = finish(tasks, &log).await;
+    let mut expected = vec!["high"; Priority::PASS_LIMIT];
+    expected.extend(["low", "high", "high"]);
+    assert_eq!(order, expected, "{:?}", h.kind);
+}
+
 // ===== one test per rule and set-up =====
 
 macro_rules! contract {
@@ -388,4 +614,8 @@ contract!(
     shrinking_the_queue_keeps_its_waiters,
     release_frees_the_slot,
     a_dead_holders_slot_comes_back,
+    weighted_permits_hold_their_units_in_order,
+    an_engine_cap_is_shared_by_the_hosts_models,
+    fair_order_does_not_starve_a_quiet_tenant,
+    priority_classes_keep_their_starvation_bound,
 );

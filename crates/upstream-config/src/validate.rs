@@ -126,7 +126,7 @@ pub(crate) fn build(r: &mut Reader<'_>, root: &Value) -> Option<Config> {
     );
     let cluster = cluster::cluster(r, &path.key("cluster"), table.get("cluster"));
     if let (Some(Some(_)), Some(built)) = (&cluster, &upstreams.built) {
-        cluster::per_replica_settings(r, server.as_ref(), built);
+        cluster::per_replica_settings(r, built);
         if r.has_issues() {
             return None;
         }

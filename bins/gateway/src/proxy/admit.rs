@@ -93,12 +93,6 @@ pub(crate) enum Refused {
         /// The store's next probe.
         retry_after: Duration,
     },
-    /// Under `[cluster]`: the request needs `weight` slots, and the shared store counts one
-    /// per request (see [`shared`]).
-    Unshared {
-        /// The slots asked for.
-        weight: usize,
-    },
 }
 
 /// Whether a released slot's hold time feeds the `Retry-After` estimate and the duration
@@ -148,7 +142,7 @@ pub(crate) fn join(
         return Err(Refused::ShuttingDown);
     }
     if let Some(key) = &target.shared {
-        return shared::join(target, key, ticket, deadlines, stop);
+        return Ok(shared::join(target, key, ticket, deadlines, stop));
     }
     let acquire = target.key.acquire_with(ticket);
     if !acquire.is_queued() {
@@ -190,11 +184,7 @@ fn granted(
     hold: &Arc<HoldStats>,
     metrics: &Arc<TargetMetrics>,
 ) -> Result<Slot, Refused> {
-    let permit = outcome.map_err(|error| match error {
-        AcquireError::QueueFull => Refused::Full,
-        AcquireError::TooHeavy { weight, parallel } => Refused::TooHeavy { weight, parallel },
-        _ => Refused::Closed,
-    })?;
+    let permit = outcome.map_err(|error| refusal(&error))?;
     metrics.queue_wait.observe(permit.waited());
     Ok(Slot::new(
         permit,
@@ -202,6 +192,15 @@ fn granted(
         Arc::clone(hold),
         Arc::clone(metrics),
     ))
+}
+
+/// Why a local acquire gave no slot.
+fn refusal(error: &AcquireError) -> Refused {
+    match *error {
+        AcquireError::QueueFull => Refused::Full,
+        AcquireError::TooHeavy { weight, parallel } => Refused::TooHeavy { weight, parallel },
+        _ => Refused::Closed,
+    }
 }
 
 /// A request waiting in a queue: a future of its [`Slot`], that ends at its [`Wait`] or when

@@ -24,6 +24,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
+use slotgate_admission::Admission as _;
 use slotgate_config::{Config, ModelLimits, Queueing};
 use slotgate_limiter::{HostReading, Limiter, QueueOrder};
 use slotgate_limiter_redis::RedisLimiter;
@@ -105,9 +106,18 @@ impl Routes {
             // once made); an upstream that never had one gets none, so its models stay capped
             // one by one with nothing shared to lock.
             match upstream.parallel {
-                Some(parallel) => limiter.configure_host(authority, parallel),
+                Some(parallel) => {
+                    limiter.configure_host(authority, parallel);
+                    // Under `[cluster]` the replicas share it (last writer wins).
+                    if let Some(cluster) = cluster {
+                        cluster.configure_host(authority, parallel);
+                    }
+                }
                 None if limiter.host_reading(authority).is_some() => {
                     limiter.configure_host(authority, usize::MAX);
+                    if let Some(cluster) = cluster {
+                        cluster.configure_host(authority, usize::MAX);
+                    }
                 }
                 None => {}
             }
@@ -127,7 +137,8 @@ impl Routes {
                         let cap = parallel.saturating_add(prefetch);
                         limiter.configure(authority, model.as_str(), cap, queue);
                         shared = cluster.map(|cluster| {
-                            SharedKey::configure(cluster, authority, model, cap, queue)
+                            let order = order_of(upstream.queueing(model).order);
+                            SharedKey::configure(cluster, authority, model, (cap, queue), order)
                         });
                         (Sizing::Fixed { capacity }, Some(queue_timeout))
                     }
@@ -307,12 +318,16 @@ fn configure_order(
     upstream: &slotgate_config::Upstream,
 ) -> Queueing {
     let queueing = upstream.queueing(model);
-    let order = match queueing.order {
+    limiter.configure_order(authority, model, order_of(queueing.order));
+    queueing
+}
+
+/// The limiter's order for a configured `queue_order`.
+fn order_of(order: slotgate_config::QueueOrder) -> QueueOrder {
+    match order {
         slotgate_config::QueueOrder::Fifo => QueueOrder::Fifo,
         slotgate_config::QueueOrder::Fair => QueueOrder::Fair,
-    };
-    limiter.configure_order(authority, model, order);
-    queueing
+    }
 }
 
 #[cfg(test)]

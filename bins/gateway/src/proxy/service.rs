@@ -568,7 +568,6 @@ impl App {
                 route.rejections.store_unavailable.inc();
                 Error::StoreUnavailable { model, retry_after }
             }
-            Refused::Unshared { weight } => BadRequest::Unshared { weight }.into(),
             Refused::Hopeless { expected, wait } => {
                 route.rejections.queue_timeout.inc();
                 Error::QueueTimeout {

@@ -172,9 +172,12 @@ impl Target {
         if let Some(cap) = self.key.host_reading() {
             free = free.min(cap.parallel.saturating_sub(cap.in_flight));
         }
-        // Under `[cluster]` the cap is shared: every replica's holders count.
+        // Under `[cluster]` the caps are shared: every replica's holders count.
         if let Some(global) = self.global() {
             free = reading.limits.parallel.saturating_sub(global.in_flight);
+            if let Some(cap) = self.shared.as_ref().and_then(SharedKey::host_global) {
+                free = free.min(cap.parallel.saturating_sub(cap.in_flight));
+            }
         }
         Info {
             healthy: self.upstream.health.is_routable(),
