@@ -75,11 +75,13 @@
 //! [RFC 9457]: https://www.rfc-editor.org/rfc/rfc9457
 
 mod constructors;
+mod dialect;
 mod kind;
 mod problem;
 mod response;
 
 pub use constructors::ECHO_LIMIT;
+pub use dialect::{Dialect, Framing};
 pub use kind::{BASE_URI, Kind, slug};
 pub use problem::Problem;
 
