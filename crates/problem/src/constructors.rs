@@ -354,6 +354,31 @@ impl Problem {
         .with_detail(detail)
     }
 
+    /// [`Kind::BadRequest`] (400) for one of the request's headers rather than its body:
+    /// `detail` says what is wrong with `header`, which is also `error.param`.
+    ///
+    /// ```
+    /// use slotgate_problem::Problem;
+    ///
+    /// let problem = Problem::bad_header("x-slotgate-max-wait", "it must be a duration");
+    /// assert_eq!(problem.status(), 400);
+    /// assert_eq!(problem.param(), Some("x-slotgate-max-wait"));
+    /// assert!(problem.message().starts_with("The `x-slotgate-max-wait` header is invalid"));
+    /// ```
+    #[must_use]
+    pub fn bad_header(header: &str, detail: impl Into<String>) -> Self {
+        let detail = detail.into();
+        Self::new(
+            Kind::BadRequest,
+            format!(
+                "The `{header}` header is invalid: {}. Fix it and send the request again.",
+                detail.trim_end_matches('.')
+            ),
+        )
+        .with_detail(detail)
+        .with_param(header)
+    }
+
     /// [`Kind::BodyTooLarge`] (413): the body is larger than `limit` bytes.
     ///
     /// Sets the extension member `limit_bytes`.

@@ -18,6 +18,7 @@
 //! | [`Problem::response_not_found`] | 404 | `response-not-found` | |
 //! | [`Problem::response_upstream_unavailable`] | 503 | `response-upstream-unavailable` | yes |
 //! | [`Problem::bad_request`] | 400 | `bad-request` | |
+//! | [`Problem::bad_header`] | 400 | `bad-request` | |
 //! | [`Problem::body_too_large`] | 413 | `body-too-large` | |
 //! | [`Problem::unsupported_media_type`] | 415 | `unsupported-media-type` | |
 //! | [`Problem::body_timeout`] | 408 | `body-timeout` | |

@@ -67,7 +67,12 @@ impl Admin {
         let request_id = request_id(req.headers());
         let mut response = match self.dispatch(&req).await {
             Ok(response) => response,
-            Err(error) => problems::respond::<Full<Bytes>>(&error, &request_id).map(Either::Left),
+            Err(error) => problems::respond::<Full<Bytes>>(
+                &error,
+                &request_id,
+                slotgate_problem::Dialect::OpenAi,
+            )
+            .map(Either::Left),
         };
         response.headers_mut().insert(REQUEST_ID, request_id);
         response

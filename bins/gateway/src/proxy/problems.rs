@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response};
-use slotgate_problem::Problem;
+use slotgate_problem::{Dialect, Problem};
 use tracing::{debug, warn};
 
 use crate::error::{BoxError, chain};
@@ -301,7 +301,7 @@ fn queue_timeout(
 /// A client's deadline that bounded a queue wait (see [`Error::QueueTimeout`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Deadline {
-    /// The header that set it: `x-slotgate-max-wait` or `x-stainless-timeout`.
+    /// The header that set it: `x-slotgate-max-wait`, `x-stainless-timeout` or `x-stainless-read-timeout`.
     pub(crate) header: &'static str,
     /// Its value.
     pub(crate) bound: Duration,
@@ -391,6 +391,18 @@ pub(crate) enum BadRequest {
 }
 
 impl BadRequest {
+    /// The header at fault, when it is a header and not the body.
+    fn header(&self) -> Option<&str> {
+        match self {
+            BadRequest::TenantNotText { header } | BadRequest::TenantTooLong { header, .. } => {
+                Some(header)
+            }
+            BadRequest::MaxWait { header } => Some(header.as_str()),
+            BadRequest::ContentLength => Some("content-length"),
+            _ => None,
+        }
+    }
+
     /// The problem's `detail`: what is wrong and, for a parse error, the parser's own words
     /// (its first cause only, as the client needs no deeper chain).
     pub(crate) fn detail(&self) -> String {
@@ -429,7 +441,10 @@ impl Error {
                 upstream,
                 retry_after,
             } => Problem::response_upstream_unavailable(id, upstream, *retry_after),
-            Error::BadRequest(bad) => Problem::bad_request(bad.detail()),
+            Error::BadRequest(bad) => match bad.header() {
+                Some(header) => Problem::bad_header(header, bad.detail()),
+                None => Problem::bad_request(bad.detail()),
+            },
             Error::TooHeavy {
                 upstream,
                 model,
@@ -615,10 +630,42 @@ impl Error {
     }
 }
 
-/// The response for `error`, carrying the request id: as the `request_id` member, and as
-/// `instance` (`urn:uuid:…`) when it is a UUID. The caller sets the `x-request-id` header on
-/// every response.
-pub(crate) fn respond<B: From<Bytes>>(error: &Error, request_id: &HeaderValue) -> Response<B> {
+/// The header the Anthropic SDKs read the request id from, set beside `x-request-id` on every
+/// answer of an Anthropic route.
+pub(crate) const ANTHROPIC_REQUEST_ID: http::HeaderName =
+    http::HeaderName::from_static("request-id");
+
+/// The dialect a refusal of `req` is written in ([`Dialect`]): the route's, except that a client
+/// of an Ollama route that asks for `application/problem+json` in `Accept` gets the problem
+/// document (Anthropic's and OpenAI's already are one).
+pub(crate) fn dialect<B>(req: &Request<B>) -> Dialect {
+    match Dialect::of_path(req.uri().path()) {
+        Dialect::Ollama if accepts_problem(req.headers()) => Dialect::OpenAi,
+        dialect => dialect,
+    }
+}
+
+/// Whether `Accept` names `application/problem+json` (any case, any parameters).
+fn accepts_problem(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|item| {
+            let media = item.split(';').next().unwrap_or_default().trim();
+            media.eq_ignore_ascii_case(slotgate_problem::CONTENT_TYPE)
+        })
+}
+
+/// The response for `error` in `dialect`, carrying the request id: as the `request_id`
+/// member, and as `instance` (`urn:uuid:…`) when it is a UUID. The caller sets the
+/// `x-request-id` header on every response.
+pub(crate) fn respond<B: From<Bytes>>(
+    error: &Error,
+    request_id: &HeaderValue,
+    dialect: Dialect,
+) -> Response<B> {
     let id = request_id.to_str().unwrap_or_default();
     if error.is_fault() {
         warn!(request_id = id, error = %chain(error), "request failed");
@@ -630,7 +677,7 @@ pub(crate) fn respond<B: From<Bytes>>(error: &Error, request_id: &HeaderValue) -
     if let Ok(uuid) = uuid::Uuid::try_parse(id) {
         problem = problem.with_instance(format!("urn:uuid:{}", uuid.hyphenated()));
     }
-    problem.to_response()
+    problem.to_response_in(dialect)
 }
 
 /// `Ok` when `req` uses one of `methods`, else the `MethodNotAllowed` error naming them.
@@ -659,6 +706,8 @@ mod tests {
 
     use bytes::Bytes;
     use http::{HeaderValue, Method, Response};
+
+    use slotgate_problem::Dialect;
 
     use super::{BadRequest, Error, respond};
 
@@ -861,7 +910,7 @@ mod tests {
     fn every_error_becomes_its_problem_document() {
         let id = HeaderValue::from_static("req-1");
         for (error, status, slug, retry) in every_error() {
-            let response: Response<Bytes> = respond(&error, &id);
+            let response: Response<Bytes> = respond(&error, &id, Dialect::OpenAi);
             assert_eq!(response.status().as_u16(), status, "{error:?}");
             assert_eq!(
                 response.headers()["content-type"],
@@ -887,7 +936,7 @@ mod tests {
     #[test]
     fn a_uuid_request_id_becomes_the_instance() {
         let id = HeaderValue::from_static("0b7c6f3e-1d2a-4c5b-9e8f-7a6b5c4d3e2f");
-        let response: Response<Bytes> = respond(&Error::Unauthorized, &id);
+        let response: Response<Bytes> = respond(&Error::Unauthorized, &id, Dialect::OpenAi);
         let doc: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
         assert_eq!(
             doc["instance"],
@@ -929,6 +978,22 @@ mod tests {
             let doc = Error::BadRequest(bad).to_problem();
             assert_eq!(doc.detail(), Some(detail.as_str()));
         }
+    }
+
+    #[test]
+    fn a_bad_header_is_not_called_a_bad_body() {
+        let doc = Error::BadRequest(BadRequest::MaxWait {
+            header: http::HeaderName::from_static("x-slotgate-max-wait"),
+        })
+        .to_problem();
+        assert!(
+            doc.message()
+                .starts_with("The `x-slotgate-max-wait` header is invalid"),
+            "{doc:?}"
+        );
+        assert_eq!(doc.param(), Some("x-slotgate-max-wait"));
+        let body = Error::BadRequest(BadRequest::NoModel).to_problem();
+        assert!(body.message().starts_with("The request body is invalid"));
     }
 
     #[test]

@@ -24,8 +24,8 @@ use crate::metrics::{Bound, Metrics};
 use crate::proxy::access::{Access, Counted, Logged};
 use crate::proxy::admit::{self, Admission, Queued, Refused, Slot};
 use crate::proxy::affinity::{LocalAffinity, Recorder, ResponseAffinity, Sniff};
-use crate::proxy::body::meter::{self, Meter};
-use crate::proxy::body::{SlotBody, Watch, sse_event};
+use crate::proxy::body::meter::Meter;
+use crate::proxy::body::{self, SlotBody, Watch, last_message};
 use crate::proxy::cache_aware::CacheAware;
 use crate::proxy::client::{Client, Deadlines, Limit, Wait};
 use crate::proxy::endpoint::{Endpoint, ModelIn};
@@ -44,6 +44,7 @@ use crate::upstreams::state::UpstreamState;
 use crate::upstreams::target::Target;
 use slotgate_config::Kind;
 use slotgate_limiter::Ticket;
+use slotgate_problem::{Dialect, Framing};
 
 /// The body of every API response: a buffered document (a problem, the model list), an
 /// upstream's answer streamed through with its slot, or the stream of a request that queues
@@ -126,6 +127,7 @@ impl App {
         B::Error: Into<BoxError>,
     {
         let request_id = request_id(req.headers());
+        let dialect = problems::dialect(&req);
         let generation = self.live.current();
         let access = Access::start(
             generation.config.server.access_log,
@@ -141,9 +143,15 @@ impl App {
                     self.metrics.refused(model, reason);
                 }
                 access.failed(&error);
-                problems::respond::<Full<Bytes>>(&error, &request_id).map(Either::Left)
+                problems::respond::<Full<Bytes>>(&error, &request_id, dialect).map(Either::Left)
             }
         };
+        if dialect == Dialect::Anthropic {
+            // Where the Anthropic SDKs read the request id from (`APIStatusError.request_id`).
+            response
+                .headers_mut()
+                .insert(problems::ANTHROPIC_REQUEST_ID, request_id.clone());
+        }
         response.headers_mut().insert(REQUEST_ID, request_id);
         let status = response.status();
         response.map(|body| Logged::new(body, status, access))
@@ -514,6 +522,7 @@ impl App {
             .then(|| Recorder::new(Arc::clone(&self.affinity), target.upstream.name.clone()));
         let mut watch = self.watch(target, request_id, response.headers(), sent);
         watch.meter = meter;
+        watch.dialect = Dialect::of_path(endpoint.path);
         let names = rename::prepare(&mut response, asked, &target.engine_model);
         response.map(|body| {
             SlotBody::new(Sniff::new(Rename::new(body, names), recorder), slot).watched(watch)
@@ -908,7 +917,8 @@ impl App {
         Watch {
             idle_timeout: target.stream_idle_timeout,
             cancel_grace: target.cancel_grace,
-            sse: is_open_ended_sse(headers),
+            framing: body::framing(headers),
+            dialect: Dialect::OpenAi,
             names: Arc::clone(&target.answer_names),
             request_id: request_id.clone(),
             stalled: self.stalled.clone(),
@@ -967,9 +977,16 @@ impl Admitted {
     /// The stream's last event for `error`.
     fn last_event(&self, error: &Error) -> Bytes {
         self.access.failed(error);
-        sse_event(
-            error.to_problem(),
+        self.last_message(error.to_problem())
+    }
+
+    /// The SSE event that ends this request's stream with `problem`, in the client's dialect.
+    fn last_message(&self, problem: slotgate_problem::Problem) -> Bytes {
+        last_message(
+            problem,
             self.request_id.to_str().unwrap_or_default(),
+            Dialect::of_path(self.endpoint.path),
+            Framing::Sse,
         )
     }
 
@@ -996,7 +1013,7 @@ impl Admitted {
             ))
             .with_extension("upstream_status", status)
             .with_extension("upstream_error", engine);
-        sse_event(problem, self.request_id.to_str().unwrap_or_default())
+        self.last_message(problem)
     }
 }
 
@@ -1270,11 +1287,6 @@ fn failed_after_connect(
             }
         }
     }
-}
-
-/// Whether an answer is an SSE stream of no declared length, which can take one more event.
-fn is_open_ended_sse(headers: &http::HeaderMap) -> bool {
-    meter::is_sse(headers) && !headers.contains_key(header::CONTENT_LENGTH)
 }
 
 fn json_response(status: StatusCode, body: String) -> Response<ResponseBody> {

@@ -1,0 +1,306 @@
+//! Each API's clients get the gateway's refusals and stream endings in their own dialect
+//! (issue #31), over real sockets against the fake engines: Anthropic's `error` object (inside
+//! the problem document, and as a named `event: error` in a stream) with a `request-id` header,
+//! Ollama's string `error` (as a body and as an NDJSON line), OpenAI's `error` member elsewhere.
+
+mod support;
+
+use std::time::Duration;
+
+use fake_upstream::{FakeConfig, FakeUpstream};
+use serde_json::{Value, json};
+use support::{
+    authority, chat_body, eventually, fake, gateway, open, post, send, server, upstream,
+};
+
+const SOON: Duration = Duration::from_secs(10);
+
+fn messages_body(model: &str, stream: bool) -> String {
+    json!({
+        "model": model,
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "hello there"}],
+        "stream": stream,
+    })
+    .to_string()
+}
+
+fn ollama_chat_body(model: &str, stream: bool) -> String {
+    json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "hello there"}],
+        "stream": stream,
+    })
+    .to_string()
+}
+
+async fn ollama_fake(model: &str) -> FakeUpstream {
+    FakeUpstream::start(FakeConfig::ollama(4).model(model))
+        .await
+        .expect("fake Ollama starts")
+}
+
+fn ollama_upstream(url: &str, model: &str, parallel: usize, queue: usize) -> String {
+    format!(
+        "[upstreams.o]\nurl = \"{url}\"\nkind = \"ollama\"\n\n\
+         [upstreams.o.models.{model}]\nparallel = {parallel}\nqueue = {queue}\n\
+         queue_timeout = \"30s\"\n"
+    )
+}
+
+/// The data of the SSE event named `error` in `text`, parsed; panics if there is none or it is
+/// not the last event.
+fn last_error_event(text: &str) -> Value {
+    let last = text.trim_end().rsplit("\n\n").next().unwrap_or_default();
+    let data = last
+        .strip_prefix("event: error\ndata: ")
+        .unwrap_or_else(|| panic!("the last event is not a named error event: {text}"));
+    serde_json::from_str(data).unwrap_or_else(|e| panic!("not JSON ({e}): {data}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_stream_that_stalls_ends_with_a_named_error_event() {
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}[upstreams.gpu]\nurl = \"{}\"\nkind = \"llama-server\"\n\
+         stream_idle_timeout = \"300ms\"\ncancel_grace = \"0s\"\n\n\
+         [upstreams.gpu.models.qwen]\nparallel = 2\nqueue = 2\nqueue_timeout = \"30s\"\n",
+        server(""),
+        fake.url()
+    ))
+    .await;
+    let addr = gw.api_addr();
+    for fail in ["stall-after-chunks=3", "die-after-chunks=3"] {
+        let mut stream = open(
+            addr,
+            post(
+                addr,
+                "/v1/messages",
+                messages_body("qwen", true),
+                &[("x-fake-fail", fail)],
+            ),
+        )
+        .await
+        .head()
+        .await;
+        assert_eq!(stream.status, 200);
+        let id = stream.headers["x-request-id"].to_str().unwrap().to_owned();
+        assert_eq!(stream.headers["request-id"].to_str().unwrap(), id, "{fail}");
+        let rest = stream.rest().await.expect("a clean end of the stream");
+        let text = String::from_utf8_lossy(&rest);
+        let event = last_error_event(&text);
+        assert_eq!(event["type"], "error", "{fail}: {event}");
+        assert_eq!(event["error"]["type"], "timeout_error", "{fail}: {event}");
+        assert_eq!(
+            event["error"]["code"], "upstream_stalled",
+            "{fail}: {event}"
+        );
+        assert!(event["error"]["message"].is_string(), "{event}");
+        assert_eq!(event["request_id"], id.as_str(), "{event}");
+        assert!(
+            event["problem"]["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("/upstream-stalled"),
+            "{event}"
+        );
+    }
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ollama_stream_that_dies_ends_with_a_string_error_line() {
+    let o = ollama_fake("o").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        ollama_upstream(&o.url(), "o", 2, 2)
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let mut stream = open(
+        addr,
+        post(
+            addr,
+            "/api/chat",
+            ollama_chat_body("o", true),
+            &[("x-fake-fail", "die-after-chunks=2")],
+        ),
+    )
+    .await
+    .head()
+    .await;
+    assert_eq!(stream.status, 200);
+    let rest = stream.rest().await.expect("a clean end of the stream");
+    let text = String::from_utf8_lossy(&rest);
+    assert!(text.ends_with('\n'), "{text}");
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    assert_eq!(lines.len(), 3, "two lines, then the error: {text}");
+    let last = &lines[2];
+    assert!(last["error"].is_string(), "{last}");
+    assert!(
+        last["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("/upstream-stalled"),
+        "{last}"
+    );
+    gw.shutdown().await;
+    o.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_speak_the_routes_dialect() {
+    let fake = fake(4, "qwen").await;
+    let o = ollama_fake("o").await;
+    let gw = gateway(&format!(
+        "{}{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 1, 0, "30s"),
+        ollama_upstream(&o.url(), "o", 1, 0),
+    ))
+    .await;
+    let addr = gw.api_addr();
+    // Fill both models' only slot.
+    let held = open(
+        addr,
+        post(
+            addr,
+            "/v1/messages",
+            messages_body("qwen", false),
+            &[("x-fake-fail", "hang")],
+        ),
+    )
+    .await;
+    let held_o = open(
+        addr,
+        post(
+            addr,
+            "/api/chat",
+            ollama_chat_body("o", false),
+            &[("x-fake-fail", "hang")],
+        ),
+    )
+    .await;
+    let (key, key_o) = (authority(fake.addr()), authority(o.addr()));
+    eventually("both slots taken", SOON, || {
+        gw.limiter().in_flight(&key, "qwen") == 1 && gw.limiter().in_flight(&key_o, "o") == 1
+    })
+    .await;
+
+    // Anthropic: a problem document whose `error` is Anthropic's, `request-id` beside
+    // `x-request-id`, 503 with `Retry-After`.
+    let reply = send(post(
+        addr,
+        "/v1/messages",
+        messages_body("qwen", false),
+        &[],
+    ))
+    .await;
+    let doc = reply.assert_problem(503, "queue-full");
+    reply.retry_after();
+    assert_eq!(doc["error"]["type"], "overloaded_error", "{doc}");
+    assert_eq!(doc["error"]["code"], "queue_full", "{doc}");
+    assert_eq!(doc["error"]["details"]["error_code"], "queue_full", "{doc}");
+    assert_eq!(reply.headers["request-id"], reply.headers["x-request-id"]);
+    assert_eq!(
+        doc["request_id"],
+        reply.headers["x-request-id"].to_str().unwrap()
+    );
+
+    // Ollama: `{"error": "<text>"}` as JSON, the problem's type and request id beside it.
+    let reply = send(post(addr, "/api/chat", ollama_chat_body("o", false), &[])).await;
+    assert_eq!(reply.status, 503);
+    assert_eq!(reply.headers["content-type"], "application/json");
+    reply.retry_after();
+    let doc = reply.json();
+    assert!(doc["error"].is_string(), "{doc}");
+    assert!(
+        doc["type"].as_str().unwrap().ends_with("/queue-full"),
+        "{doc}"
+    );
+    assert_eq!(
+        doc["request_id"],
+        reply.headers["x-request-id"].to_str().unwrap()
+    );
+    assert!(!reply.headers.contains_key("request-id"));
+    // …unless the client asks for a problem document.
+    let reply = send(post(
+        addr,
+        "/api/chat",
+        ollama_chat_body("o", false),
+        &[("accept", "application/problem+json")],
+    ))
+    .await;
+    reply.assert_problem(503, "queue-full");
+
+    // OpenAI routes: unchanged.
+    let reply = send(post(
+        addr,
+        "/v1/chat/completions",
+        chat_body("qwen", false),
+        &[],
+    ))
+    .await;
+    let doc = reply.assert_problem(503, "queue-full");
+    assert_eq!(doc["error"]["type"], "server_error", "{doc}");
+    assert!(!reply.headers.contains_key("request-id"));
+
+    held.disconnect();
+    held_o.disconnect();
+    gw.shutdown().await;
+    fake.shutdown().await;
+    o.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_anthropic_stream_refused_ends_with_a_named_error_event() {
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}queue_keepalive = \"1s\"\n",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 1, 8, "500ms")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let held = open(
+        addr,
+        post(
+            addr,
+            "/v1/messages",
+            messages_body("qwen", true),
+            &[("x-fake-fail", "hang")],
+        ),
+    )
+    .await;
+    let key = authority(fake.addr());
+    eventually("the slot taken", SOON, || {
+        gw.limiter().in_flight(&key, "qwen") == 1
+    })
+    .await;
+    let mut queued = open(
+        addr,
+        post(addr, "/v1/messages", messages_body("qwen", true), &[]),
+    )
+    .await
+    .head()
+    .await;
+    assert_eq!(queued.status, 200, "a keepalive stream answers at once");
+    let rest = queued.rest().await.expect("a clean end of the stream");
+    let text = String::from_utf8_lossy(&rest);
+    let event = last_error_event(&text);
+    assert_eq!(event["error"]["type"], "overloaded_error", "{event}");
+    assert_eq!(event["error"]["code"], "queue_timeout", "{event}");
+    assert_eq!(
+        event["problem"]["retry_after"].as_u64().is_some(),
+        true,
+        "{event}"
+    );
+    held.disconnect();
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
