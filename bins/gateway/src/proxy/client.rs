@@ -172,10 +172,13 @@ impl Deadlines {
                     .ok_or(BadRequest::MaxWait { header: MAX_WAIT })?,
             ),
         };
-        let sdk_timeout = [SDK_TIMEOUT, SDK_READ_TIMEOUT]
-            .into_iter()
-            .filter_map(|name| Some((seconds(headers.get(&name)?)?, name.as_str())))
-            .min_by_key(|(timeout, _)| *timeout);
+        let sdk_timeout = [
+            (SDK_TIMEOUT, "x-stainless-timeout"),
+            (SDK_READ_TIMEOUT, "x-stainless-read-timeout"),
+        ]
+        .into_iter()
+        .filter_map(|(name, text)| Some((seconds(headers.get(name)?)?, text)))
+        .min_by_key(|(timeout, _)| *timeout);
         Ok(Self {
             since,
             max_wait,
