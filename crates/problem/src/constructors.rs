@@ -449,7 +449,7 @@ impl Problem {
     pub fn unauthorized() -> Self {
         Self::new(
             Kind::Unauthorized,
-            "Missing or invalid API key. Send a valid key as `Authorization: Bearer <key>`."
+            "Missing or invalid API key. Send a valid key as `Authorization: Bearer <key>` or `x-api-key: <key>`."
                 .to_owned(),
         )
         .with_detail("The request has no API key, or one this gateway does not accept.")

@@ -162,10 +162,23 @@ impl Endpoint {
         )
     }
 
+    /// Whether the route takes a JSON body whatever its `Content-Type` says, as Ollama does on
+    /// its native routes (`/api/…`); every other JSON route wants `application/json`.
+    pub(crate) fn takes_any_content_type(&self) -> bool {
+        self.path.starts_with("/api/")
+    }
+
     /// Whether an upstream of `kind` serves this route.
     pub(crate) fn is_served_by(&self, kind: Kind) -> bool {
         self.kinds.contains(&kind)
     }
+}
+
+/// A path segment that carries an id (`/v1/models/{id}`, `/v1/responses/{id}`),
+/// percent-decoded: both OpenAI SDKs encode the `/` of `Qwen/Qwen2.5-7B-Instruct` as `%2F`.
+/// `None` when the decoded bytes are not UTF-8 (no model or response has such an id).
+pub(crate) fn id_segment(raw: &str) -> Option<std::borrow::Cow<'_, str>> {
+    percent_encoding::percent_decode_str(raw).decode_utf8().ok()
 }
 
 use ModelIn::{Form, Json, JsonOptional};
@@ -277,6 +290,18 @@ mod tests {
                 "/api/copy"
             ]
         );
+    }
+
+    #[test]
+    fn id_segments_are_percent_decoded() {
+        use super::id_segment;
+        assert_eq!(
+            id_segment("Qwen%2FQwen2.5-7B-Instruct").as_deref(),
+            Some("Qwen/Qwen2.5-7B-Instruct")
+        );
+        assert_eq!(id_segment("plain:7b").as_deref(), Some("plain:7b"));
+        assert_eq!(id_segment("a%3Ab%20c").as_deref(), Some("a:b c"));
+        assert_eq!(id_segment("bad%FF"), None);
     }
 
     #[test]

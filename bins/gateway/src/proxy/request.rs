@@ -188,7 +188,12 @@ where
     let boundary = if form {
         Some(form::boundary(&parts.headers)?)
     } else {
-        check_content_type(&parts.headers)?;
+        // Ollama reads any body as JSON whatever its `Content-Type` (gin's `ShouldBindJSON`),
+        // and its own docs' `curl -d '{…}'` sends `application/x-www-form-urlencoded`: its
+        // routes do the same. The body must still parse as a JSON object, under the limit.
+        if !endpoint.takes_any_content_type() {
+            check_content_type(&parts.headers)?;
+        }
         None
     };
     let (body, held) = read_body(&parts.headers, body, limits).await?;

@@ -28,7 +28,7 @@ use crate::proxy::body::meter::Meter;
 use crate::proxy::body::{self, SlotBody, Watch, last_message};
 use crate::proxy::cache_aware::CacheAware;
 use crate::proxy::client::{Client, Deadlines, Limit, Wait};
-use crate::proxy::endpoint::{Endpoint, ModelIn};
+use crate::proxy::endpoint::{self, Endpoint, ModelIn};
 use crate::proxy::forward::{Authorization, Destination, ForwardError, Forwarder};
 use crate::proxy::keepalive::{Forward, KeepaliveBody, Refuse, Streamed};
 use crate::proxy::live::{Generation, Live};
@@ -191,13 +191,14 @@ impl App {
             };
             allow(&req, methods)?;
             generation.api_keys.verify(req.headers())?;
-            let id = id.to_owned();
+            let id = endpoint::id_segment(id).map_or_else(|| id.to_owned(), String::from);
             return self.by_response_id(req, generation, request_id, id).await;
         }
         if let Some(id) = path.strip_prefix("/v1/models/") {
             allow(&req, GET_ONLY)?;
             generation.api_keys.verify(req.headers())?;
-            return self.model(generation, id);
+            let id = endpoint::id_segment(id).unwrap_or(std::borrow::Cow::Borrowed(id));
+            return self.model(generation, &id);
         }
         if let Some(listing) = ollama::Listing::find(path) {
             allow(&req, GET_ONLY)?;
