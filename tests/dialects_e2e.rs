@@ -304,3 +304,142 @@ async fn a_queued_anthropic_stream_refused_ends_with_a_named_error_event() {
     gw.shutdown().await;
     fake.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ollamas_heartbeat_and_curl_bodies_are_answered_as_ollama_does() {
+    let o = ollama_fake("o").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        ollama_upstream(&o.url(), "o", 2, 2)
+    ))
+    .await;
+    let addr = gw.api_addr();
+    // The CLI's heartbeat (`HEAD /`) and a browser's `GET /`.
+    let reply = support::get(addr, "/").await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.text(), "Ollama is running");
+    let head = http::Request::head(format!("http://{addr}/"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let reply = send(head).await;
+    assert_eq!(reply.status, 200);
+    assert!(reply.body.is_empty());
+    // The Ollama docs' `curl … -d '{…}'`: a form content type, read as JSON all the same.
+    let curl = http::Request::post(format!("http://{addr}/api/generate"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            json!({"model": "o", "prompt": "hi", "stream": false}).to_string(),
+        )))
+        .unwrap();
+    let reply = send(curl).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["done"], true);
+    gw.shutdown().await;
+    o.shutdown().await;
+
+    // Without an Ollama upstream, `/` is no route.
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")
+    ))
+    .await;
+    support::get(gw.api_addr(), "/")
+        .await
+        .assert_problem(404, "not-found");
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropics_key_header_and_encoded_model_ids_are_understood() {
+    let fake = FakeUpstream::start(FakeConfig::vllm(4).model("Qwen/Qwen2.5-7B-Instruct"))
+        .await
+        .expect("fake starts");
+    let gw = gateway(&format!(
+        "{}[upstreams.gpu]\nurl = \"{}\"\nkind = \"vllm\"\n\n\
+         [upstreams.gpu.models.\"Qwen/Qwen2.5-7B-Instruct\"]\nparallel = 2\nqueue = 2\n\
+         queue_timeout = \"30s\"\n",
+        server("api_keys = [\"sk-one\"]\n"),
+        fake.url()
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let model = "Qwen/Qwen2.5-7B-Instruct";
+    // Anthropic's `x-api-key`, as its SDKs and curl examples send it.
+    let reply = send(post(
+        addr,
+        "/v1/messages",
+        messages_body(model, false),
+        &[("x-api-key", "sk-one")],
+    ))
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let reply = send(post(
+        addr,
+        "/v1/messages",
+        messages_body(model, false),
+        &[("x-api-key", "sk-wrong")],
+    ))
+    .await;
+    let doc = reply.assert_problem(401, "unauthorized");
+    assert_eq!(doc["error"]["type"], "authentication_error", "{doc}");
+    // `models.retrieve("Qwen/Qwen2.5-7B-Instruct")`: the SDKs send the slash as `%2F`.
+    let get = |path: &str| {
+        http::Request::get(format!("http://{addr}{path}"))
+            .header("authorization", "Bearer sk-one")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
+    let reply = send(get("/v1/models/Qwen%2FQwen2.5-7B-Instruct")).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.json()["id"], model);
+    let reply = send(get("/v1/models/Qwen%2FNope")).await;
+    let doc = reply.assert_problem(404, "model-not-found");
+    assert_eq!(doc["model"], "Qwen/Nope");
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_pythons_read_timeout_bounds_the_queue_wait() {
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 1, 4, "60s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let held = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", false),
+            &[("x-fake-fail", "hang")],
+        ),
+    )
+    .await;
+    let key = authority(fake.addr());
+    eventually("the slot taken", SOON, || {
+        gw.limiter().in_flight(&key, "qwen") == 1
+    })
+    .await;
+    // All openai-python 3.x sends for `timeout=0.5`.
+    let reply = send(post(
+        addr,
+        "/v1/chat/completions",
+        chat_body("qwen", false),
+        &[("x-stainless-read-timeout", "0.5")],
+    ))
+    .await;
+    let doc = reply.assert_problem(503, "queue-timeout");
+    assert_eq!(doc["deadline"], "x-stainless-read-timeout", "{doc}");
+    assert_eq!(doc["deadline_ms"], 500, "{doc}");
+    held.disconnect();
+    gw.shutdown().await;
+    fake.shutdown().await;
+}

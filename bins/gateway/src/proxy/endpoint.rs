@@ -18,7 +18,8 @@
 //! | `/v1/audio/speech`, `/v1/images/generations` | JSON | yes | vLLM, openai |
 //! | `/api/chat`, `/api/generate`, `/api/embed`, `/api/embeddings` | JSON | yes | Ollama |
 //! | `/api/show` | JSON | no | Ollama |
-//! | `/api/pull`, `/api/push`, `/api/create`, `/api/delete`, `/api/copy` | JSON | no | Ollama, with `allow_model_management` |
+//! | `/api/pull`, `/api/push`, `/api/create`, `DELETE /api/delete` | JSON | no | Ollama, with `allow_model_management` |
+//! | `/api/copy` | JSON `source` | no | Ollama, with `allow_model_management` |
 //! | `/completion`, `/infill`, `/embedding`, `/embeddings` | JSON, optional | yes | llama-server |
 //! | `/tokenize`, `/detokenize` | JSON, optional | no | llama-server, vLLM |
 //! | `/apply-template` | JSON, optional | no | llama-server |
@@ -30,6 +31,7 @@
 //! A request that names no model on an "optional" route goes to the only model the serving
 //! kinds have (a single-model `llama-server` ignores `model`); with several, it is a 400.
 
+use http::Method;
 use slotgate_config::Kind;
 
 /// Every kind.
@@ -69,6 +71,9 @@ pub(crate) enum ModelIn {
     /// The `model` field of a `multipart/form-data` body (an upload), required; the body limit
     /// is `max_upload_bytes`.
     Form,
+    /// The JSON body's `source` member, required: Ollama's `/api/copy`
+    /// (`{"source": …, "destination": …}`) acts on the model it copies from.
+    JsonSource,
 }
 
 /// One route of the engines' APIs.
@@ -88,6 +93,8 @@ pub(crate) struct Endpoint {
     pub(crate) manages_models: bool,
     /// How many engine slots (sequences) one request takes.
     pub(crate) weighed: Weighed,
+    /// The methods the route takes: `POST`, except Ollama's `DELETE /api/delete`.
+    pub(crate) methods: &'static [Method],
     /// Which members carry the prompt that cache-aware routing hashes.
     pub(crate) carries: Carries,
 }
@@ -119,7 +126,13 @@ impl Endpoint {
             manages_models: false,
             weighed: Weighed::One,
             carries: Carries::Nothing,
+            methods: POST_ONLY,
         }
+    }
+
+    const fn taking(mut self, methods: &'static [Method]) -> Self {
+        self.methods = methods;
+        self
     }
 
     const fn carrying(mut self, carries: Carries) -> Self {
@@ -181,7 +194,12 @@ pub(crate) fn id_segment(raw: &str) -> Option<std::borrow::Cow<'_, str>> {
     percent_encoding::percent_decode_str(raw).decode_utf8().ok()
 }
 
-use ModelIn::{Form, Json, JsonOptional};
+use ModelIn::{Form, Json, JsonOptional, JsonSource};
+
+/// `POST`, the method of every route but one.
+const POST_ONLY: &[Method] = &[Method::POST];
+/// Ollama deletes a model with `DELETE /api/delete` and a JSON body (api/client.go `Delete`).
+const DELETE_ONLY: &[Method] = &[Method::DELETE];
 
 /// The model-routed routes (see the module documentation).
 static ENDPOINTS: &[Endpoint] = &[
@@ -218,8 +236,10 @@ static ENDPOINTS: &[Endpoint] = &[
     Endpoint::new("/api/pull", Json, false, OLLAMA).managing_models(),
     Endpoint::new("/api/push", Json, false, OLLAMA).managing_models(),
     Endpoint::new("/api/create", Json, false, OLLAMA).managing_models(),
-    Endpoint::new("/api/delete", Json, false, OLLAMA).managing_models(),
-    Endpoint::new("/api/copy", Json, false, OLLAMA).managing_models(),
+    Endpoint::new("/api/delete", Json, false, OLLAMA)
+        .managing_models()
+        .taking(DELETE_ONLY),
+    Endpoint::new("/api/copy", JsonSource, false, OLLAMA).managing_models(),
     Endpoint::new("/completion", JsonOptional, true, LLAMA).carrying(Carries::Prompt),
     Endpoint::new("/infill", JsonOptional, true, LLAMA),
     Endpoint::new("/embedding", JsonOptional, true, LLAMA),
@@ -302,6 +322,15 @@ mod tests {
         assert_eq!(id_segment("plain:7b").as_deref(), Some("plain:7b"));
         assert_eq!(id_segment("a%3Ab%20c").as_deref(), Some("a:b c"));
         assert_eq!(id_segment("bad%FF"), None);
+    }
+
+    #[test]
+    fn ollamas_management_routes_take_their_real_methods_and_members() {
+        let delete = Endpoint::find("/api/delete").unwrap();
+        assert_eq!(delete.methods, &[http::Method::DELETE]);
+        let copy = Endpoint::find("/api/copy").unwrap();
+        assert_eq!(copy.model, ModelIn::JsonSource);
+        assert_eq!(copy.methods, &[http::Method::POST]);
     }
 
     #[test]

@@ -10,13 +10,29 @@
 //!
 //! `GET /api/version` is the engine's version, so it is passed to an Ollama upstream instead
 //! (see `App::ollama_version`).
+//!
+//! `GET /` and `HEAD /` answer as Ollama's heartbeat (`200 Ollama is running`, what the `ollama`
+//! CLI's `Heartbeat` asks before every command) when some upstream is `kind = "ollama"`: the
+//! gateway then stands for an Ollama server. Like Ollama's, the heartbeat needs no key; it
+//! tells nothing but that the gateway is up. Without an Ollama upstream, `/` is a 404.
 
 use slotgate_config::Kind;
 
 use crate::proxy::route::{Route, Routes};
+use crate::upstreams::state::Upstreams;
 
 /// The path of Ollama's version endpoint, passed through to an Ollama upstream.
 pub(crate) const VERSION: &str = "/api/version";
+
+/// The heartbeat's body, Ollama's own words (server/routes.go).
+pub(crate) const HEARTBEAT: &str = "Ollama is running";
+
+/// Whether `GET /` answers as Ollama's heartbeat: some configured upstream is an Ollama.
+pub(crate) fn answers_heartbeat(upstreams: &Upstreams) -> bool {
+    upstreams
+        .iter()
+        .any(|upstream| upstream.kind == Kind::Ollama)
+}
 
 /// Which listing a request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -326,6 +326,9 @@ pub(crate) enum BadRequest {
     /// A route that needs `model` got a body without it.
     #[error("the request body has no `model` member")]
     NoModel,
+    /// Ollama's `/api/copy` got a body without `source`.
+    #[error("the request body has no `source` member (the model to copy)")]
+    NoSource,
     /// `model` is there, but not a string.
     #[error("`model` must be a string")]
     ModelNotString,

@@ -140,6 +140,9 @@ pub(crate) struct ApiRequest {
 struct Head<'a> {
     #[serde(borrow, default)]
     model: Option<&'a RawValue>,
+    /// Ollama's `/api/copy` names its model here.
+    #[serde(borrow, default)]
+    source: Option<&'a RawValue>,
     #[serde(default)]
     stream: Option<bool>,
     /// Anything but a string is the engine's to refuse.
@@ -420,7 +423,11 @@ fn parse(body: &[u8], endpoint: &Endpoint) -> Result<Parsed, Error> {
         metadata: head.metadata,
     }
     .prompt(body, endpoint.carries);
-    let Some(raw) = head.model else {
+    let named = match endpoint.model {
+        ModelIn::JsonSource => head.source,
+        _ => head.model,
+    };
+    let Some(raw) = named else {
         if endpoint.model == ModelIn::JsonOptional {
             return Ok(Parsed {
                 model: None,
@@ -431,7 +438,11 @@ fn parse(body: &[u8], endpoint: &Endpoint) -> Result<Parsed, Error> {
                 prompt,
             });
         }
-        return Err(BadRequest::NoModel.into());
+        return Err(match endpoint.model {
+            ModelIn::JsonSource => BadRequest::NoSource,
+            _ => BadRequest::NoModel,
+        }
+        .into());
     };
     let model: String = serde_json::from_str(raw.get()).map_err(|_| BadRequest::ModelNotString)?;
     if model.is_empty() {

@@ -170,7 +170,7 @@ impl App {
     {
         let path = req.uri().path();
         if let Some(endpoint) = Endpoint::find(path) {
-            allow(&req, POST_ONLY)?;
+            allow(&req, endpoint.methods)?;
             let client = generation.api_keys.verify(req.headers())?;
             access.key_name(client.tenant.as_ref());
             return self
@@ -207,6 +207,17 @@ impl App {
                 StatusCode::OK,
                 ollama::list(&generation.routes, listing),
             ));
+        }
+        if path == "/" && ollama::answers_heartbeat(&generation.upstreams) {
+            allow(&req, GET_ONLY)?;
+            let mut response = Response::new(Either::Left(Full::new(Bytes::from_static(
+                ollama::HEARTBEAT.as_bytes(),
+            ))));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            );
+            return Ok(response);
         }
         if path == ollama::VERSION {
             allow(&req, GET_ONLY)?;
