@@ -443,3 +443,106 @@ async fn openai_pythons_read_timeout_bounds_the_queue_wait() {
     gw.shutdown().await;
     fake.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_answers_preflights_and_marks_every_answer_for_listed_origins() {
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server("cors_origins = [\"https://app.example.com\"]\napi_keys = [\"sk-one\"]\n"),
+        upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let preflight = |origin: &'static str| {
+        http::Request::options(format!("http://{addr}/v1/chat/completions"))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization, content-type",
+            )
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap()
+    };
+    // Answered before authentication: browsers send no credentials on a preflight.
+    let reply = send(preflight("https://app.example.com")).await;
+    assert_eq!(reply.status, 204, "{}", reply.text());
+    assert_eq!(
+        reply.headers["access-control-allow-origin"],
+        "https://app.example.com"
+    );
+    assert_eq!(
+        reply.headers["access-control-allow-headers"],
+        "authorization, content-type"
+    );
+    // Another origin gets no CORS answer.
+    let reply = send(preflight("https://evil.example")).await;
+    assert!(!reply.headers.contains_key("access-control-allow-origin"));
+    // The real request, and a refusal, both carry the headers.
+    let ok = send(post(
+        addr,
+        "/v1/chat/completions",
+        chat_body("qwen", false),
+        &[
+            ("origin", "https://app.example.com"),
+            ("authorization", "Bearer sk-one"),
+        ],
+    ))
+    .await;
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    assert_eq!(
+        ok.headers["access-control-allow-origin"],
+        "https://app.example.com"
+    );
+    let refused = send(post(
+        addr,
+        "/v1/chat/completions",
+        chat_body("qwen", false),
+        &[("origin", "https://app.example.com")],
+    ))
+    .await;
+    refused.assert_problem(401, "unauthorized");
+    assert_eq!(
+        refused.headers["access-control-allow-origin"],
+        "https://app.example.com"
+    );
+    assert!(
+        refused.headers["access-control-expose-headers"]
+            .to_str()
+            .unwrap()
+            .contains("retry-after")
+    );
+    // The admin listener never answers CORS.
+    let admin = gw.admin_addr().unwrap();
+    let metrics = http::Request::get(format!("http://{admin}/metrics"))
+        .header("origin", "https://app.example.com")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let reply = send(metrics).await;
+    assert!(!reply.headers.contains_key("access-control-allow-origin"));
+    gw.shutdown().await;
+    fake.shutdown().await;
+
+    // Off by default: a preflight is an OPTIONS like any other.
+    let fake = support::fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let reply = send(
+        http::Request::options(format!("http://{addr}/v1/chat/completions"))
+            .header("origin", "https://app.example.com")
+            .header("access-control-request-method", "POST")
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap(),
+    )
+    .await;
+    reply.assert_problem(405, "method-not-allowed");
+    assert!(!reply.headers.contains_key("access-control-allow-origin"));
+    gw.shutdown().await;
+    fake.shutdown().await;
+}

@@ -12,6 +12,7 @@ pub(crate) mod auth;
 pub(crate) mod body;
 pub(crate) mod cache_aware;
 pub(crate) mod client;
+pub(crate) mod cors;
 pub(crate) mod endpoint;
 pub(crate) mod forward;
 pub(crate) mod keepalive;

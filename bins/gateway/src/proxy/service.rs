@@ -28,6 +28,7 @@ use crate::proxy::body::meter::Meter;
 use crate::proxy::body::{self, SlotBody, Watch, last_message};
 use crate::proxy::cache_aware::CacheAware;
 use crate::proxy::client::{Client, Deadlines, Limit, Wait};
+use crate::proxy::cors;
 use crate::proxy::endpoint::{self, Endpoint, ModelIn};
 use crate::proxy::forward::{Authorization, Destination, ForwardError, Forwarder};
 use crate::proxy::keepalive::{Forward, KeepaliveBody, Refuse, Streamed};
@@ -128,6 +129,7 @@ impl App {
     {
         let request_id = request_id(req.headers());
         let dialect = problems::dialect(&req);
+        let origin = req.headers().get(header::ORIGIN).cloned();
         let generation = self.live.current();
         let access = Access::start(
             generation.config.server.access_log,
@@ -153,6 +155,8 @@ impl App {
                 .insert(problems::ANTHROPIC_REQUEST_ID, request_id.clone());
         }
         response.headers_mut().insert(REQUEST_ID, request_id);
+        let origins = &generation.config.server.cors_origins;
+        cors::decorate(origins, origin.as_ref(), response.headers_mut());
         let status = response.status();
         response.map(|body| Logged::new(body, status, access))
     }
@@ -168,6 +172,9 @@ impl App {
         B: Body<Data = Bytes>,
         B::Error: Into<BoxError>,
     {
+        if let Some(answer) = cors::preflight(&generation.config.server.cors_origins, &req) {
+            return Ok(answer.map(|body| Either::Left(Full::new(body))));
+        }
         let path = req.uri().path();
         if let Some(endpoint) = Endpoint::find(path) {
             allow(&req, endpoint.methods)?;
