@@ -28,6 +28,7 @@ use slotgate_problem::Problem;
 use tracing::{debug, warn};
 
 use crate::error::{BoxError, chain};
+use crate::proxy::forward::ForwardError;
 
 /// `Retry-After` of 503 `overloaded`: bodies in flight are usually read within a second or so.
 const OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -202,6 +203,16 @@ pub(crate) enum Error {
         /// The last connect error, if any.
         #[source]
         source: Option<BoxError>,
+    },
+    /// `GET /api/version` found no Ollama upstream to pass it to: none is available, or each
+    /// refused the connection.
+    #[error("no Ollama upstream is reachable")]
+    NoOllamaUpstream {
+        /// When a retry may succeed.
+        retry_after: Duration,
+        /// The last connect error, or that none is available.
+        #[source]
+        source: BoxError,
     },
     /// The upstream failed after the request was (maybe partly) sent, before a response head.
     #[error("upstream {upstream} failed")]
@@ -420,6 +431,40 @@ impl From<BadRequest> for Error {
 }
 
 impl Error {
+    /// The error for a forward to `upstream` (for `model`, empty when the request names none)
+    /// that got no response head: every [`ForwardError`] becomes its `Error` here. A refused
+    /// connection is the caller's to handle first (it may try another upstream); one that
+    /// reaches this point is counted like a bug.
+    pub(crate) fn forwarding(failure: ForwardError, upstream: &str, model: &str) -> Self {
+        let upstream = upstream.to_owned();
+        let model = model.to_owned();
+        match failure {
+            ForwardError::Timeout(after) => Error::UpstreamTimeout {
+                upstream,
+                model,
+                after,
+            },
+            ForwardError::Failed(source) => Error::UpstreamFailed {
+                upstream,
+                model,
+                source,
+            },
+            ForwardError::Tls(source) => Error::UpstreamTls {
+                upstream,
+                model,
+                source,
+            },
+            ForwardError::Build(error) => Error::Internal {
+                what: "the upstream request could not be built",
+                source: Box::new(error),
+            },
+            ForwardError::Connect(source) => Error::Internal {
+                what: "a connect error was not handled",
+                source,
+            },
+        }
+    }
+
     /// The problem document for this error.
     #[expect(
         clippy::too_many_lines,
@@ -500,6 +545,16 @@ impl Error {
                     None => problem,
                 }
             }
+            Error::NoOllamaUpstream {
+                retry_after,
+                source,
+            } => {
+                let model = "(any Ollama model)";
+                Problem::upstream_unavailable(model, *retry_after).with_detail(format!(
+                    "No upstream for model `{model}` can take the request: {}",
+                    chain(&**source)
+                ))
+            }
             Error::UpstreamFailed {
                 upstream,
                 model,
@@ -561,7 +616,9 @@ impl Error {
             Error::Overloaded { .. } => "overloaded",
             // The request path tells `model_unavailable` apart where it knows (no upstream could
             // take requests at all), and says so first.
-            Error::UpstreamUnavailable { .. } => "upstream_unavailable",
+            Error::UpstreamUnavailable { .. } | Error::NoOllamaUpstream { .. } => {
+                "upstream_unavailable"
+            }
             Error::UpstreamFailed { .. } => "upstream_failed",
             Error::UpstreamTls { .. } => "upstream_tls",
             Error::UpstreamTimeout { .. } => "upstream_timeout",
@@ -618,6 +675,7 @@ impl Error {
         matches!(
             self,
             Error::UpstreamUnavailable { .. }
+                | Error::NoOllamaUpstream { .. }
                 | Error::UpstreamFailed { .. }
                 | Error::UpstreamTls { .. }
                 | Error::UpstreamTimeout { .. }
