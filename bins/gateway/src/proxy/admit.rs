@@ -50,7 +50,7 @@ use tracing::debug;
 use crate::metrics::{TargetMetrics, observe};
 use crate::proxy::body::{Completion, SlotGuard};
 use crate::proxy::client::{Deadlines, Limit, Wait};
-use crate::proxy::problems::{BadRequest, Deadline, Error};
+use crate::proxy::problems::{BadRequest, Deadline, Error, Unavailable};
 use crate::shutdown::ShutdownSignal;
 use crate::upstreams::hold::HoldStats;
 use crate::upstreams::target::Target;
@@ -572,6 +572,7 @@ impl Refused {
                 Error::UpstreamUnavailable {
                     model,
                     retry_after: fallback.unavailable,
+                    why: Unavailable::Down,
                     source: Some(why.into()),
                 }
             }

@@ -45,11 +45,12 @@ use http::Response;
 use http::header::{self, HeaderValue};
 
 use crate::error::BoxError;
+use crate::metrics::Metrics;
 use crate::proxy::admit::{Queued, Refused, Slot};
 use crate::proxy::answer::{Answerer, Streamed, mark_upstream};
 use crate::proxy::body::sse_event;
 use crate::proxy::choose::Routed;
-use crate::proxy::problems::Error;
+use crate::proxy::problems::{self, Error, Unavailable};
 use crate::proxy::send::{Sender, Sent};
 use crate::upstreams::target::Target;
 
@@ -228,43 +229,53 @@ pub(crate) fn interval(routed: &Routed, target: &Target) -> Option<Duration> {
     (routed.api.stream && routed.endpoint.streams_sse()).then_some(every)
 }
 
+/// What the request path's own steps 7 and 8 need, lent to a queued request's body.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Steps<'a> {
+    /// Step 7.
+    pub(crate) sender: &'a Sender,
+    /// Step 8.
+    pub(crate) answerer: &'a Answerer,
+    /// Where a refusal is counted.
+    pub(crate) metrics: &'a Metrics,
+}
+
 /// Steps 7 and 8 for a request granted its `slot` on `target` under `queue_keepalive`: the
 /// same [`Sender::send`] and [`Answerer::answer`] as on the ordinary path, except that the
 /// client already has its `200`, so anything but the engine's stream becomes the stream's
 /// last event (`Err`).
 pub(crate) async fn forward(
-    (sender, answerer): (&Sender, &Answerer),
+    steps: Steps<'_>,
     routed: &Routed,
     target: &Target,
     slot: Slot,
 ) -> Result<Streamed, Bytes> {
     routed.access.queue_wait(slot.waited());
-    let error = match sender.send(routed, target, Some(slot)).await {
+    let error = match steps.sender.send(routed, target, Some(slot)).await {
         Sent::Answered(head) => {
             // The client already has its `200`: an error answer is not retried here, it ends
             // the stream (`engine_refused`).
-            let answer = answerer.answer(routed, target, head, &routed.access);
+            let answer = steps.answerer.answer(routed, target, head, &routed.access);
             if answer.status().is_success() {
                 return Ok(answer.into_body());
             }
             return Err(engine_refused(routed, target, answer).await);
         }
-        Sent::Unreachable(error) => {
-            routed.route.rejections.upstream_unavailable.inc();
-            Error::UpstreamUnavailable {
-                model: routed.route.model.clone(),
-                retry_after: routed.generation.config.server.health_check_interval,
-                source: Some(error),
-            }
-        }
+        Sent::Unreachable(error) => Error::UpstreamUnavailable {
+            model: routed.route.model.clone(),
+            retry_after: routed.generation.config.server.health_check_interval,
+            why: Unavailable::Unreachable,
+            source: Some(error),
+        },
         Sent::Failed(error) => error,
     };
-    Err(last_event(routed, &error))
+    Err(last_event(routed, &error, steps.metrics))
 }
 
-/// The stream's last event for `error`.
-pub(crate) fn last_event(routed: &Routed, error: &Error) -> Bytes {
-    routed.access.failed(error);
+/// The stream's last event for `error`, recorded as every error is
+/// ([`problems::record`]).
+pub(crate) fn last_event(routed: &Routed, error: &Error, metrics: &Metrics) -> Bytes {
+    problems::record(error, &routed.generation.routes, metrics, &routed.access);
     sse_event(error.to_problem(), routed.id())
 }
 

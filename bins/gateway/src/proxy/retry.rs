@@ -23,7 +23,7 @@ use crate::proxy::access::Access;
 use crate::proxy::admit::Slot;
 use crate::proxy::answer::Streamed;
 use crate::proxy::choose::Routed;
-use crate::proxy::problems::Error;
+use crate::proxy::problems::{Error, Unavailable};
 use crate::upstreams::state::UpstreamState;
 use crate::upstreams::target::Target;
 
@@ -132,7 +132,6 @@ impl<'r> Tries<'r> {
         // A full queue says more (with an estimate) than a refused connection, so it wins when
         // both happened.
         if let Some((upstream, retry_after)) = self.full_on {
-            route.rejections.queue_full.inc();
             return Err(Error::QueueFull {
                 upstream: upstream.to_owned(),
                 model: model.to_owned(),
@@ -149,15 +148,14 @@ impl<'r> Tries<'r> {
                 parallel,
             });
         }
-        if self.unreachable.is_some() {
-            route.rejections.upstream_unavailable.inc();
-        } else {
-            route.rejections.model_unavailable.inc();
-            access.reason("model_unavailable");
-        }
+        let why = match self.unreachable {
+            Some(_) => Unavailable::Unreachable,
+            None => Unavailable::Down,
+        };
         Err(Error::UpstreamUnavailable {
             model: model.to_owned(),
             retry_after: routed.generation.config.server.health_check_interval,
+            why,
             // A refused connection, else what keeps healthy upstreams out (an unknown
             // `parallel = "auto"` slot count).
             source: self

@@ -34,7 +34,7 @@ use crate::proxy::answer::{Answerer, Streamed, mark_routed};
 use crate::proxy::choose::{Chooser, Routed};
 use crate::proxy::client::{Client, Deadlines};
 use crate::proxy::endpoint::{Endpoint, ModelIn};
-use crate::proxy::keepalive::{self, Forward, KeepaliveBody, Refuse};
+use crate::proxy::keepalive::{self, Forward, KeepaliveBody, Refuse, Steps};
 use crate::proxy::live::{Generation, Live};
 use crate::proxy::problems::{self, Error, GET_ONLY, POST_ONLY, allow};
 use crate::proxy::request::{self, ApiRequest};
@@ -128,10 +128,7 @@ impl App {
         let mut response = match self.dispatch(req, &generation, &request_id, &access).await {
             Ok(response) => response,
             Err(error) => {
-                if let Some((model, reason)) = error.rejection() {
-                    self.metrics.refused(model, reason);
-                }
-                access.failed(&error);
+                problems::record(&error, &generation.routes, &self.metrics, &access);
                 problems::respond::<Full<Bytes>>(&error, &request_id).map(Either::Left)
             }
         };
@@ -395,25 +392,11 @@ impl App {
         target: &Target,
         ticket: &slotgate_limiter::Ticket,
     ) -> Error {
-        let route = &routed.route;
-        match refused {
-            Refused::Closed => {
-                route.rejections.model_unavailable.inc();
-                routed.access.reason("model_unavailable");
-            }
-            Refused::Timeout { .. } | Refused::Hopeless { .. } => {
-                route.rejections.queue_timeout.inc();
-            }
-            Refused::StoreUnavailable { .. } => {
-                route.rejections.store_unavailable.inc();
-            }
-            _ => {}
-        }
         let fallback = Fallback {
             shutting_down: self.shutdown_retry_after,
             unavailable: routed.generation.config.server.health_check_interval,
         };
-        refused.into_error(target, ticket, &route.model, fallback)
+        refused.into_error(target, ticket, &routed.route.model, fallback)
     }
 
     /// A streamed request that has to queue on a model with `queue_keepalive`: `200` and
@@ -429,24 +412,28 @@ impl App {
         let forward: Forward = {
             let (app, routed, target) = (Arc::clone(self), Arc::clone(routed), Arc::clone(target));
             Box::new(move |slot| {
-                Box::pin(async move {
-                    let steps = (&app.sender, &app.answerer);
-                    keepalive::forward(steps, &routed, &target, slot).await
-                })
+                Box::pin(
+                    async move { keepalive::forward(app.steps(), &routed, &target, slot).await },
+                )
             })
         };
         let refuse: Refuse = {
             let (app, routed, target) = (Arc::clone(self), Arc::clone(routed), Arc::clone(target));
             Box::new(move |refused| {
                 let error = app.wait_ended(refused, &routed, &target, &ticket);
-                // The refusals `wait_ended` does not count itself (a shutdown).
-                if let Some((model, reason)) = error.rejection() {
-                    app.metrics.refused(model, reason);
-                }
-                keepalive::last_event(&routed, &error)
+                keepalive::last_event(&routed, &error, &app.metrics)
             })
         };
         KeepaliveBody::new(queued, Arc::clone(target), every, forward, refuse)
+    }
+
+    /// Steps 7 and 8, for a queued request's body.
+    fn steps(&self) -> Steps<'_> {
+        Steps {
+            sender: &self.sender,
+            answerer: &self.answerer,
+            metrics: &self.metrics,
+        }
     }
 }
 
