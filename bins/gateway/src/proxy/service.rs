@@ -220,12 +220,15 @@ impl App {
             .map(streamed)
     }
 
-    /// Steps 3 to 8 for a model-routed request: its body, where it may go, and then each
+    /// Steps 3 to 9 for a model-routed request: its body, where it may go, and then each
     /// candidate in turn until one answers or refuses it for good.
+    ///
+    /// Each step's future is awaited here, not inside a helper: a future is moved whole
+    /// into its caller's, so every level of `async fn` around the send costs a copy of it.
     async fn proxy<B>(
         self: &Arc<Self>,
         req: Request<B>,
-        asked: Asked,
+        mut asked: Asked,
     ) -> Result<Response<ResponseBody>, Error>
     where
         B: Body<Data = Bytes>,
@@ -236,7 +239,12 @@ impl App {
                 retry_after: self.shutdown_retry_after,
             });
         }
-        let routed = Arc::new(self.read(req, asked).await?);
+        // Step 3: the body, under the limit, the deadline and the gateway's budget; `model`
+        // and `stream` without re-serialising. Then the model's route.
+        let (limits, deadlines, client) = self.reading(&req, &mut asked)?;
+        let api = request::read(req, limits, asked.endpoint).await?;
+        let routed = asked.routed(api, deadlines, client)?;
+        // Step 4: the targets it may go to, best first.
         let route = Arc::clone(&routed.route);
         let candidates = self.chooser.choose(&routed, &route)?;
         debug!(
@@ -250,36 +258,54 @@ impl App {
         let retries = routed.generation.config.server.engine_error_retries;
         let mut tries = Tries::new(candidates, retries);
         while let Some(target) = tries.next_target() {
-            if let Break(done) = self.attempt(&routed, target, &mut tries).await {
+            // Steps 5 and 6: a slot on this target, or on to the next.
+            let ticket = routed.client.ticket(weight(&routed.api, target));
+            let keepalive = keepalive::interval(&routed, target);
+            let admitted = admit::admit(
+                target,
+                routed.endpoint.slot,
+                &ticket,
+                &routed.deadlines,
+                &self.shutdown,
+                keepalive,
+            )
+            .await;
+            let slot = match admitted {
+                Ok(Admitted::Go(slot)) => slot,
+                Ok(Admitted::KeepAlive(queued, every)) => {
+                    return Ok(self.keep_alive(queued, every, routed, target, ticket));
+                }
+                Err(refused) => match self.refused(refused, &routed, target, &ticket, &mut tries) {
+                    Continue(()) => continue,
+                    Break(done) => return done,
+                },
+            };
+            // Step 7: the request to the engine; step 8, its answer, or step 9: the next.
+            let sent = self.sender.send(&routed, target, slot).await;
+            if let Break(done) = self.sent(&routed, target, sent, &mut tries) {
                 return done;
             }
         }
         tries.exhausted(&routed).map(streamed)
     }
 
-    /// Step 3: the body, under the limit, the deadline and the gateway's budget; `model` and
-    /// `stream` without re-serialising. Then the model's route.
-    async fn read<B>(&self, req: Request<B>, asked: Asked) -> Result<Routed, Error>
-    where
-        B: Body<Data = Bytes>,
-        B::Error: Into<BoxError>,
-    {
-        let Asked {
-            generation,
-            endpoint,
-            mut client,
-            request_id,
-            access,
-        } = asked;
-        let server = &generation.config.server;
-        // Who the request queues as, and until when: read from the head before the body, and
-        // counted from now (sending the body is part of the client's wait).
+    /// What step 3 reads the body under, and who the request queues as and until when: read
+    /// from the head before the body, the deadlines counted from now (sending the body is part
+    /// of the client's wait).
+    fn reading<B>(
+        &self,
+        req: &Request<B>,
+        asked: &mut Asked,
+    ) -> Result<(request::BodyLimits<'_>, Deadlines, Client), Error> {
+        let server = &asked.generation.config.server;
         let deadlines = Deadlines::read(req.headers(), tokio::time::Instant::now())?;
-        if !generation.api_keys.is_enabled() {
-            client = Client::from_header(server.tenant_header.as_deref(), req.headers())?;
-        }
+        let client = if asked.generation.api_keys.is_enabled() {
+            std::mem::take(&mut asked.client)
+        } else {
+            Client::from_header(server.tenant_header.as_deref(), req.headers())?
+        };
         // An upload (`multipart/form-data`) has its own, larger limit.
-        let max_bytes = if endpoint.model == ModelIn::Form {
+        let max_bytes = if asked.endpoint.model == ModelIn::Form {
             server.max_upload_bytes
         } else {
             server.max_body_bytes
@@ -289,61 +315,39 @@ impl App {
             timeout: server.body_read_timeout,
             budget: &self.body_budget,
         };
-        let api = request::read(req, limits, endpoint).await?;
-        let route = Routed::resolve(&generation, endpoint, &api)?;
-        access.route(&route);
-        Ok(Routed {
-            generation,
-            route,
-            endpoint,
-            api,
-            client,
-            deadlines,
-            request_id,
-            access,
-        })
+        Ok((limits, deadlines, client))
     }
 
-    /// One candidate: a slot on it (steps 5 and 6), the request sent (step 7) and its answer
-    /// (step 8); or on to the next candidate.
-    async fn attempt<'r>(
-        self: &Arc<Self>,
-        routed: &Arc<Routed>,
+    /// A refusal on `target` other than by the target's queue being full or too small ends
+    /// the request; those two go on to the next target.
+    fn refused<'r>(
+        &self,
+        refused: Refused,
+        routed: &Routed,
         target: &'r Arc<Target>,
+        ticket: &slotgate_limiter::Ticket,
         tries: &mut Tries<'r>,
     ) -> Attempt {
-        let ticket = routed.client.ticket(weight(&routed.api, target));
-        let admitted = admit::admit(
-            target,
-            routed.endpoint.slot,
-            &ticket,
-            &routed.deadlines,
-            &self.shutdown,
-            keepalive::interval(routed, target),
-        )
-        .await;
-        let slot = match admitted {
-            Ok(Admitted::Go(slot)) => slot,
-            Ok(Admitted::KeepAlive(queued, every)) => {
-                let body = self.keep_alive(queued, every, routed, target, ticket);
-                return Break(Ok(body
-                    .respond()
-                    .map(|body| Either::Right(Either::Right(body)))));
-            }
-            Err(Refused::Full) => {
-                tries.full(target, target.retry_after_for(&ticket));
-                return Continue(());
-            }
-            Err(Refused::TooHeavy { weight, parallel }) => {
-                tries.too_heavy(target, weight, parallel);
-                return Continue(());
-            }
-            Err(refused) => {
-                let refusal = || self.wait_ended(refused, routed, target, &ticket);
+        match refused {
+            Refused::Full => tries.full(target, target.retry_after_for(ticket)),
+            Refused::TooHeavy { weight, parallel } => tries.too_heavy(target, weight, parallel),
+            refused => {
+                let refusal = || self.wait_ended(refused, routed, target, ticket);
                 return Break(tries.ended(refusal, &routed.access).map(streamed));
             }
-        };
-        match self.sender.send(routed, target, slot).await {
+        }
+        Continue(())
+    }
+
+    /// What sending to `target` came to: its answer (step 8), or on to the next target.
+    fn sent<'r>(
+        &self,
+        routed: &Routed,
+        target: &'r Target,
+        sent: Sent,
+        tries: &mut Tries<'r>,
+    ) -> Attempt {
+        match sent {
             Sent::Answered(answered) => self.answered(routed, target, answered, tries),
             Sent::Unreachable(error) => {
                 tries.unreachable(error);
@@ -405,12 +409,13 @@ impl App {
         self: &Arc<Self>,
         queued: admit::Queued,
         every: Duration,
-        routed: &Arc<Routed>,
+        routed: Routed,
         target: &Arc<Target>,
         ticket: slotgate_limiter::Ticket,
-    ) -> KeepaliveBody {
+    ) -> Response<ResponseBody> {
+        let routed = Arc::new(routed);
         let forward: Forward = {
-            let (app, routed, target) = (Arc::clone(self), Arc::clone(routed), Arc::clone(target));
+            let (app, routed, target) = (Arc::clone(self), Arc::clone(&routed), Arc::clone(target));
             Box::new(move |slot| {
                 Box::pin(
                     async move { keepalive::forward(app.steps(), &routed, &target, slot).await },
@@ -418,13 +423,15 @@ impl App {
             })
         };
         let refuse: Refuse = {
-            let (app, routed, target) = (Arc::clone(self), Arc::clone(routed), Arc::clone(target));
+            let (app, routed, target) = (Arc::clone(self), Arc::clone(&routed), Arc::clone(target));
             Box::new(move |refused| {
                 let error = app.wait_ended(refused, &routed, &target, &ticket);
                 keepalive::last_event(&routed, &error, &app.metrics)
             })
         };
-        KeepaliveBody::new(queued, Arc::clone(target), every, forward, refuse)
+        let body = KeepaliveBody::new(queued, Arc::clone(target), every, forward, refuse);
+        body.respond()
+            .map(|body| Either::Right(Either::Right(body)))
     }
 
     /// Steps 7 and 8, for a queued request's body.
@@ -441,9 +448,33 @@ impl App {
 struct Asked {
     generation: Arc<Generation>,
     endpoint: &'static Endpoint,
+    /// Who the request queues as, when API keys say it.
     client: Client,
     request_id: HeaderValue,
     access: Access,
+}
+
+impl Asked {
+    /// The request once its body `api` is read: routed to its model.
+    fn routed(
+        self,
+        api: ApiRequest,
+        deadlines: Deadlines,
+        client: Client,
+    ) -> Result<Routed, Error> {
+        let route = Routed::resolve(&self.generation, self.endpoint, &api)?;
+        self.access.route(&route);
+        Ok(Routed {
+            generation: self.generation,
+            route,
+            endpoint: self.endpoint,
+            api,
+            client,
+            deadlines,
+            request_id: self.request_id,
+            access: self.access,
+        })
+    }
 }
 
 /// The engine slots `api` takes on `target`: its sequences
