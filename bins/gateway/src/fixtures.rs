@@ -54,6 +54,14 @@ pub(crate) fn config(toml: &str) -> Config {
     Config::from_toml_str(toml).expect("a valid test configuration")
 }
 
+/// An empty cache-aware router with `generation`'s `[server]` affinity settings.
+pub(crate) fn cache(generation: &Generation) -> Arc<crate::proxy::cache_aware::CacheAware> {
+    Arc::new(crate::proxy::cache_aware::CacheAware::new(
+        &generation.config.server.cache_affinity,
+        std::time::Instant::now(),
+    ))
+}
+
 /// The target of `model` on `upstream` in `generation`.
 pub(crate) fn target(generation: &Generation, model: &str, upstream: &str) -> Arc<Target> {
     let route = generation

@@ -4,7 +4,9 @@
 //! [`Answerer::answer`] stacks what the body does on the way: the model's name rewritten to the
 //! one the client asked for ([`Rename`]), a Responses answer's id recorded for its follow-ups
 //! ([`Sniff`]), the first token and the usage read ([`Meter`]), and the bounds on the
-//! upstream's silences and on the stream's length ([`Watch`]). [`mark_routed`] tells the client
+//! upstream's silences and on the stream's length ([`Watch`]). An answer the engine accepted
+//! records where the request went by its prompt ([`CacheAware::sent`]), and the meter hands the
+//! engine's report of its cached prompt tokens back to it. [`mark_routed`] tells the client
 //! where its answer came from.
 
 use std::sync::Arc;
@@ -21,6 +23,7 @@ use crate::proxy::admit::Slot;
 use crate::proxy::affinity::{Recorder, ResponseAffinity, Sniff};
 use crate::proxy::body::meter::{self, Meter};
 use crate::proxy::body::{SlotBody, Watch};
+use crate::proxy::cache_aware::CacheAware;
 use crate::proxy::choose::Routed;
 use crate::proxy::rename::{self, Rename};
 use crate::proxy::send::Answered;
@@ -41,6 +44,8 @@ const QUEUE_WAIT_HEADER: HeaderName = HeaderName::from_static("x-slotgate-queue-
 pub(crate) struct Answerer {
     /// Which upstream holds each Responses id.
     affinity: Arc<dyn ResponseAffinity>,
+    /// What each host's prompt cache holds, as far as the gateway knows.
+    cache: Arc<CacheAware>,
     /// `slotgate_bounds_total{bound="stream_idle"}`.
     stalled: Counter,
     /// `slotgate_bounds_total{bound="upstream_cut"}`.
@@ -50,10 +55,16 @@ pub(crate) struct Answerer {
 }
 
 impl Answerer {
-    /// Answers that record Responses ids into `affinity` and count their bounds in `metrics`.
-    pub(crate) fn new(affinity: Arc<dyn ResponseAffinity>, metrics: &Metrics) -> Self {
+    /// Answers that record Responses ids into `affinity`, where requests went by their prompt
+    /// into `cache`, and count their bounds in `metrics`.
+    pub(crate) fn new(
+        affinity: Arc<dyn ResponseAffinity>,
+        cache: Arc<CacheAware>,
+        metrics: &Metrics,
+    ) -> Self {
         Self {
             affinity,
+            cache,
             stalled: metrics.bound(Bound::StreamIdle),
             cut: metrics.bound(Bound::UpstreamCut),
             too_long: metrics.bound(Bound::StreamTimeout),
@@ -62,8 +73,9 @@ impl Answerer {
 
     /// `target`'s `answered` head to `routed`, streaming through with its slot; the body bounds
     /// the upstream's silences, a Responses answer's id is recorded on the way, and the model
-    /// the client asked for is named in place of the engine's name for it. The body notes its
-    /// end in `access` (an answer held for a retry notes nothing).
+    /// the client asked for is named in place of the engine's name for it, and where the
+    /// request went by its prompt is recorded. The body notes its end in `access` (an answer
+    /// held for a retry notes nothing).
     pub(crate) fn answer(
         &self,
         routed: &Routed,
@@ -76,6 +88,13 @@ impl Answerer {
             mut slot,
             sent,
         } = answered;
+        // Where the request went by its prompt, once the engine took it.
+        let feedback = routed
+            .api
+            .placement
+            .as_ref()
+            .filter(|_| slot.is_some() && response.status().is_success())
+            .map(|placement| self.cache.sent(target, placement));
         // What the body tells: the first token and the usage of a request that holds a slot,
         // and the outcome for the access log.
         let meter = (slot.is_some() || access.is_on()).then(|| {
@@ -87,6 +106,7 @@ impl Answerer {
                 response.headers(),
                 response.status(),
             )
+            .with_feedback(feedback)
         });
         match &mut slot {
             Some(slot) => {

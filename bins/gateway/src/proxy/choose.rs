@@ -9,9 +9,15 @@
 //! turn, may narrow or reorder that list, or refuse the request. The one built in pins a
 //! Responses follow-up to the upstream that holds its conversation
 //! ([`FollowUp`](crate::proxy::responses::FollowUp)). A layer that prefers a host for a request
-//! (prefix-cache affinity) is one more [`Steer`], handed to [`Chooser::new`]: it sees the
-//! request (its body and headers in [`Routed::api`]) and the ranked targets, and moves the host
-//! it prefers first; nothing else in the request path changes.
+//! is one more [`Steer`], handed to [`Chooser::new`]: it sees the request (its body and headers
+//! in [`Routed::api`]) and the ranked targets, and moves the host it prefers first; nothing else
+//! in the request path changes.
+//!
+//! Last, cache-aware placement ([`CacheAware::place`]) may move the host that holds the prompt's
+//! prefix to the front. It is not a [`Steer`] because it leaves something with the request: the
+//! [`Placement`](crate::proxy::request::prompt::Placement) in [`ApiRequest::placement`], which
+//! the answer step records once the engine took the request
+//! ([`Answerer`](crate::proxy::answer::Answerer)).
 
 use std::fmt;
 use std::sync::Arc;
@@ -19,6 +25,7 @@ use std::sync::Arc;
 use http::HeaderValue;
 
 use crate::proxy::access::Access;
+use crate::proxy::cache_aware::CacheAware;
 use crate::proxy::client::{Client, Deadlines};
 use crate::proxy::endpoint::Endpoint;
 use crate::proxy::live::Generation;
@@ -97,25 +104,32 @@ pub(crate) trait Steer: Send + Sync + fmt::Debug {
 #[derive(Debug)]
 pub(crate) struct Chooser {
     steers: Vec<Box<dyn Steer>>,
+    /// What each host's prompt cache holds, as far as the gateway knows.
+    cache: Arc<CacheAware>,
 }
 
 impl Chooser {
-    /// A chooser that runs `steers` in order over the ranking.
-    pub(crate) fn new(steers: Vec<Box<dyn Steer>>) -> Self {
-        Self { steers }
+    /// A chooser that runs `steers` in order over the ranking, then places the request by what
+    /// `cache` says the hosts hold of its prompt.
+    pub(crate) fn new(steers: Vec<Box<dyn Steer>>, cache: Arc<CacheAware>) -> Self {
+        Self { steers, cache }
     }
 
     /// The targets of `route` to try for `routed`, best first: the ranking of those that serve
-    /// its endpoint, as the steering layers leave it.
+    /// its endpoint, as the steering layers leave it, with the host that holds the prompt's
+    /// prefix first where the load allows; the placement is left in `routed.api`.
     pub(crate) fn choose<'r>(
         &self,
-        routed: &Routed,
+        routed: &mut Routed,
         route: &'r Route,
     ) -> Result<Vec<&'r Arc<Target>>, Error> {
         let mut ranked = eligible(route, routed.endpoint)?;
         for steer in &self.steers {
             steer.steer(routed, &mut ranked)?;
         }
+        routed.api.placement = self
+            .cache
+            .place(&mut ranked, &routed.api, route, routed.endpoint);
         Ok(ranked)
     }
 }

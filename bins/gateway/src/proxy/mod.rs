@@ -11,6 +11,7 @@ pub(crate) mod affinity;
 pub(crate) mod answer;
 pub(crate) mod auth;
 pub(crate) mod body;
+pub(crate) mod cache_aware;
 pub(crate) mod choose;
 pub(crate) mod client;
 pub(crate) mod endpoint;

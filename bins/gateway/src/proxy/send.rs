@@ -97,7 +97,7 @@ impl Sender {
         let policy = &routed.generation.policy;
         match outcome {
             Ok(response) => {
-                judged(target, response.status(), policy);
+                judged(target, response.status(), sent, policy);
                 Sent::Answered(Answered {
                     response,
                     slot,
@@ -105,7 +105,7 @@ impl Sender {
                 })
             }
             Err(ForwardError::Connect(error)) => {
-                connect_failed(target, &error, policy);
+                connect_failed(target, &error, sent, policy);
                 if let Some(slot) = slot {
                     slot.abandon();
                 }
@@ -163,24 +163,23 @@ fn authorization(upstream: &UpstreamState, client_keys: bool) -> Authorization<'
     }
 }
 
-/// A refused connection to `target`: logged, and counted towards ejecting the upstream
-/// (passive health checking).
-fn connect_failed(target: &Target, error: &BoxError, policy: &HealthPolicy) {
+/// A refused connection to `target`, for a request sent at `sent`: logged, and counted towards
+/// ejecting the upstream (passive health checking).
+fn connect_failed(target: &Target, error: &BoxError, sent: Instant, policy: &HealthPolicy) {
     let reason = chain(&**error);
     warn!(upstream = %target.upstream.name, error = %reason, "connect failed");
-    target
-        .upstream
-        .record_forward_failure(reason, policy, "connect errors");
+    target.record_failure(reason, sent, policy, "connect errors");
 }
 
-/// What the `status` of an engine's answer says about `target`'s upstream, recorded: a 5xx
-/// counts towards ejecting it, as a refused connection does, unless it only says the engine
-/// is busy ([`judge`]); any other answer breaks the failure streak.
-fn judged(target: &Target, status: StatusCode, policy: &HealthPolicy) {
+/// What the `status` of an engine's answer to a request sent at `sent` says about `target`'s
+/// upstream, recorded: a 5xx counts towards ejecting it, as a refused connection does, unless
+/// it only says the engine is busy ([`judge`]); any other answer breaks the failure streak.
+fn judged(target: &Target, status: StatusCode, sent: Instant, policy: &HealthPolicy) {
     match judge(target.upstream.kind, status) {
         Verdict::Well => target.upstream.health.record_answer(),
-        Verdict::Failing => target.upstream.record_forward_failure(
+        Verdict::Failing => target.record_failure(
             format!("answered {status} to a forwarded request"),
+            sent,
             policy,
             "engine errors",
         ),

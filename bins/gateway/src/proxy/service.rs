@@ -16,7 +16,7 @@
 
 use std::ops::ControlFlow::{self, Break, Continue};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
@@ -31,6 +31,7 @@ use crate::proxy::access::{Access, Counted, Logged};
 use crate::proxy::admit::{self, Admitted, Fallback, Refused};
 use crate::proxy::affinity::LocalAffinity;
 use crate::proxy::answer::{Answerer, Streamed, mark_routed};
+use crate::proxy::cache_aware::CacheAware;
 use crate::proxy::choose::{Chooser, Routed};
 use crate::proxy::client::{Client, Deadlines};
 use crate::proxy::endpoint::{Endpoint, ModelIn};
@@ -60,7 +61,7 @@ pub(crate) struct App {
     /// The configuration in force: routing table (and, through it, the limiter keys and the
     /// upstreams' state), API keys, body limit.
     pub(crate) live: Arc<Live>,
-    /// Step 4: the ranking and the steering layers.
+    /// Step 4: the ranking, the steering layers and cache-aware placement.
     chooser: Chooser,
     /// Step 7: the pooled upstream client.
     sender: Sender,
@@ -92,11 +93,16 @@ impl App {
             server.response_affinity_entries,
             server.response_affinity_ttl,
         ));
+        // What each host's prompt cache holds: read when choosing, written when answered.
+        let cache = Arc::new(CacheAware::new(&server.cache_affinity, Instant::now()));
         Self {
             live,
-            chooser: Chooser::new(vec![Box::new(FollowUp::new(affinity.clone()))]),
+            chooser: Chooser::new(
+                vec![Box::new(FollowUp::new(affinity.clone()))],
+                Arc::clone(&cache),
+            ),
             sender: Sender::new(server.first_byte_timeout),
-            answerer: Answerer::new(affinity, metrics),
+            answerer: Answerer::new(affinity, cache, metrics),
             // Clients told "shutting down" should come back once a restart is likely done.
             shutdown_retry_after: server.drain_grace.max(Duration::from_secs(1)),
             shutdown,
@@ -243,10 +249,10 @@ impl App {
         // and `stream` without re-serialising. Then the model's route.
         let (limits, deadlines, client) = self.reading(&req, &mut asked)?;
         let api = request::read(req, limits, asked.endpoint).await?;
-        let routed = asked.routed(api, deadlines, client)?;
+        let mut routed = asked.routed(api, deadlines, client)?;
         // Step 4: the targets it may go to, best first.
         let route = Arc::clone(&routed.route);
-        let candidates = self.chooser.choose(&routed, &route)?;
+        let candidates = self.chooser.choose(&mut routed, &route)?;
         debug!(
             request_id = routed.id(),
             model = %route.model,

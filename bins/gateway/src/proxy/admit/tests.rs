@@ -300,10 +300,6 @@ async fn every_refusal_becomes_its_error() {
         }),
         Error::StoreUnavailable { .. }
     ));
-    assert!(matches!(
-        error(Refused::Unshared { weight: 2 }),
-        Error::BadRequest(_)
-    ));
     let deadlines = no_deadlines();
     let wait = deadlines.wait(Instant::now(), Duration::from_secs(5), true);
     assert!(matches!(

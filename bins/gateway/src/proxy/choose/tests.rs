@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::{Chooser, Routed, Steer, eligible};
-use crate::fixtures::{Built, routed};
+use crate::fixtures::{Built, cache, routed, target};
 use crate::proxy::endpoint::Endpoint;
 use crate::proxy::problems::Error;
 use crate::upstreams::target::Target;
@@ -84,26 +84,31 @@ impl Steer for Refuse {
 #[tokio::test(start_paused = true)]
 async fn without_steers_the_order_is_the_ranking() {
     let generation = Arc::new(Built::new(TABLE).generation);
-    let routed = routed(generation, "/v1/chat/completions", r#"{"model":"m"}"#).await;
+    let mut routed = routed(generation, "/v1/chat/completions", r#"{"model":"m"}"#).await;
     let route = Arc::clone(&routed.route);
-    let chosen = Chooser::new(Vec::new()).choose(&routed, &route).expect("m");
+    let chosen = Chooser::new(Vec::new(), cache(&routed.generation))
+        .choose(&mut routed, &route)
+        .expect("m");
     assert_eq!(names(&chosen), ["b", "a", "c"]);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_steer_moves_its_host_first_and_the_rest_keep_their_order() {
     let generation = Arc::new(Built::new(TABLE).generation);
-    let routed = routed(generation, "/v1/chat/completions", r#"{"model":"m"}"#).await;
+    let mut routed = routed(generation, "/v1/chat/completions", r#"{"model":"m"}"#).await;
     let route = Arc::clone(&routed.route);
-    let chooser = Chooser::new(vec![Box::new(Prefer("c"))]);
+    let chooser = Chooser::new(vec![Box::new(Prefer("c"))], cache(&routed.generation));
     assert_eq!(
-        names(&chooser.choose(&routed, &route).expect("m")),
+        names(&chooser.choose(&mut routed, &route).expect("m")),
         ["c", "b", "a"]
     );
     // Steers run in order: the last word is the later one's.
-    let chooser = Chooser::new(vec![Box::new(Prefer("c")), Box::new(Prefer("a"))]);
+    let chooser = Chooser::new(
+        vec![Box::new(Prefer("c")), Box::new(Prefer("a"))],
+        cache(&routed.generation),
+    );
     assert_eq!(
-        names(&chooser.choose(&routed, &route).expect("m")),
+        names(&chooser.choose(&mut routed, &route).expect("m")),
         ["a", "c", "b"]
     );
 }
@@ -112,7 +117,7 @@ async fn a_steer_moves_its_host_first_and_the_rest_keep_their_order() {
 async fn a_steer_only_sees_eligible_targets_and_may_refuse() {
     let built = Built::new(TABLE);
     built.target("m", "c").upstream.set_draining(true);
-    let routed = routed(
+    let mut routed = routed(
         Arc::new(built.generation),
         "/v1/chat/completions",
         r#"{"model":"m"}"#,
@@ -120,16 +125,45 @@ async fn a_steer_only_sees_eligible_targets_and_may_refuse() {
     .await;
     let route = Arc::clone(&routed.route);
     // A draining upstream is not ranked, so no steer can bring it back.
-    let chooser = Chooser::new(vec![Box::new(Prefer("c"))]);
+    let chooser = Chooser::new(vec![Box::new(Prefer("c"))], cache(&routed.generation));
     assert_eq!(
-        names(&chooser.choose(&routed, &route).expect("m")),
+        names(&chooser.choose(&mut routed, &route).expect("m")),
         ["b", "a"]
     );
-    let chooser = Chooser::new(vec![Box::new(Refuse), Box::new(Prefer("a"))]);
+    let chooser = Chooser::new(
+        vec![Box::new(Refuse), Box::new(Prefer("a"))],
+        cache(&routed.generation),
+    );
     assert!(matches!(
-        chooser.choose(&routed, &route),
+        chooser.choose(&mut routed, &route),
         Err(Error::Unauthorized)
     ));
+}
+
+/// Cache-aware placement comes last: a prompt sent to `c` before goes to `c` first again while
+/// `c` has a free slot, and the placement stays with the request for the answer step.
+#[tokio::test(start_paused = true)]
+async fn the_host_that_holds_the_prompt_goes_first() {
+    let generation = Arc::new(Built::new(TABLE).generation);
+    let body = format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "a long question ".repeat(256)
+    );
+    let cache = cache(&generation);
+    let chooser = Chooser::new(Vec::new(), Arc::clone(&cache));
+    let mut first = routed(Arc::clone(&generation), "/v1/chat/completions", &body).await;
+    let route = Arc::clone(&first.route);
+    let chosen = chooser.choose(&mut first, &route).expect("m");
+    assert_eq!(names(&chosen), ["b", "a", "c"]);
+    let placement = first
+        .api
+        .placement
+        .as_ref()
+        .expect("a chat prompt is placed");
+    drop(cache.sent(&target(&generation, "m", "c"), placement));
+    let mut again = routed(generation, "/v1/chat/completions", &body).await;
+    let chosen = chooser.choose(&mut again, &route).expect("m");
+    assert_eq!(names(&chosen), ["c", "b", "a"]);
 }
 
 #[test]

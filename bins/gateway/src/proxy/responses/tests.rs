@@ -7,7 +7,7 @@ use std::time::Duration;
 use http::Method;
 
 use super::{FollowUp, find};
-use crate::fixtures::{Built, routed};
+use crate::fixtures::{Built, cache, routed};
 use crate::proxy::affinity::{LocalAffinity, ResponseAffinity};
 use crate::proxy::choose::Chooser;
 use crate::proxy::problems::Error;
@@ -56,10 +56,11 @@ async fn chosen(
     affinity: Arc<LocalAffinity>,
     body: &str,
 ) -> Result<Vec<String>, Error> {
-    let routed = routed(Arc::new(built.generation), "/v1/responses", body).await;
+    let mut routed = routed(Arc::new(built.generation), "/v1/responses", body).await;
     let route = Arc::clone(&routed.route);
-    let chooser = Chooser::new(vec![Box::new(FollowUp::new(affinity))]);
-    let ranked = chooser.choose(&routed, &route)?;
+    let cache = cache(&routed.generation);
+    let chooser = Chooser::new(vec![Box::new(FollowUp::new(affinity))], cache);
+    let ranked = chooser.choose(&mut routed, &route)?;
     Ok(ranked.iter().map(|t| t.upstream.name.clone()).collect())
 }
 
