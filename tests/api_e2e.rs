@@ -508,22 +508,31 @@ async fn responses_follow_ups_go_to_the_upstream_that_holds_the_response() {
         let reply = get(addr, &format!("/v1/responses/{id}")).await;
         assert_eq!(reply.status, 200, "{}", reply.text());
         assert_eq!(reply.json()["id"], id.as_str());
+        // Issue #31: the routing headers on an answer by id too.
+        let upstream = reply.headers["x-slotgate-upstream"].to_str().unwrap();
+        assert!(upstream == "a" || upstream == "b", "{upstream}");
+        assert_eq!(reply.headers["x-slotgate-queue-wait-ms"], "0");
         let reply = get(addr, &format!("/v1/responses/{id}/input_items")).await;
         assert_eq!(reply.status, 200, "{}", reply.text());
     }
 
     // Unknown and deleted ids are the gateway's 404, not another host's guess.
-    send(create(false, Some("resp_unknown")))
+    let doc = send(create(false, Some("resp_unknown")))
         .await
         .assert_problem(404, "response-not-found");
+    assert_eq!(doc["error"]["param"], "previous_response_id");
     let gone = &ids[0];
     let delete = http::Request::delete(format!("http://{addr}/v1/responses/{gone}"))
         .body(Full::new(Bytes::new()))
         .unwrap();
-    assert_eq!(send(delete).await.status, 200);
-    get(addr, &format!("/v1/responses/{gone}"))
+    let deleted = send(delete).await;
+    assert_eq!(deleted.status, 200);
+    assert!(deleted.headers.contains_key("x-slotgate-upstream"));
+    let doc = get(addr, &format!("/v1/responses/{gone}"))
         .await
         .assert_problem(404, "response-not-found");
+    // Named in the path, not in a body member.
+    assert!(doc["error"]["param"].is_null(), "{doc}");
 
     // Drained, the holder keeps its conversations: a clear 503, never the other host.
     let admin = gw.admin_addr().unwrap();

@@ -257,6 +257,30 @@ impl Problem {
         .with_param("previous_response_id")
     }
 
+    /// [`Kind::ResponseNotFound`] (404) for a response named in the path (`GET`/`DELETE
+    /// /v1/responses/{id}`, `/cancel`, `/input_items`) rather than as `previous_response_id`:
+    /// no `error.param`, since no body member is at fault.
+    ///
+    /// ```
+    /// use slotgate_problem::Problem;
+    ///
+    /// let problem = Problem::response_id_not_found("resp_1");
+    /// assert_eq!(problem.status(), 404);
+    /// assert_eq!(problem.param(), None);
+    /// ```
+    #[must_use]
+    pub fn response_id_not_found(id: &str) -> Self {
+        Self::new(
+            Kind::ResponseNotFound,
+            format!(
+                "Response `{id}` is not known here: it did not pass through this gateway, it was \
+                 deleted, or it is too old. It cannot be read, cancelled or deleted here."
+            ),
+        )
+        .with_detail(format!("No upstream is recorded for response `{id}`."))
+        .ext("response_id", id)
+    }
+
     /// [`Kind::ResponseUpstreamUnavailable`] (503): `upstream`, which holds response `id`, is
     /// down, draining or no longer serves the model.
     ///

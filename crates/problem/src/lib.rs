@@ -16,6 +16,7 @@
 //! | [`Problem::route_not_served`] | 404 | `route-not-served` | |
 //! | [`Problem::route_disabled`] | 403 | `route-disabled` | |
 //! | [`Problem::response_not_found`] | 404 | `response-not-found` | |
+//! | [`Problem::response_id_not_found`] | 404 | `response-not-found` | |
 //! | [`Problem::response_upstream_unavailable`] | 503 | `response-upstream-unavailable` | yes |
 //! | [`Problem::bad_request`] | 400 | `bad-request` | |
 //! | [`Problem::bad_header`] | 400 | `bad-request` | |

@@ -28,6 +28,7 @@ use crate::proxy::cache_aware::CacheAware;
 use crate::proxy::choose::Routed;
 use crate::proxy::rename::{self, Rename};
 use crate::proxy::send::Answered;
+use crate::upstreams::state::UpstreamState;
 use crate::upstreams::target::Target;
 
 /// An engine's answer streaming through with its slot (and, for the Responses API, searched
@@ -169,7 +170,16 @@ pub(crate) fn passed_through(response: Response<Incoming>) -> Response<Streamed>
 /// an upstream gave (replacing any such header the upstream sent, so an engine cannot speak
 /// for the gateway). The wait is 0 on endpoints that take no slot.
 pub(crate) fn mark_routed(headers: &mut HeaderMap, target: &Target, waited: Duration) {
-    mark_upstream(headers, target);
+    mark_state(headers, &target.upstream, waited);
+}
+
+/// [`mark_routed`] for an answer of `upstream` outside any model's route (a request by
+/// response id).
+pub(crate) fn mark_state(headers: &mut HeaderMap, upstream: &UpstreamState, waited: Duration) {
+    match &upstream.name_header {
+        Some(name) => headers.insert(UPSTREAM_HEADER, name.clone()),
+        None => headers.remove(UPSTREAM_HEADER),
+    };
     let millis = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
     // Most requests find a free slot: a static "0" spares them an allocation.
     let value = match millis {

@@ -94,11 +94,13 @@ pub(crate) enum Error {
         /// The route asked for.
         route: &'static str,
     },
-    /// A Responses follow-up names a response with no recorded upstream.
+    /// A Responses follow-up, or a request by id, names a response with no recorded upstream.
     #[error("no upstream is recorded for response {id:?}")]
     ResponseNotFound {
         /// The response id.
         id: String,
+        /// Named in the path (`/v1/responses/{id}`), not as `previous_response_id`.
+        in_path: bool,
     },
     /// The upstream holding the response a follow-up names cannot take it.
     #[error("upstream {upstream} holding response {id:?} is unavailable")]
@@ -486,7 +488,8 @@ impl Error {
             Error::ModelNotFound { model } => Problem::model_not_found(model),
             Error::RouteNotServed { model, route } => Problem::route_not_served(model, route),
             Error::RouteDisabled { model, route } => Problem::route_disabled(model, route),
-            Error::ResponseNotFound { id } => Problem::response_not_found(id),
+            Error::ResponseNotFound { id, in_path: false } => Problem::response_not_found(id),
+            Error::ResponseNotFound { id, in_path: true } => Problem::response_id_not_found(id),
             Error::ResponseUpstreamUnavailable {
                 id,
                 upstream,
@@ -856,7 +859,10 @@ mod tests {
                 false,
             ),
             (
-                Error::ResponseNotFound { id: "r".into() },
+                Error::ResponseNotFound {
+                    id: "r".into(),
+                    in_path: false,
+                },
                 404,
                 "response-not-found",
                 false,
