@@ -386,7 +386,7 @@ mod tests {
         assert_eq!(doc["error"]["code"], "stream_timeout");
 
         let line = problem.stream_ending(Dialect::Ollama, Framing::Ndjson);
-        assert_eq!(line.iter().filter(|&&b| b == b'\n').count(), 1);
+        assert!(line.ends_with(b"\n") && !line[..line.len() - 1].contains(&b'\n'));
         let doc: Value = serde_json::from_slice(&line).unwrap();
         assert_eq!(doc["error"], problem.message());
     }
