@@ -30,6 +30,7 @@
 //! Without a capacity (an engine that does not say and no setting) every request goes at once:
 //! the behaviour of an upstream that never swaps.
 
+pub(crate) mod gate;
 #[cfg(test)]
 mod tests;
 
