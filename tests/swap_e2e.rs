@@ -44,7 +44,11 @@ fn config(url: &str, extra: &str) -> String {
 }
 
 /// Polls the admin API until `check` holds for upstream "r".
-async fn wait_for(admin: std::net::SocketAddr, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+async fn wait_for(
+    admin: std::net::SocketAddr,
+    what: &str,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = tokio::time::Instant::now() + PATIENT;
     loop {
         let doc = upstream_status(admin, "r").await;
@@ -86,7 +90,10 @@ async fn an_interleaved_burst_swaps_once_and_never_waits_inside_the_engine() {
     .await;
     assert_eq!(doc["residency"]["max_instances"], 1, "{doc}");
     assert_eq!(doc["residency"]["models"]["a"]["state"], "loaded", "{doc}");
-    assert_eq!(doc["residency"]["models"]["b"]["state"], "unloaded", "{doc}");
+    assert_eq!(
+        doc["residency"]["models"]["b"]["state"], "unloaded",
+        "{doc}"
+    );
     assert_eq!(model_doc(&doc, "a")["state"], "loaded", "{doc}");
 
     // A B A B …, 8 of each, all at once.
@@ -110,7 +117,12 @@ async fn an_interleaved_burst_swaps_once_and_never_waits_inside_the_engine() {
     for x in &records {
         for y in &records {
             if x.model != y.model {
-                assert!(!overlap(x, y), "{:?} and {:?} overlapped in the engine", x.id, y.id);
+                assert!(
+                    !overlap(x, y),
+                    "{:?} and {:?} overlapped in the engine",
+                    x.id,
+                    y.id
+                );
             }
         }
     }
@@ -165,7 +177,10 @@ async fn a_client_that_leaves_while_its_model_waits_never_reaches_the_engine() {
     // A later b runs (the place is free once a's request is gone).
     let reply = chat(addr, "b", false, &[("x-request-id", "later")]).await;
     assert_eq!(reply.status, 200, "{}", reply.text());
-    assert!(fake.observer().request("leaver").is_none(), "reached the engine");
+    assert!(
+        fake.observer().request("leaver").is_none(),
+        "reached the engine"
+    );
     assert_eq!(fake.model_loads("b"), Some(1));
 }
 
@@ -211,7 +226,12 @@ async fn ollama_with_max_loaded_models_holds_the_other_model_in_the_gateway() {
     for x in &records {
         for y in &records {
             if x.model != y.model {
-                assert!(!overlap(x, y), "{:?} and {:?} overlapped in the engine", x.id, y.id);
+                assert!(
+                    !overlap(x, y),
+                    "{:?} and {:?} overlapped in the engine",
+                    x.id,
+                    y.id
+                );
             }
         }
     }

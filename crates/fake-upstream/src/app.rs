@@ -296,9 +296,12 @@ impl App {
         // Held until the slot is ours, so `--models-max` does not evict the model between its
         // load and the acquire.
         let _wanted = Wanted::new(model);
-        self.registry.ensure_loaded(model).await.map_err(|LoadFailed| {
-            Refusal::new(500, format!("model name={} failed to load", model.name))
-        })?;
+        self.registry
+            .ensure_loaded(model)
+            .await
+            .map_err(|LoadFailed| {
+                Refusal::new(500, format!("model name={} failed to load", model.name))
+            })?;
         Ok(model.pool.acquire(work).await)
     }
 

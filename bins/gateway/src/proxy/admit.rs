@@ -167,7 +167,11 @@ pub(crate) fn join(
     }
     let limits = target.key.limits();
     let max_waiting = limits.parallel.saturating_add(limits.queue);
-    match target.upstream.places.enter(&target.place_name, max_waiting) {
+    match target
+        .upstream
+        .places
+        .enter(&target.place_name, max_waiting)
+    {
         Entered::Go(pass) => Ok(join_slot(target, ticket, deadlines, stop)?.with_place(Some(pass))),
         Entered::Full => Err(Refused::Full),
         // A model without a queue (`parallel = "unlimited"`) never waits in the gateway: it

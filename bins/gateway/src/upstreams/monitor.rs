@@ -74,7 +74,9 @@ pub(crate) async fn check_upstream(
         }
         Err(error) => {
             debug!(upstream = %upstream.name, error = %chain(&error), "residency discovery failed");
-            upstream.residency.record::<residency::Resident>(Err(&error));
+            upstream
+                .residency
+                .record::<residency::Resident>(Err(&error));
         }
     }
 }

@@ -224,7 +224,8 @@ impl Places {
     /// Rule 4: a waiter for a model without a place has waited `collate_for`.
     fn closed(&self, now: Instant) -> bool {
         self.waiters.iter().any(|w| {
-            !self.is_resident(&w.model) && now.saturating_duration_since(w.since) >= self.collate_for
+            !self.is_resident(&w.model)
+                && now.saturating_duration_since(w.since) >= self.collate_for
         })
     }
 

@@ -494,7 +494,10 @@ mod tests {
         let view = residency.view();
         assert_eq!(view.states["a"], ModelState::Loaded);
         assert_eq!(view.states["b"], ModelState::Failed);
-        assert_eq!(view.loads["a"].count, 0, "loaded before the first discovery");
+        assert_eq!(
+            view.loads["a"].count, 0,
+            "loaded before the first discovery"
+        );
         residency.record(Ok(listing("unloaded", "loading")));
         residency.record(Ok(listing("unloaded", "loaded")));
         residency.record(Ok(listing("loaded", "unloaded")));
@@ -502,7 +505,10 @@ mod tests {
         assert_eq!(view.loads["b"].count, 1);
         assert_eq!(view.loads["b"].timed, 1, "seen loading, then loaded");
         assert!(view.loads["b"].last.is_some());
-        assert_eq!(view.loads["a"].count, 1, "seen loaded without loading: counted");
+        assert_eq!(
+            view.loads["a"].count, 1,
+            "seen loaded without loading: counted"
+        );
         assert_eq!(view.loads["a"].timed, 0, "not timed");
         assert_eq!(view.states["b"], ModelState::Failed);
     }

@@ -25,9 +25,9 @@ use crate::base::{Base, BaseError};
 use crate::error::chain;
 use crate::tls::{self, Connector, TlsError, UpstreamTls};
 use crate::upstreams::health::{Health, HealthPolicy, Status};
+use crate::upstreams::places::gate::Gate;
 use crate::upstreams::pool::{Pool, PoolSettings};
 use crate::upstreams::probe::{ProbeError, ProbeTarget};
-use crate::upstreams::places::gate::Gate;
 use crate::upstreams::residency::Residency;
 
 /// What the configuration crate accepts in an upstream but this gateway cannot use.

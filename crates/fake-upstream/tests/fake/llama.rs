@@ -439,7 +439,11 @@ async fn router_models_max_evicts_the_least_recently_used_idle_model() {
     assert_eq!(status_of(&models, "b"), "unloaded");
     assert_eq!(status_of(&models, "c"), "loaded");
     assert_eq!(fake.model_loads("c"), Some(1));
-    assert_eq!(fake.model_loads("b"), Some(0), "loaded at start is not a load");
+    assert_eq!(
+        fake.model_loads("b"),
+        Some(0),
+        "loaded at start is not a load"
+    );
 }
 
 #[tokio::test]

@@ -15,7 +15,11 @@ fn name(model: &str) -> Arc<str> {
 }
 
 fn go(places: &mut Places, model: &str, now: Instant) {
-    assert_eq!(places.arrive(&name(model), now), Arrival::Go, "{model} goes");
+    assert_eq!(
+        places.arrive(&name(model), now),
+        Arrival::Go,
+        "{model} goes"
+    );
 }
 
 fn wait(places: &mut Places, model: &str, now: Instant) -> Ticket {
@@ -53,7 +57,11 @@ fn a_full_engine_holds_the_other_model_until_the_loaded_one_drains() {
     assert_eq!(places.leave("a", now), vec![]);
     // Never switch away from a model with a request admitted.
     assert!(places.is_resident("a"));
-    assert_eq!(places.leave("a", now), vec![b1, b2], "both b waiters, one load");
+    assert_eq!(
+        places.leave("a", now),
+        vec![b1, b2],
+        "both b waiters, one load"
+    );
     assert!(places.is_resident("b") && !places.is_resident("a"));
 }
 
@@ -230,13 +238,20 @@ fn check(places: &Places, world: &World, now: Instant, collate_for: Duration) {
     // Never more places than the capacity... unless a probe showed more running.
     // A model with an admitted request holds its place (never given up while in use).
     for model in &world.admitted {
-        assert!(places.is_resident(model), "{model} admitted but not resident");
+        assert!(
+            places.is_resident(model),
+            "{model} admitted but not resident"
+        );
     }
     for model in MODELS {
         let admitted = world.admitted.iter().filter(|m| **m == model).count();
         let waiting = world.waiting.iter().filter(|(_, m, _)| *m == model).count();
         let place = view.get(model).copied();
-        assert_eq!(place.map_or(0, |p| p.admitted), admitted, "{model} admitted");
+        assert_eq!(
+            place.map_or(0, |p| p.admitted),
+            admitted,
+            "{model} admitted"
+        );
         assert_eq!(places.waiting(model), waiting, "{model} waiting");
     }
     // Work-conserving: nothing that may go is left waiting.
@@ -248,7 +263,10 @@ fn check(places: &Places, world: &World, now: Instant, collate_for: Duration) {
             assert!(closed, "{model} is resident, not closed, and waits");
         }
     }
-    if let Some((_, oldest, _)) = world.waiting.iter().find(|(_, m, _)| !places.is_resident(m))
+    if let Some((_, oldest, _)) = world
+        .waiting
+        .iter()
+        .find(|(_, m, _)| !places.is_resident(m))
         && let Some(capacity) = places.capacity()
     {
         let resident = view.values().filter(|p| p.resident).count();
