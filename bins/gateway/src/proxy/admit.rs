@@ -635,7 +635,7 @@ pub(crate) enum Admitted {
 /// its response body instead ([`Admitted::KeepAlive`]). A shutdown ends the wait: only
 /// requests already running get the grace period.
 pub(crate) async fn admit(
-    target: &Target,
+    target: &Arc<Target>,
     slot: bool,
     ticket: &Ticket,
     deadlines: &Deadlines,
