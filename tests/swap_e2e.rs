@@ -29,18 +29,18 @@ async fn router() -> FakeUpstream {
     .unwrap()
 }
 
-/// The gateway's configuration for it: both models `parallel = 2`, a queue of 16.
-fn config(url: &str, extra: &str) -> String {
-    let mut toml = server("health_check_interval = \"100ms\"");
-    toml.push_str(&format!(
-        "[upstreams.r]\nurl = \"{url}\"\nkind = \"llama-server\"\n{extra}\n"
-    ));
-    for model in ["a", "b"] {
-        toml.push_str(&format!(
-            "[upstreams.r.models.{model}]\nparallel = 2\nqueue = 16\nqueue_timeout = \"30s\"\n"
-        ));
-    }
-    toml
+/// The gateway's configuration for an upstream "r" of `kind` at `url` (plus `extra` keys): models
+/// "a" and "b", each `parallel = 2` and a queue of 16.
+fn config(kind: &str, url: &str, extra: &str) -> String {
+    let model = |name: &str| {
+        format!("[upstreams.r.models.{name}]\nparallel = 2\nqueue = 16\nqueue_timeout = \"30s\"\n")
+    };
+    format!(
+        "{}[upstreams.r]\nurl = \"{url}\"\nkind = \"{kind}\"\n{extra}\n{}{}",
+        server("health_check_interval = \"100ms\""),
+        model("a"),
+        model("b"),
+    )
 }
 
 /// Polls the admin API until `check` holds for upstream "r".
@@ -81,7 +81,7 @@ fn overlap(x: &RequestRecord, y: &RequestRecord) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interleaved_burst_swaps_once_and_never_waits_inside_the_engine() {
     let fake = router().await;
-    let gw = gateway(&config(&fake.url(), "")).await;
+    let gw = gateway(&config("llama-server", &fake.url(), "")).await;
     let (addr, admin) = (gw.api_addr(), gw.admin_addr().unwrap());
     // The router's own /props says it holds one model: no setting needed.
     let doc = wait_for(admin, "max_instances read", |d| {
@@ -131,7 +131,7 @@ async fn an_interleaved_burst_swaps_once_and_never_waits_inside_the_engine() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_while_its_model_waits_never_reaches_the_engine() {
     let fake = router().await;
-    let gw = gateway(&config(&fake.url(), "")).await;
+    let gw = gateway(&config("llama-server", &fake.url(), "")).await;
     let (addr, admin) = (gw.api_addr(), gw.admin_addr().unwrap());
     wait_for(admin, "max_instances read", |d| {
         d["residency"]["max_loaded_models"] == 1
@@ -194,16 +194,7 @@ async fn ollama_with_max_loaded_models_holds_the_other_model_in_the_gateway() {
     )
     .await
     .unwrap();
-    let mut toml = server("health_check_interval = \"100ms\"");
-    toml.push_str(&format!(
-        "[upstreams.r]\nurl = \"{}\"\nkind = \"ollama\"\nmax_loaded_models = 1\n",
-        fake.url()
-    ));
-    for model in ["a", "b"] {
-        toml.push_str(&format!(
-            "[upstreams.r.models.{model}]\nparallel = 2\nqueue = 16\nqueue_timeout = \"30s\"\n"
-        ));
-    }
+    let toml = config("ollama", &fake.url(), "max_loaded_models = 1");
     let gw = gateway(&toml).await;
     let (addr, admin) = (gw.api_addr(), gw.admin_addr().unwrap());
     let doc = wait_for(admin, "a seen loaded", |d| {

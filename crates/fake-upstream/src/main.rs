@@ -45,7 +45,7 @@ struct Args {
     /// llama-server router: refuse requests for unloaded models instead of loading them.
     #[arg(long)]
     no_autoload: bool,
-    /// Router --models-max / Ollama OLLAMA_MAX_LOADED_MODELS: models running at once (0: no
+    /// Router --models-max, or Ollama's max loaded models: models running at once (0: no
     /// bound); past it the least recently used idle model is unloaded.
     #[arg(long, default_value_t = 0)]
     models_max: usize,

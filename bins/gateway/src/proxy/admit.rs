@@ -128,8 +128,9 @@ pub(crate) struct Slot {
     /// `completed`.
     engine_error: bool,
     /// The upstream gate's pass: the model keeps its place in the engine while the slot is
-    /// held, and gives it up with the slot.
-    place: Option<Pass>,
+    /// held, and gives it up with the slot. Boxed: only bounded upstreams have one, and the
+    /// slot rides in every answer.
+    place: Option<Box<Pass>>,
 }
 
 /// What [`join`] gave: a slot at once, or a place in the queue.
@@ -173,6 +174,7 @@ pub(crate) fn join(
         .places
         .enter(&target.place_name, max_waiting)
     {
+        Entered::Open => join_slot(target, ticket, deadlines, stop),
         Entered::Go(pass) => Ok(join_slot(target, ticket, deadlines, stop)?.with_place(Some(pass))),
         Entered::Full => Err(Refused::Full),
         // A model without a queue (`parallel = "unlimited"`) never waits in the gateway: it
@@ -478,8 +480,8 @@ impl Slot {
 
     /// Carries the gate's pass (kept when `pass` is `None`).
     fn with_place(mut self, pass: Option<Pass>) -> Self {
-        if pass.is_some() {
-            self.place = pass;
+        if let Some(pass) = pass {
+            self.place = Some(Box::new(pass));
         }
         self
     }

@@ -47,6 +47,9 @@ impl Inner {
 /// What [`Gate::enter`] gave.
 #[derive(Debug)]
 pub(crate) enum Entered {
+    /// The upstream is not bounded (no `max_loaded_models`, no bound reported): nothing is
+    /// held or counted.
+    Open,
     /// Admitted at once.
     Go(Pass),
     /// Waiting for the model to get a place: await [`Waiting::admitted`].
@@ -68,14 +71,17 @@ impl Gate {
         }
     }
 
-    /// A request for `model` arrives; at most `max_waiting` may wait for one model.
+    /// A request for `model` arrives; at most `max_waiting` may wait for one model. On an
+    /// upstream that is not bounded it is let through without being counted: what it has
+    /// running when a bound appears is not known to the gate (the probes still show what is
+    /// loaded), which at worst lets one request of another model wait inside the engine.
     pub(crate) fn enter(self: &Arc<Self>, model: &Arc<str>, max_waiting: usize) -> Entered {
         let mut inner = self.inner.lock();
+        if inner.places.capacity().is_none() {
+            return Entered::Open;
+        }
         let now = Instant::now();
-        if inner.places.capacity().is_some()
-            && !inner.places.is_resident(model)
-            && inner.places.waiting(model) >= max_waiting
-        {
+        if !inner.places.is_resident(model) && inner.places.waiting(model) >= max_waiting {
             return Entered::Full;
         }
         match inner.places.arrive(model, now) {
@@ -264,6 +270,7 @@ mod tests {
     async fn the_engine_reports_its_bound_and_the_setting_wins() {
         let gate = Arc::new(Gate::new(None, LONG));
         assert_eq!(gate.capacity(), None);
+        assert!(matches!(gate.enter(&Arc::from("a"), 0), Entered::Open));
         gate.observe(["a"], Some(1));
         assert_eq!(gate.capacity(), Some(1));
         gate.configure(Some(2), LONG);
