@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use fake_upstream::{FakeConfig, FakeUpstream, RequestRecord};
 use serde_json::Value;
-use support::{PATIENT, chat, chat_body, gateway, open, post, server, upstream_status};
+use support::{
+    PATIENT, chat, chat_body, gateway, get, open, post, sample, server, upstream_status,
+};
 
 /// The router with models "a" (loaded) and "b" (not), one place, two slots each.
 async fn router() -> FakeUpstream {
@@ -110,6 +112,38 @@ async fn an_interleaved_burst_swaps_once_and_never_waits_inside_the_engine() {
     }
     let loads = fake.model_loads("a").unwrap() + fake.model_loads("b").unwrap();
     assert!(loads <= 2, "{loads} loads for an interleaved burst of 16");
+
+    // The checks count the loads they saw (never more than the engine made) and show the bound.
+    let seen = |d: &Value| {
+        ["a", "b"]
+            .iter()
+            .map(|m| d["residency"]["models"][*m]["loads"].as_u64().unwrap_or(0))
+            .sum::<u64>()
+    };
+    wait_for(admin, "a load counted", |d| seen(d) >= 1).await;
+    let metrics = get(admin, "/metrics").await.text();
+    let counted: f64 = ["a", "b"]
+        .iter()
+        .map(|m| {
+            let series = format!(r#"slotgate_model_loads_total{{upstream="r",model="{m}"}}"#);
+            sample(&metrics, &series).unwrap_or_else(|| panic!("{series}"))
+        })
+        .sum();
+    #[expect(clippy::cast_precision_loss, reason = "a handful of loads")]
+    let made = loads as f64;
+    assert!(
+        (1.0..=made).contains(&counted),
+        "{counted} counted, {made} made"
+    );
+    for (series, value) in [
+        (r#"slotgate_upstream_max_loaded_models{upstream="r"}"#, 1.0),
+        (
+            r#"slotgate_model_waiting_for_place{upstream="r",model="b"}"#,
+            0.0,
+        ),
+    ] {
+        assert_eq!(sample(&metrics, series), Some(value), "{series}");
+    }
 
     // Never two models' requests inside the engine at once: the gateway held the other one.
     let records = fake.observer().inference_requests();
