@@ -73,7 +73,9 @@ pub(crate) struct KeepaliveBody {
 enum Stage {
     /// In the queue.
     Queued {
-        queued: Queued,
+        // Boxed: the waiter is the largest stage by far, and the body lives as long as the
+        // stream does.
+        queued: Box<Queued>,
         forward: Forward,
         refuse: Refuse,
     },
@@ -118,7 +120,7 @@ impl KeepaliveBody {
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
         Self {
             stage: Stage::Queued {
-                queued,
+                queued: Box::new(queued),
                 forward,
                 refuse,
             },
@@ -168,7 +170,7 @@ impl Body for KeepaliveBody {
         loop {
             match &mut this.stage {
                 Stage::Queued { queued, .. } => {
-                    if let Poll::Ready(outcome) = Pin::new(&mut *queued).poll(cx) {
+                    if let Poll::Ready(outcome) = Pin::new(&mut **queued).poll(cx) {
                         let waited = queued.waited();
                         let Stage::Queued {
                             forward, refuse, ..
