@@ -1,6 +1,9 @@
 //! Criterion benches of admission through Redis next to the local limiter, both through the
 //! `Admission` trait, on the Redis at `127.0.0.1:6379` (or `SLOTGATE_TEST_REDIS_URL`).
 //!
+//! - `one call`: the Redis round trip itself (`PING` on a multiplexed connection, as the
+//!   limiter's), and an acquire granted at once (`parallel` unbounded; its release runs in the
+//!   background meanwhile), one round trip each.
 //! - `acquire+release`: one task, `parallel = 1, queue = 1`: each acquire waits for the
 //!   previous release to reach the store, so an iteration is one full acquire and one full
 //!   release.
@@ -61,6 +64,30 @@ fn benches(c: &mut Criterion) {
         .build()
         .unwrap();
     let prefix = format!("slotgate-bench-{}", std::process::id());
+
+    let mut group = c.benchmark_group("one call");
+    let url = std::env::var("SLOTGATE_TEST_REDIS_URL")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into());
+    let conn = rt
+        .block_on(
+            redis::Client::open(url.as_str())
+                .expect("a redis:// URL")
+                .get_multiplexed_async_connection(),
+        )
+        .expect("a Redis server on 127.0.0.1:6379 (or SLOTGATE_TEST_REDIS_URL)");
+    group.bench_function("PING", |b| {
+        b.to_async(&rt).iter(|| {
+            let mut conn = conn.clone();
+            async move { redis::cmd("PING").query_async::<()>(&mut conn).await.unwrap() }
+        });
+    });
+    let open = redis_limiter(&rt, &format!("{prefix}-open"));
+    open.configure(HOST, MODEL, 1 << 40, 0);
+    rt.block_on(async { tokio::time::sleep(Duration::from_millis(100)).await });
+    group.bench_function("redis acquire, granted at once", |b| {
+        b.to_async(&rt).iter(|| acquire_release(open.as_ref()));
+    });
+    group.finish();
 
     let mut group = c.benchmark_group("acquire+release");
     let local: Arc<dyn Admission> = Arc::new(Limiter::<String, String>::new());
