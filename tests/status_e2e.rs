@@ -256,6 +256,12 @@ async fn the_event_stream_wants_the_token_and_shows_slots_and_queues_live() {
     let p99 = live["queue_wait"]["p99"].as_f64().unwrap();
     assert!((1.28..=5.12).contains(&p99), "{live}");
     assert_eq!(live["first_byte"]["count"], 4, "{live}");
+    // The engine's prompt tokens, and its cached share, since start.
+    assert!(
+        live["cache"]["prompt_tokens"].as_u64().unwrap() > 0,
+        "{live}"
+    );
+    assert!(live["cache"]["cached_tokens"].is_u64(), "{live}");
     // The sparkline samples saw the burst.
     let (_, _, later) = events.next().await.unwrap();
     assert!(later["tick"].as_u64().unwrap() > first_id);

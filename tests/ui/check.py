@@ -150,6 +150,8 @@ def main():
             expect(queued).to_have_text(["0", "0"], timeout=WAIT_MS)
             # The waits of the queued ones reached the page's percentiles.
             expect(page.locator('[data-field="queue-wait"]').first).to_contain_text("in 5 min")
+            # Each host's cache hit share, from the prompt tokens its engine reported.
+            expect(page.locator('[data-field="cache-hit"]').first).to_contain_text("reported")
 
             # 5. Drain host-a from the page; the gateway stops sending it requests.
             card_a = page.locator('[data-upstream="host-a"]')

@@ -19,7 +19,8 @@
 //! | `slotgate_time_to_response_head_seconds` | histogram | upstream, model | from sending upstream to its response head |
 //! | `slotgate_time_to_first_token_seconds` | histogram | upstream, model | from sending upstream to the first body frame that carries data (for SSE, the first `data:` line) |
 //! | `slotgate_request_duration_seconds` | histogram | upstream, model | from joining the queue to the end of the response: the queue wait included |
-//! | `slotgate_tokens_total` | counter | upstream, model, kind | tokens the engines reported in `usage`: `prompt`, `completion` |
+//! | `slotgate_tokens_total` | counter | upstream, model, kind | tokens the engines reported in `usage`: `prompt`, `completion`, `cached_prompt` (prompt tokens taken from the engine's cache) |
+//! | `slotgate_affinity_total` | counter | upstream, model, result | requests placed by cache-aware routing and sent here: `hit`, `miss`, `overridden` |
 //! | `slotgate_build_info` | info | version, os, arch | 1, labelled with this build |
 //! | `slotgate_upstream_healthy` | gauge | upstream | 1 while the upstream passes its health checks (or has not been checked yet), 0 while ejected |
 //! | `slotgate_upstream_draining` | gauge | upstream | 1 while an operator drains the upstream |
@@ -103,6 +104,16 @@ struct TokenLabels {
     upstream: String,
     model: String,
     kind: &'static str,
+}
+
+/// The results of `slotgate_affinity_total`, in [`TargetMetrics::affinity`] order.
+const AFFINITY_RESULTS: [&str; 3] = ["hit", "miss", "overridden"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AffinityLabels {
+    upstream: String,
+    model: String,
+    result: &'static str,
 }
 
 /// The status classes of `slotgate_upstream_responses_total`, in [`TargetMetrics::responses`]
@@ -193,6 +204,7 @@ pub(crate) struct Metrics {
     requests: Family<OutcomeLabels, Counter>,
     responses: Family<ClassLabels, Counter>,
     tokens: Family<TokenLabels, Counter>,
+    affinity: Family<AffinityLabels, Counter>,
     rejections: Family<RejectionLabels, Counter>,
     disconnects: Family<DisconnectLabels, Counter>,
     retries: Family<RetryLabels, Counter>,
@@ -217,7 +229,8 @@ struct BoundLabels {
 /// `slotgate_bounds_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Bound {
-    /// A connection sent no complete request head within `header_read_timeout`.
+    /// A connection sent no complete request head (or, on HTTP/2, began no request) within
+    /// `header_read_timeout`.
     HeaderTimeout,
     /// A connection had no request in flight for `client_idle_timeout`.
     ClientIdle,
@@ -233,10 +246,12 @@ pub(crate) enum Bound {
     StreamTimeout,
     /// A client left a piece of its answer unread for `client_write_timeout`.
     ClientStall,
+    /// An idle connection was closed to admit a new one at the connection limit.
+    IdleShed,
 }
 
 impl Bound {
-    const ALL: [Bound; 8] = [
+    const ALL: [Bound; 9] = [
         Bound::HeaderTimeout,
         Bound::ClientIdle,
         Bound::BodyTimeout,
@@ -245,6 +260,7 @@ impl Bound {
         Bound::UpstreamCut,
         Bound::StreamTimeout,
         Bound::ClientStall,
+        Bound::IdleShed,
     ];
 
     fn label(self) -> &'static str {
@@ -257,6 +273,7 @@ impl Bound {
             Bound::UpstreamCut => "upstream_cut",
             Bound::StreamTimeout => "stream_timeout",
             Bound::ClientStall => "client_stall",
+            Bound::IdleShed => "idle_shed",
         }
     }
 }
@@ -285,6 +302,11 @@ pub(crate) struct TargetMetrics {
     pub(crate) prompt_tokens: Counter,
     /// `slotgate_tokens_total{kind="completion"}`.
     pub(crate) completion_tokens: Counter,
+    /// `slotgate_tokens_total{kind="cached_prompt"}`: prompt tokens the engine reported it
+    /// took from its cache.
+    pub(crate) cached_prompt_tokens: Counter,
+    /// `slotgate_affinity_total`, by result in [`AFFINITY_RESULTS`] order.
+    affinity: [Counter; 3],
     /// `slotgate_requests_total{outcome="completed"}`.
     pub(crate) completed: Counter,
     /// `slotgate_requests_total{outcome="upstream_status_error"}`: the engine answered 5xx.
@@ -305,6 +327,16 @@ pub(crate) struct TargetMetrics {
 }
 
 impl TargetMetrics {
+    /// Counts how cache-aware routing placed a request sent here.
+    pub(crate) fn affinity(&self, verdict: slotgate_choose::Verdict) {
+        let at = AFFINITY_RESULTS
+            .iter()
+            .position(|&result| result == verdict.as_str());
+        if let Some(at) = at {
+            self.affinity[at].inc();
+        }
+    }
+
     /// Counts an engine answer of `status` that the request did not pass through but retried
     /// on the next host; only 502, 503 and 504 are retried, and counted.
     pub(crate) fn retried(&self, status: http::StatusCode) {
@@ -362,6 +394,7 @@ impl Metrics {
             disconnects: Family::default(),
             responses: Family::default(),
             tokens: Family::default(),
+            affinity: Family::default(),
             retries: Family::default(),
             queue_wait: Family::new_with_constructor(seconds_histogram),
             handoff_gap: Family::new_with_constructor(gap_histogram),
@@ -451,6 +484,14 @@ impl Metrics {
             responses: CLASSES.map(class),
             prompt_tokens: tokens("prompt"),
             completion_tokens: tokens("completion"),
+            cached_prompt_tokens: tokens("cached_prompt"),
+            affinity: AFFINITY_RESULTS.map(|result| {
+                self.affinity.get_or_create_owned(&AffinityLabels {
+                    upstream: upstream.to_owned(),
+                    model: model.to_owned(),
+                    result,
+                })
+            }),
             completed: outcome("completed"),
             upstream_status_error: outcome("upstream_status_error"),
             upstream_error: outcome("upstream_error"),
@@ -519,7 +560,14 @@ impl Metrics {
                 class,
             });
         }
-        for kind in ["prompt", "completion"] {
+        for result in AFFINITY_RESULTS {
+            self.affinity.remove(&AffinityLabels {
+                upstream: upstream.to_owned(),
+                model: model.to_owned(),
+                result,
+            });
+        }
+        for kind in ["prompt", "completion", "cached_prompt"] {
             self.tokens.remove(&TokenLabels {
                 upstream: upstream.to_owned(),
                 model: model.to_owned(),
@@ -573,8 +621,15 @@ impl Metrics {
         );
         registry.register(
             "tokens",
-            "Tokens the engines reported in usage, by kind (prompt, completion)",
+            "Tokens the engines reported in usage, by kind (prompt, completion, cached_prompt)",
             self.tokens.clone(),
+        );
+        registry.register(
+            "affinity",
+            "Requests placed by cache-aware routing, by result: hit (sent where its prompt \
+             prefix is held), miss (no useful match: placed by free slots), overridden (the \
+             holder was too busy)",
+            self.affinity.clone(),
         );
         registry.register(
             "rejections",

@@ -36,6 +36,15 @@
 //! host with free slots a score of `+∞`, ahead of every finite score; two such hosts tie and are
 //! separated by `queued`. See [`Info::score`].
 //!
+//! # Cache affinity
+//!
+//! The same crate decides when a request should go to the host that holds its prompt prefix
+//! in its KV cache instead: [`PrefixBuilder`] hashes the prompt into a chain of block hashes,
+//! [`Holdings`] remembers which hosts were sent which blocks (bounded in entries and age), and
+//! [`prefer`] moves the holder to the front of [`ranked`]'s order while that costs less than
+//! the prefill it saves. A request with no useful match keeps [`ranked`]'s order exactly. All
+//! three are pure: time is passed in as `now`, the hash seed by the caller.
+//!
 //! # Why deterministic
 //!
 //! Power-of-two-choices (as in tower's `p2c` balancer) spreads load when the balancer cannot see
@@ -77,10 +86,16 @@
 //! assert_eq!(order, ["gpu-b", "gpu-a", "gpu-c"]);
 //! ```
 
+mod affinity;
+mod holdings;
 mod info;
+mod prefix;
 mod rank;
 
+pub use affinity::{Standing, Verdict, is_useful, prefer};
+pub use holdings::{Holdings, HostId, HostSet, Limits, Longest, MAX_HOSTS, Prior, Stamp};
 pub use info::Info;
+pub use prefix::{DEFAULT_BLOCK_BYTES, Prefix, PrefixBuilder};
 pub use rank::{best, ranked};
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ use crate::models::Model;
 use crate::observer::{ConnectionState, Fate, Outcome, Tracker};
 use crate::openai::{self, Answer, Endpoint, InferenceRequest};
 use crate::reply::{MAX_BODY, Refusal, finish, json_response, response, stream_response};
-use crate::slots::{CollapseSignal, Lease, SlotPool};
+use crate::slots::{CollapseSignal, Lease, SlotPool, Work};
 use crate::sse::Step;
 use crate::state::App;
 use crate::store::Stored;
@@ -118,7 +118,7 @@ impl App {
             Ok(request) => request,
             Err(refusal) => return self.reject(endpoint, tracker, &refusal),
         };
-        let plan = {
+        let mut plan = {
             let behaviour = self.behaviour.lock();
             Plan::new(
                 behaviour.tokens,
@@ -155,13 +155,22 @@ impl App {
             Ok(sequences) => sequences,
             Err(refusal) => return self.reject(endpoint, tracker, &refusal),
         };
-        let lease = match self
-            .admit(&model, &mut tracker, plan.prompt_tokens, sequences)
-            .await
-        {
+        if plan.clear_cache {
+            model.pool.clear_cache();
+        }
+        let prompt = request.prompt_sequence(endpoint);
+        let answer = openai::answer_sequence(endpoint, plan.tokens);
+        let work = Work {
+            prompt_tokens: plan.prompt_tokens,
+            weight: sequences,
+            prompt: &prompt,
+            answer: &answer,
+        };
+        let lease = match self.admit(&model, &mut tracker, &work).await {
             Ok(lease) => lease,
             Err(refusal) => return self.reject(endpoint, tracker, &refusal),
         };
+        plan.set_cached(lease.cached(), self.config.prefill_per_token);
         model.touch();
         let signal = lease.signal();
         let pool = Arc::clone(lease.pool());
@@ -176,6 +185,7 @@ impl App {
             plan: &plan,
             include_usage: request.include_usage(),
             choices: u32::try_from(sequences).unwrap_or(1),
+            cache_details: self.config.prompt_tokens_details,
         };
         let generation = Generation {
             answer,
@@ -266,11 +276,10 @@ impl App {
         &self,
         model: &Arc<Model>,
         tracker: &mut Tracker,
-        prompt_tokens: u32,
-        sequences: usize,
+        work: &Work<'_>,
     ) -> Result<Lease, Refusal> {
         if model.is_loaded()
-            && let Some(lease) = model.pool.try_acquire(prompt_tokens, sequences)
+            && let Some(lease) = model.pool.try_acquire(work)
         {
             return Ok(lease);
         }
@@ -285,7 +294,7 @@ impl App {
         };
         tracker.queued();
         self.registry.ensure_loaded(model).await;
-        Ok(model.pool.acquire(prompt_tokens, sequences).await)
+        Ok(model.pool.acquire(work).await)
     }
 
     /// The sequences (engine slots) a request runs: `n` choices (chat), `max(n, best_of)`
@@ -348,7 +357,7 @@ impl App {
         if failures.stall_after.is_some() {
             return stalled_json(tracker);
         }
-        let prefill = failures.first_token_delay.unwrap_or_default();
+        let prefill = failures.first_token_delay.unwrap_or_default() + plan.prefill;
         tokio::select! {
             () = tokio::time::sleep(prefill + plan.total()) => {}
             () = generation.signal.collapsed() => {
@@ -368,6 +377,10 @@ impl App {
         let (content_type, body) = self.full_body(&generation);
         if let Some(n) = failures.die_after {
             let outcome = Outcome::Injected(Failure::DieAfterChunks(n));
+            return truncated(content_type, &body, Emit::Abort(outcome), tracker);
+        }
+        if let Some(n) = failures.die_mid_event {
+            let outcome = Outcome::Injected(Failure::DieMidEvent(n));
             return truncated(content_type, &body, Emit::Abort(outcome), tracker);
         }
         if let Some(n) = failures.reset_after {
@@ -514,10 +527,11 @@ impl App {
                 (gap, step.bytes)
             })
             .collect();
-        if let (Some(delay), Some((gap, _))) = (plan.failures.first_token_delay, events.front_mut())
-        {
-            // The head goes out now; the first event waits for the "prefill".
-            *gap += delay;
+        let prefill = plan.failures.first_token_delay.unwrap_or_default() + plan.prefill;
+        if let Some((gap, _)) = events.front_mut() {
+            // The head goes out now; the first event waits for the prefill (the injected delay
+            // and the uncached prompt's).
+            *gap += prefill;
         }
 
         let script = Script {
@@ -607,6 +621,9 @@ struct Script {
 impl Script {
     async fn next(mut self) -> Option<(Emit, Self)> {
         if let Some(emit) = self.tail.pop_front() {
+            if matches!(emit, Emit::Abort(_)) {
+                before_abort().await;
+            }
             return Some((emit, self));
         }
         if self.done {
@@ -627,6 +644,14 @@ impl Script {
             before_abort().await;
             let failure = Failure::DieAfterChunks(self.sent);
             return Some((Emit::Abort(Outcome::Injected(failure)), self));
+        }
+        if let Some(n) = self.failures.die_mid_event.filter(|n| *n == self.sent) {
+            // Half of the next event, then the abort (after the pause that lets it out).
+            self.done = true;
+            let (_, event) = self.events.pop_front()?;
+            let outcome = Outcome::Injected(Failure::DieMidEvent(n));
+            self.tail.push_back(Emit::Abort(outcome));
+            return Some((Emit::Raw(event.slice(..event.len() / 2)), self));
         }
         if let Some(n) = self.failures.error_after.filter(|n| *n == self.sent) {
             let outcome = Outcome::Injected(Failure::ErrorAfterChunks(n));

@@ -8,6 +8,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::cache::{CacheSpec, Layout};
 use crate::failure::Failure;
 
 /// Which inference server the fake imitates.
@@ -175,6 +176,19 @@ pub struct FakeConfig {
     /// other). On by default for vLLM (which needs `VLLM_ENABLE_RESPONSES_API_STORE=1` for it);
     /// off for llama-server and Ollama, whose Responses API is stateless.
     pub responses_store: bool,
+    /// Model the engine's prompt cache and report the cached tokens the kind's way (on by
+    /// default; see the crate docs). Off: every prompt is computed whole and reported cached 0.
+    pub prompt_cache: bool,
+    /// Prompt tokens kept besides the slots: llama-server's host-RAM prompt cache (`--cache-ram`;
+    /// 0 by default here, 8 GiB on the real server), vLLM's whole prefix cache (262 144 by
+    /// default). Ollama keeps only its slots.
+    pub cache_tokens: usize,
+    /// Prefill time per uncached prompt token, before the first token (0 by default): a test
+    /// can see a cache hit answer sooner.
+    pub prefill_per_token: Duration,
+    /// vLLM `--enable-prompt-tokens-details`: report `usage.prompt_tokens_details.cached_tokens`
+    /// (vLLM sends it only when some were cached). llama-server always reports it.
+    pub prompt_tokens_details: bool,
 }
 
 impl FakeConfig {
@@ -199,6 +213,10 @@ impl FakeConfig {
             slots_endpoint: true,
             listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
             responses_store: kind == Kind::Vllm,
+            prompt_cache: true,
+            cache_tokens: if kind == Kind::Vllm { 262_144 } else { 0 },
+            prefill_per_token: Duration::ZERO,
+            prompt_tokens_details: false,
         }
     }
 
@@ -344,6 +362,49 @@ impl FakeConfig {
     pub fn responses_store(mut self, on: bool) -> Self {
         self.responses_store = on;
         self
+    }
+
+    /// Turns the prompt cache on or off (see [`FakeConfig::prompt_cache`]).
+    #[must_use]
+    pub fn prompt_cache(mut self, on: bool) -> Self {
+        self.prompt_cache = on;
+        self
+    }
+
+    /// Sets the prompt tokens kept besides the slots (see [`FakeConfig::cache_tokens`]).
+    #[must_use]
+    pub fn cache_tokens(mut self, tokens: usize) -> Self {
+        self.cache_tokens = tokens;
+        self
+    }
+
+    /// Sets the prefill time per uncached prompt token.
+    #[must_use]
+    pub fn prefill_per_token(mut self, per_token: Duration) -> Self {
+        self.prefill_per_token = per_token;
+        self
+    }
+
+    /// vLLM's `--enable-prompt-tokens-details`.
+    #[must_use]
+    pub fn prompt_tokens_details(mut self, on: bool) -> Self {
+        self.prompt_tokens_details = on;
+        self
+    }
+
+    /// The shape of one engine instance's prompt cache.
+    pub(crate) fn cache_spec(&self) -> CacheSpec {
+        CacheSpec {
+            enabled: self.prompt_cache,
+            layout: match self.kind {
+                Kind::Vllm => Layout::Blocks,
+                Kind::LlamaServer | Kind::Ollama => Layout::Slots,
+            },
+            store_tokens: match self.kind {
+                Kind::Ollama => 0,
+                Kind::LlamaServer | Kind::Vllm => self.cache_tokens,
+            },
+        }
     }
 
     /// Listens on `127.0.0.1:<port>` (0 picks a free port).

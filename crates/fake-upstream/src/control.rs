@@ -27,6 +27,9 @@ pub mod headers {
     /// Prompt size in tokens, instead of the word count of the prompt; used for usage and for
     /// the context-size check.
     pub const PROMPT_TOKENS: &str = "x-fake-prompt-tokens";
+    /// `clear`: the engine forgets its prompt cache before this request, as a restart would
+    /// (any other value is a 400).
+    pub const PROMPT_CACHE: &str = "x-fake-prompt-cache";
     /// The request id the observer records (and the fake echoes back). Generated when absent.
     pub const REQUEST_ID: &str = "x-request-id";
 }
@@ -38,6 +41,7 @@ pub(crate) struct Overrides {
     pub(crate) pacing: Option<Pacing>,
     pub(crate) failures: Option<Vec<Failure>>,
     pub(crate) prompt_tokens: Option<u32>,
+    pub(crate) clear_cache: bool,
 }
 
 impl Overrides {
@@ -80,11 +84,22 @@ impl Overrides {
         let failures = text(headers::FAIL)?
             .map(|v| parse_failures(v).map_err(|e| format!("{}: {e}", headers::FAIL)))
             .transpose()?;
+        let clear_cache = match text(headers::PROMPT_CACHE)?.map(str::trim) {
+            None => false,
+            Some("clear") => true,
+            Some(other) => {
+                return Err(format!(
+                    "{}: {other:?} is not \"clear\"",
+                    headers::PROMPT_CACHE
+                ));
+            }
+        };
         Ok(Self {
             tokens: number(headers::TOKENS)?.map(clamp_u32),
             pacing,
             failures,
             prompt_tokens: number(headers::PROMPT_TOKENS)?.map(clamp_u32),
+            clear_cache,
         })
     }
 }
@@ -100,6 +115,12 @@ pub(crate) struct Plan {
     pub(crate) interval: Duration,
     /// Prompt size, for `usage` and the context check.
     pub(crate) prompt_tokens: u32,
+    /// Of those, the tokens the engine found in its prompt cache (known once a slot is taken).
+    pub(crate) cached_tokens: u32,
+    /// The time the engine takes on the uncached part before the first token.
+    pub(crate) prefill: Duration,
+    /// Forget the prompt cache before this request (`x-fake-prompt-cache: clear`).
+    pub(crate) clear_cache: bool,
     /// The failures that apply, as given (recorded by the observer).
     pub(crate) failure_list: Vec<Failure>,
     /// The same failures, folded.
@@ -132,9 +153,23 @@ impl Plan {
             finish_reason,
             interval: pacing.interval(tokens),
             prompt_tokens: overrides.prompt_tokens.unwrap_or(counted_prompt_tokens),
+            cached_tokens: 0,
+            prefill: Duration::ZERO,
+            clear_cache: overrides.clear_cache,
             failures: FailurePlan::from_list(&failure_list),
             failure_list,
         }
+    }
+
+    /// Records what the engine found in its cache, and so how long its prefill takes.
+    pub(crate) fn set_cached(&mut self, cached_tokens: u32, per_token: Duration) {
+        self.cached_tokens = cached_tokens.min(self.prompt_tokens);
+        self.prefill = per_token * (self.prompt_tokens - self.cached_tokens);
+    }
+
+    /// Prompt tokens the engine computed (the uncached part).
+    pub(crate) fn processed_tokens(&self) -> u32 {
+        self.prompt_tokens - self.cached_tokens
     }
 
     /// How long the whole generation takes.
@@ -189,6 +224,9 @@ mod tests {
         assert!(Overrides::from_headers(&headers(&[(headers::TOKENS, "many")])).is_err());
         assert!(Overrides::from_headers(&headers(&[(headers::FAIL, "explode")])).is_err());
         assert!(Overrides::from_headers(&headers(&[(headers::TPS, "fast")])).is_err());
+        assert!(Overrides::from_headers(&headers(&[(headers::PROMPT_CACHE, "flush")])).is_err());
+        let clear = Overrides::from_headers(&headers(&[(headers::PROMPT_CACHE, "clear")]));
+        assert!(clear.unwrap().clear_cache);
     }
 
     #[test]
@@ -203,6 +241,16 @@ mod tests {
         };
         let plan = Plan::new(8, Pacing::Instant, &[], o, Some(3), 5);
         assert_eq!((plan.tokens, plan.finish_reason), (20, "stop"));
+    }
+
+    #[test]
+    fn cached_tokens_shorten_the_prefill() {
+        let mut plan = Plan::new(8, Pacing::Instant, &[], Overrides::default(), None, 100);
+        plan.set_cached(60, Duration::from_millis(2));
+        assert_eq!(plan.processed_tokens(), 40);
+        assert_eq!(plan.prefill, Duration::from_millis(80));
+        plan.set_cached(500, Duration::from_millis(2));
+        assert_eq!((plan.cached_tokens, plan.prefill), (100, Duration::ZERO));
     }
 
     #[test]

@@ -81,6 +81,7 @@
 //! | `x-fake-chunk-interval-ms` | integer | gap between streamed tokens |
 //! | `x-fake-fail` | list | failures to inject, comma-separated; `none` disables the server's default failures |
 //! | `x-fake-prompt-tokens` | integer | prompt size for `usage` and the context check |
+//! | `x-fake-prompt-cache` | `clear` | the engine forgets its prompt cache before this request, as a restart would |
 //! | `x-request-id` | string | the id the observer records; echoed back |
 //!
 //! When several pacing headers are sent, `x-fake-chunk-interval-ms` wins over `x-fake-tps`, which
@@ -91,6 +92,8 @@
 //! - `hang`: hold the slot and never answer (no response head);
 //! - `die-after-chunks=N`: send N SSE events (the chat role chunk and `[DONE]` count), then abort
 //!   the connection without the terminating chunk; a non-streaming answer is cut half-way;
+//! - `die-mid-event=N`: send N SSE events and half of the next, then abort as `die-after-chunks`
+//!   does (an engine cut in the middle of an event); a non-streaming answer is cut half-way;
 //! - `error-after-chunks=N`: send N events, then the kind's in-stream error event;
 //! - `slow-first-byte-ms=N`: wait N ms before the response headers;
 //! - `stall-after-chunks=N`: send the head and N events, then nothing, with the slot and the
@@ -125,6 +128,26 @@
 //! adapters share one engine), and connections open and accepted
 //! ([`Observer::wait_for_open_connections`]).
 //!
+//! # The prompt cache
+//!
+//! Each engine instance remembers what its slots ran (vLLM: what its prefix cache holds), and
+//! a request reports how much of its prompt it found there, the way each engine does:
+//!
+//! | kind | reported |
+//! |---|---|
+//! | `llama-server` | `usage.prompt_tokens` the whole prompt, `usage.prompt_tokens_details.cached_tokens` (Responses: `input_tokens_details`), and `timings` (`cache_n`, `prompt_n`, `prompt_ms`, ...) on the answer or on the stream's last chunk before `[DONE]` (Responses: on `response.completed`); Messages: `cache_read_input_tokens` and the rest as `input_tokens`; `/slots` `n_prompt_tokens_cache`; `/metrics` `llamacpp:prompt_tokens_cached_total` |
+//! | `vllm` | `usage.prompt_tokens_details.cached_tokens` only with [`FakeConfig::prompt_tokens_details`] (`--enable-prompt-tokens-details`) and only when some were cached, in whole 16-token blocks; `/metrics` `vllm:prefix_cache_hits_total` |
+//! | `ollama` | `prompt_eval_count` (and the `/v1` `prompt_tokens` taken from it) counts only the uncached part |
+//!
+//! A conversation whose next turn resends the previous one (its answer as an assistant
+//! message) finds all of it cached but the new message, on the slot that ran it. How the fake
+//! approximates tokens, slot choice and the engines' stores, and what
+//! [`FakeConfig::cache_tokens`] keeps besides the slots: see `src/cache.rs`.
+//! [`FakeConfig::prefill_per_token`] makes the first token wait for the uncached prompt (off by
+//! default), so a cache hit answers sooner. [`FakeUpstream::clear_prompt_cache`] (or the header
+//! `x-fake-prompt-cache: clear`) forgets everything, as a restart would;
+//! [`FakeConfig::prompt_cache`]`(false)` reports 0 cached always.
+//!
 //! # Server-level switches
 //!
 //! [`FakeUpstream::refuse_connections`] / [`FakeUpstream::accept_connections`] make the port
@@ -132,7 +155,8 @@
 //! connection; [`FakeUpstream::set_healthy`] fails the health probe the kind's way;
 //! [`FakeUpstream::set_failures`], [`FakeUpstream::set_pacing`] and
 //! [`FakeUpstream::set_tokens`] change the defaults; [`FakeUpstream::load_model`] and
-//! [`FakeUpstream::unload_model`] change residency.
+//! [`FakeUpstream::unload_model`] change residency; [`FakeUpstream::clear_prompt_cache`]
+//! empties the prompt caches.
 //!
 //! # Deliberate differences from the real servers
 //!
@@ -149,7 +173,7 @@
 //! - Rerank needs `--reranking` on a real llama-server (else 501); the fake always serves it.
 //!   llama-server's errors on `/v1/messages` use Anthropic's envelope here, which is not
 //!   verified against its source.
-//! - Token counts are word counts.
+//! - Token counts are word counts, and the prompt cache compares words (see above).
 //! - llama-server's bare `/completions` and `/embeddings` are its native handlers (the same as
 //!   `/completion` and `/embedding`); the fake answers them in the OpenAI shape, as it always
 //!   has, and tests rely on it. Use `/completion` and `/embedding` for the native shapes.
@@ -158,11 +182,12 @@
 //!   503 may never trigger there.
 
 // The modules form a straight stack, each using only those listed before it:
-// failure, config, route, control, slots, observer, body, sse, form, openai, api, store, models,
-// reply, state, kinds, app, server.
+// cache, failure, config, route, control, slots, observer, body, sse, form, openai, api, store,
+// models, reply, state, kinds, app, server.
 mod api;
 mod app;
 mod body;
+mod cache;
 mod config;
 mod control;
 mod failure;

@@ -85,6 +85,19 @@ struct Args {
     /// (default: on for vllm, off for the others).
     #[arg(long)]
     responses_store: Option<bool>,
+    /// Report 0 cached prompt tokens always, instead of modelling the engine's prompt cache.
+    #[arg(long)]
+    no_prompt_cache: bool,
+    /// Prompt tokens kept besides the slots: llama-server's --cache-ram, vLLM's prefix cache
+    /// (default: 0 for llama-server, 262144 for vllm).
+    #[arg(long)]
+    cache_tokens: Option<usize>,
+    /// Prefill microseconds per uncached prompt token, before the first token.
+    #[arg(long, default_value_t = 0)]
+    prefill_us_per_token: u64,
+    /// vLLM --enable-prompt-tokens-details: report the cached tokens in the usage.
+    #[arg(long)]
+    enable_prompt_tokens_details: bool,
 }
 
 impl Args {
@@ -108,7 +121,13 @@ impl Args {
             .tokens(self.tokens)
             .pacing(pacing)
             .metrics(!self.no_metrics)
-            .slots_endpoint(!self.no_slots);
+            .slots_endpoint(!self.no_slots)
+            .prompt_cache(!self.no_prompt_cache)
+            .prefill_per_token(Duration::from_micros(self.prefill_us_per_token))
+            .prompt_tokens_details(self.enable_prompt_tokens_details);
+        if let Some(tokens) = self.cache_tokens {
+            config = config.cache_tokens(tokens);
+        }
         config.failures = failures;
         if let Some(on) = self.responses_store {
             config = config.responses_store(on);

@@ -90,14 +90,15 @@ impl Registry {
     pub(crate) fn new(config: &FakeConfig) -> Self {
         let specs = config.effective_models();
         // vLLM runs one engine: adapters share the base model's `max_num_seqs`.
-        let shared = (config.kind == Kind::Vllm).then(|| SlotPool::new(config.parallel, false));
+        let shared = (config.kind == Kind::Vllm)
+            .then(|| SlotPool::new(config.parallel, false, config.cache_spec()));
         let on_demand = config.router || config.kind == Kind::Ollama;
         let models = specs
             .into_iter()
             .map(|ModelSpec { name, loaded }| {
-                let pool = shared
-                    .clone()
-                    .unwrap_or_else(|| SlotPool::new(config.parallel, config.collapse));
+                let pool = shared.clone().unwrap_or_else(|| {
+                    SlotPool::new(config.parallel, config.collapse, config.cache_spec())
+                });
                 let residency = if loaded || !on_demand {
                     Residency::Loaded
                 } else {

@@ -779,12 +779,12 @@ mod tests {
     #[tokio::test]
     async fn counts_follow_the_phases() {
         let observer = Observer::new();
-        let pool = SlotPool::new(1, false);
+        let pool = SlotPool::new(1, false, crate::cache::CacheSpec::off());
         let mut a = observer.track(Some("a".into()), "POST", "/v1/chat/completions", conn());
         a.set_model_key("m");
         a.queued();
         assert_eq!(observer.queued(), 1);
-        a.start(pool.try_acquire(1, 1).unwrap());
+        a.start(pool.try_acquire(&crate::slots::Work::plain(1, 1)).unwrap());
         let s = observer.snapshot();
         assert_eq!((s.in_flight, s.queued, s.peak_in_flight), (1, 0, 1));
         assert_eq!(s.model("m").in_flight, 1);
@@ -804,16 +804,16 @@ mod tests {
     #[tokio::test]
     async fn dropping_tells_the_phase() {
         let observer = Observer::new();
-        let pool = SlotPool::new(1, false);
+        let pool = SlotPool::new(1, false, crate::cache::CacheSpec::off());
         let mut queued = observer.track(Some("q".into()), "POST", "/v1/completions", conn());
         queued.queued();
         drop(queued);
         let mut running = observer.track(Some("r".into()), "POST", "/v1/completions", conn());
-        running.start(pool.try_acquire(1, 1).unwrap());
+        running.start(pool.try_acquire(&crate::slots::Work::plain(1, 1)).unwrap());
         drop(running);
         let killed = conn();
         let mut cut = observer.track(Some("k".into()), "POST", "/v1/completions", killed.clone());
-        cut.start(pool.try_acquire(1, 1).unwrap());
+        cut.start(pool.try_acquire(&crate::slots::Work::plain(1, 1)).unwrap());
         killed.killed.store(true, Ordering::Release);
         drop(cut);
         let outcome = |id| observer.request(id).unwrap().outcome.unwrap();

@@ -1,12 +1,13 @@
 //! The OpenAI wire format (PROTOCOLS.md §4): reading the few request fields the fake needs, and
 //! building the response bodies and stream chunks. Generated text is `tok0 tok1 tok2 ...`.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::cache;
 use crate::config::Kind;
 use crate::control::Plan;
 pub(crate) use crate::route::Endpoint;
@@ -164,6 +165,22 @@ impl InferenceRequest {
         u32::try_from(n).unwrap_or(u32::MAX).max(1)
     }
 
+    /// The prompt as the prompt cache sees it: one token per word of what
+    /// [`count_prompt_tokens`](Self::count_prompt_tokens) counts, each message's first word
+    /// hashed with its role. Empty on routes whose engines cache nothing (embeddings, rerank,
+    /// audio, ...).
+    pub(crate) fn prompt_sequence(&self, endpoint: Endpoint) -> Vec<u64> {
+        let mut out = Vec::new();
+        if endpoint.caches_prompt()
+            && let Some(prompt) = self.required(endpoint)
+        {
+            // A Responses `input` string is one user message, as its next turn resends it.
+            let role = (endpoint == Endpoint::Responses).then_some("user");
+            push_sequence(&mut out, prompt, role);
+        }
+        out
+    }
+
     /// How many inputs an embeddings request has (`input`, or `content` for llama-server's
     /// `/embedding`).
     pub(crate) fn embedding_inputs(&self) -> usize {
@@ -200,6 +217,51 @@ pub(crate) fn words(v: &Value) -> usize {
     }
 }
 
+/// Appends the tokens of a prompt value, walking it as [`words`] does; the first word of a
+/// message (an object with a `role`) is hashed with its role.
+fn push_sequence(out: &mut Vec<u64>, value: &Value, role: Option<&str>) {
+    // Each part passes the role on until one of them has a word.
+    fn push(out: &mut Vec<u64>, value: &Value, role: &mut Option<&str>) {
+        let before = out.len();
+        push_sequence(out, value, *role);
+        if out.len() > before {
+            *role = None;
+        }
+    }
+    let mut role = role;
+    match value {
+        Value::String(text) => cache::push_words(out, role, text),
+        Value::Array(items) => {
+            for item in items {
+                push(out, item, &mut role);
+            }
+        }
+        Value::Object(map) => {
+            let mut role = map.get("role").and_then(Value::as_str).or(role);
+            for (_, value) in map
+                .iter()
+                .filter(|(k, _)| matches!(k.as_str(), "content" | "text"))
+            {
+                push(out, value, &mut role);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The tokens an answer of `tokens` words leaves in the slot after the prompt: the answer's
+/// words, the first hashed with `assistant` where the next turn resends it as a message.
+pub(crate) fn answer_sequence(endpoint: Endpoint, tokens: u32) -> Vec<u64> {
+    if !endpoint.caches_prompt() {
+        return Vec::new();
+    }
+    let role = endpoint.is_conversation().then_some("assistant");
+    let text: String = (0..tokens).map(token_text).collect();
+    let mut out = Vec::with_capacity(tokens as usize);
+    cache::push_words(&mut out, role, &text);
+    out
+}
+
 /// The number of items of a string-or-array field (rerank documents, score pairs).
 pub(crate) fn count_items(value: Option<&Value>) -> usize {
     match value {
@@ -228,6 +290,8 @@ pub(crate) struct Answer<'a> {
     pub(crate) include_usage: bool,
     /// Choices returned (`n`; 1 where the kind ignores it).
     pub(crate) choices: u32,
+    /// vLLM `--enable-prompt-tokens-details`.
+    pub(crate) cache_details: bool,
 }
 
 impl Answer<'_> {
@@ -236,20 +300,76 @@ impl Answer<'_> {
         self.plan.tokens.saturating_mul(self.choices.max(1))
     }
 
+    /// The prompt tokens the kind reports: the whole prompt, except on Ollama, which counts
+    /// only what it evaluated (`prompt_eval_count`, and its `/v1` usage taken from it).
+    pub(crate) fn prompt_tokens(&self) -> u32 {
+        match self.kind {
+            Kind::Ollama => self.plan.processed_tokens(),
+            Kind::LlamaServer | Kind::Vllm => self.plan.prompt_tokens,
+        }
+    }
+
+    /// The prompt tokens the engine found in its cache.
+    pub(crate) fn cached_tokens(&self) -> u32 {
+        self.plan.cached_tokens
+    }
+
     fn usage(&self) -> Value {
-        let prompt = self.plan.prompt_tokens;
+        let prompt = self.prompt_tokens();
         let completion = self.completion_tokens();
         let mut usage = json!({
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": u64::from(prompt) + u64::from(completion),
         });
-        if self.kind == Kind::LlamaServer {
-            // llama-server adds the details objects (PROTOCOLS.md §1).
-            usage["prompt_tokens_details"] = json!({"cached_tokens": 0});
-            usage["completion_tokens_details"] = json!({"reasoning_tokens": 0});
+        let cached = self.cached_tokens();
+        match self.kind {
+            Kind::LlamaServer => {
+                // llama-server adds the details objects (PROTOCOLS.md §1), always.
+                usage["prompt_tokens_details"] = json!({"cached_tokens": cached});
+                usage["completion_tokens_details"] = json!({"reasoning_tokens": 0});
+            }
+            // vLLM only with --enable-prompt-tokens-details, and only when something was cached.
+            Kind::Vllm if self.cache_details && cached > 0 => {
+                usage["prompt_tokens_details"] = json!({"cached_tokens": cached});
+            }
+            Kind::Vllm | Kind::Ollama => {}
         }
         usage
+    }
+
+    /// llama-server's `timings` (`server_slot_stats::to_json`), on its last event or its answer;
+    /// `None` for the other kinds.
+    pub(crate) fn timings(&self) -> Option<Value> {
+        if self.kind != Kind::LlamaServer {
+            return None;
+        }
+        let prompt_n = self.plan.processed_tokens();
+        let predicted_n = self.plan.tokens;
+        // Whole microseconds, so that a round number of milliseconds stays exact.
+        #[allow(clippy::cast_precision_loss)] // durations far below 2^52 µs
+        let millis = |d: Duration| d.as_micros() as f64 / 1e3;
+        let prompt_ms = millis(self.plan.prefill);
+        let predicted_ms = millis(self.plan.total());
+        let per_token = |ms: f64, n: u32| if n == 0 { 0.0 } else { ms / f64::from(n) };
+        let per_second = |ms: f64, n: u32| {
+            if ms > 0.0 {
+                1e3 * f64::from(n) / ms
+            } else {
+                0.0
+            }
+        };
+        Some(json!({
+            "cache_n": self.cached_tokens(),
+            "prompt_n": prompt_n,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": per_token(prompt_ms, prompt_n),
+            "prompt_per_second": per_second(prompt_ms, prompt_n),
+            "predicted_n": predicted_n,
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": per_token(predicted_ms, predicted_n),
+            "predicted_per_second": per_second(predicted_ms, predicted_n),
+        }))
     }
 
     fn fingerprint(&self) -> Value {
@@ -267,6 +387,14 @@ impl Answer<'_> {
 
     /// The non-streaming body.
     pub(crate) fn full(&self) -> Value {
+        let mut body = self.full_body();
+        if let Some(timings) = self.timings() {
+            body["timings"] = timings;
+        }
+        body
+    }
+
+    fn full_body(&self) -> Value {
         match self.endpoint {
             Endpoint::Chat => json!({
                 "id": self.id,
@@ -364,29 +492,36 @@ impl Answer<'_> {
                 });
             }
         }
-        for index in 0..choices {
-            let last = match self.endpoint {
-                Endpoint::Chat => json!({
-                    "index": index,
-                    "delta": {},
-                    "logprobs": null,
-                    "finish_reason": self.plan.finish_reason,
-                }),
-                _ => json!({
-                    "index": index,
-                    "text": "",
-                    "logprobs": null,
-                    "finish_reason": self.plan.finish_reason,
-                }),
-            };
-            steps.push(Step::at_once(sse::event(&self.chunk(last))));
-        }
+        // The closing chunk of each choice, then the usage chunk if asked for; llama-server
+        // puts its timings on the last of them.
+        let mut tail: Vec<Value> = (0..choices)
+            .map(|index| {
+                self.chunk(match self.endpoint {
+                    Endpoint::Chat => json!({
+                        "index": index,
+                        "delta": {},
+                        "logprobs": null,
+                        "finish_reason": self.plan.finish_reason,
+                    }),
+                    _ => json!({
+                        "index": index,
+                        "text": "",
+                        "logprobs": null,
+                        "finish_reason": self.plan.finish_reason,
+                    }),
+                })
+            })
+            .collect();
         if self.include_usage {
             let mut usage_chunk = self.chunk(json!(null));
             usage_chunk["choices"] = json!([]);
             usage_chunk["usage"] = self.usage();
-            steps.push(Step::at_once(sse::event(&usage_chunk)));
+            tail.push(usage_chunk);
         }
+        if let (Some(timings), Some(last)) = (self.timings(), tail.last_mut()) {
+            last["timings"] = timings;
+        }
+        steps.extend(tail.iter().map(|chunk| Step::at_once(sse::event(chunk))));
         steps.push(Step::at_once(Bytes::from_static(sse::DONE)));
         steps
     }
@@ -459,6 +594,7 @@ mod tests {
             plan: &plan,
             include_usage: true,
             choices: 1,
+            cache_details: false,
         };
         let full = answer.full();
         assert_eq!(full["choices"][0]["message"]["content"], "tok0 tok1 tok2");
@@ -487,6 +623,7 @@ mod tests {
             plan: &plan,
             include_usage: false,
             choices: 1,
+            cache_details: false,
         };
         let chunks = parsed(&answer.steps());
         assert_eq!(chunks.len(), 3, "2 tokens + closing");
@@ -507,6 +644,7 @@ mod tests {
             plan: &plan,
             include_usage: false,
             choices: 3,
+            cache_details: false,
         };
         assert_eq!(answer.full()["choices"].as_array().unwrap().len(), 3);
         assert_eq!(answer.full()["usage"]["completion_tokens"], 6);

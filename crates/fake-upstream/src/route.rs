@@ -128,6 +128,30 @@ impl Endpoint {
         }
     }
 
+    /// The routes that generate from a prompt, whose engines keep it in their prompt cache.
+    pub(crate) fn caches_prompt(self) -> bool {
+        matches!(
+            self,
+            Self::Chat
+                | Self::Completions
+                | Self::Responses
+                | Self::Messages
+                | Self::Completion
+                | Self::Infill
+                | Self::OllamaChat
+                | Self::OllamaGenerate
+        )
+    }
+
+    /// The routes that carry a conversation as messages, whose next turn resends the answer as
+    /// an assistant message.
+    pub(crate) fn is_conversation(self) -> bool {
+        matches!(
+            self,
+            Self::Chat | Self::Responses | Self::Messages | Self::OllamaChat
+        )
+    }
+
     /// Ollama's native routes, which answer errors as `{"error": "..."}`.
     pub(crate) fn is_ollama_native(self) -> bool {
         matches!(

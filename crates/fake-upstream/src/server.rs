@@ -188,6 +188,14 @@ impl FakeUpstream {
         self.app.behaviour.lock().tokens = tokens;
     }
 
+    /// Empties every model's prompt cache, as a restart would: the next prompts are computed
+    /// whole and report 0 cached tokens. The same as sending `x-fake-prompt-cache: clear`.
+    pub fn clear_prompt_cache(&self) {
+        for model in self.app.registry.all() {
+            model.pool.clear_cache();
+        }
+    }
+
     /// Makes the health probe fail (`false`) or pass again (`true`), the way each kind can:
     /// llama-server goes back to answering every path with 503 "Loading model"; vLLM's `/health`
     /// answers 503 with an empty body (a dead engine) while requests are still served; Ollama has

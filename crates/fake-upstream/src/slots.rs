@@ -10,12 +10,18 @@
 //! - **collapse** (llama-server with an overcommitted unified KV cache): every request gets a slot
 //!   at once; when more than `parallel` run together, every running request fails. A watch
 //!   channel carries a "collapse epoch" that each lease compares against the one it started in.
+//!
+//! Which idle slot a request takes, and how much of its prompt that slot still holds, is the
+//! prompt cache's business (`cache.rs`): it lives under the same lock as the slot table, so the
+//! choice and the busy flags never disagree.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+
+use crate::cache::{self, CacheSpec, PromptMemory};
 
 /// What one slot looks like to `/slots`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -24,6 +30,31 @@ pub(crate) struct SlotInfo {
     /// The last task the slot ran; `None` until it has run one (llama-server omits the field).
     pub(crate) id_task: Option<u64>,
     pub(crate) n_prompt_tokens: u32,
+    /// Of those, the tokens the slot found in its cache (`n_prompt_tokens_cache`).
+    pub(crate) n_cached: u32,
+}
+
+/// What a request asks of the slots: its prompt size, how many sequences it runs, and the token
+/// sequences the prompt cache compares and keeps (empty for a request that caches nothing).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Work<'a> {
+    pub(crate) prompt_tokens: u32,
+    pub(crate) weight: usize,
+    pub(crate) prompt: &'a [u64],
+    pub(crate) answer: &'a [u64],
+}
+
+impl Work<'_> {
+    /// A request with a prompt size and nothing for the cache.
+    #[cfg(test)]
+    pub(crate) fn plain(prompt_tokens: u32, weight: usize) -> Self {
+        Self {
+            prompt_tokens,
+            weight,
+            prompt: &[],
+            answer: &[],
+        }
+    }
 }
 
 /// The slots of one engine.
@@ -34,25 +65,30 @@ pub(crate) struct SlotPool {
     /// `parallel` permits; deferred mode only.
     permits: Arc<Semaphore>,
     slots: Mutex<Vec<SlotInfo>>,
+    /// What the slots hold; locked only while `slots` is.
+    memory: Mutex<PromptMemory>,
     collapse_epoch: watch::Sender<u64>,
     waiting: AtomicUsize,
     next_task: AtomicU64,
     prompt_tokens_total: AtomicU64,
+    cached_tokens_total: AtomicU64,
     predicted_tokens_total: AtomicU64,
     requests_total: AtomicU64,
 }
 
 impl SlotPool {
-    pub(crate) fn new(parallel: usize, collapse: bool) -> Arc<Self> {
+    pub(crate) fn new(parallel: usize, collapse: bool, cache: CacheSpec) -> Arc<Self> {
         Arc::new(Self {
             parallel,
             collapse,
             permits: Arc::new(Semaphore::new(parallel)),
             slots: Mutex::new(vec![SlotInfo::default(); parallel]),
+            memory: Mutex::new(PromptMemory::new(cache, parallel)),
             collapse_epoch: watch::Sender::new(0),
             waiting: AtomicUsize::new(0),
             next_task: AtomicU64::new(0),
             prompt_tokens_total: AtomicU64::new(0),
+            cached_tokens_total: AtomicU64::new(0),
             predicted_tokens_total: AtomicU64::new(0),
             requests_total: AtomicU64::new(0),
         })
@@ -60,62 +96,64 @@ impl SlotPool {
 
     /// Takes `weight` slots if they are free now (always, in collapse mode). A weight above
     /// the slot count takes every slot (the caller refuses such requests where the engine does).
-    pub(crate) fn try_acquire(
-        self: &Arc<Self>,
-        prompt_tokens: u32,
-        weight: usize,
-    ) -> Option<Lease> {
-        let weight = weight.clamp(1, self.parallel);
+    pub(crate) fn try_acquire(self: &Arc<Self>, work: &Work<'_>) -> Option<Lease> {
+        let weight = work.weight.clamp(1, self.parallel);
         if self.collapse {
-            return Some(self.admit_collapsing(prompt_tokens, weight));
+            return Some(self.admit_collapsing(work, weight));
         }
         let permit = Arc::clone(&self.permits)
             .try_acquire_many_owned(permits(weight))
             .ok()?;
-        Some(self.occupy(permit, prompt_tokens, weight))
+        Some(self.occupy(permit, work, weight))
     }
 
     /// Waits first-come-first-served for `weight` slots, taken together: a heavy request at the
     /// head is not overtaken by lighter ones behind it (tokio's `acquire_many`). Dropping the
     /// future leaves the queue.
-    pub(crate) async fn acquire(self: &Arc<Self>, prompt_tokens: u32, weight: usize) -> Lease {
-        if let Some(lease) = self.try_acquire(prompt_tokens, weight) {
+    pub(crate) async fn acquire(self: &Arc<Self>, work: &Work<'_>) -> Lease {
+        if let Some(lease) = self.try_acquire(work) {
             return lease;
         }
-        let weight = weight.clamp(1, self.parallel);
+        let weight = work.weight.clamp(1, self.parallel);
         let _waiting = WaitingGuard::new(&self.waiting);
         let permit = Arc::clone(&self.permits)
             .acquire_many_owned(permits(weight))
             .await
             .expect("the pool never closes its semaphore");
-        self.occupy(permit, prompt_tokens, weight)
+        self.occupy(permit, work, weight)
     }
 
     fn occupy(
         self: &Arc<Self>,
         permit: OwnedSemaphorePermit,
-        prompt_tokens: u32,
+        work: &Work<'_>,
         weight: usize,
     ) -> Lease {
         let mut slots = self.slots.lock();
+        let memory = self.memory.lock();
+        let mut idle: Vec<usize> = (0..slots.len()).filter(|&i| !slots[i].busy).collect();
         // Permits guarantee idle slots: permits and slots are one to one.
-        let taken: Vec<usize> = slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| !s.busy)
-            .map(|(i, _)| i)
-            .take(weight)
+        assert!(idle.len() >= weight, "permits are held, so slots are idle");
+        // The first sequence goes where the cache says; the others take the next idle slots.
+        let first = memory.pick(&idle, work.prompt).unwrap_or(idle[0]);
+        drop(memory);
+        idle.retain(|&i| i != first);
+        let taken: Vec<usize> = std::iter::once(first)
+            .chain(idle.into_iter().take(weight - 1))
             .collect();
-        assert_eq!(taken.len(), weight, "permits are held, so slots are idle");
-        let lease = self.start_task(&mut slots, taken, prompt_tokens, Some(permit));
+        let lease = self.start_task(&mut slots, taken, work, Some(permit));
         drop(slots);
         lease
     }
 
-    fn admit_collapsing(self: &Arc<Self>, prompt_tokens: u32, weight: usize) -> Lease {
+    fn admit_collapsing(self: &Arc<Self>, work: &Work<'_>, weight: usize) -> Lease {
         let mut slots = self.slots.lock();
+        let idle: Vec<usize> = (0..slots.len()).filter(|&i| !slots[i].busy).collect();
         let mut taken = Vec::with_capacity(weight);
-        for _ in 0..weight {
+        if let Some(first) = self.memory.lock().pick(&idle, work.prompt) {
+            taken.push(first);
+        }
+        while taken.len() < weight {
             let slot = slots
                 .iter()
                 .enumerate()
@@ -126,7 +164,7 @@ impl SlotPool {
                 });
             taken.push(slot);
         }
-        let lease = self.start_task(&mut slots, taken, prompt_tokens, None);
+        let lease = self.start_task(&mut slots, taken, work, None);
         let running = slots.iter().filter(|s| s.busy).count();
         drop(slots);
         if running > self.parallel {
@@ -141,9 +179,13 @@ impl SlotPool {
         self: &Arc<Self>,
         slots: &mut [SlotInfo],
         taken: Vec<usize>,
-        prompt_tokens: u32,
+        work: &Work<'_>,
         permit: Option<OwnedSemaphorePermit>,
     ) -> Lease {
+        let prompt_tokens = work.prompt_tokens;
+        // The first sequence's slot answers for the cache; the others copy its prompt.
+        let words = self.memory.lock().run(taken[0], work.prompt, work.answer);
+        let cached = cache::reported(words, work.prompt.len(), prompt_tokens);
         // Each sequence is its own task in its own slot, as llama-server runs `n` choices.
         for &slot in &taken {
             let id_task = self.next_task.fetch_add(1, Ordering::Relaxed);
@@ -151,16 +193,20 @@ impl SlotPool {
                 busy: true,
                 id_task: Some(id_task),
                 n_prompt_tokens: prompt_tokens,
+                n_cached: cached,
             };
         }
         self.requests_total.fetch_add(1, Ordering::Relaxed);
         self.prompt_tokens_total
             .fetch_add(prompt_tokens.into(), Ordering::Relaxed);
+        self.cached_tokens_total
+            .fetch_add(cached.into(), Ordering::Relaxed);
         let rx = self.collapse_epoch.subscribe();
         let epoch = *rx.borrow();
         Lease {
             pool: Arc::clone(self),
             slots: taken,
+            cached,
             signal: CollapseSignal { rx, epoch },
             _permit: permit,
         }
@@ -192,6 +238,16 @@ impl SlotPool {
             .fetch_add(tokens.into(), Ordering::Relaxed);
     }
 
+    /// Prompt tokens found in the cache, in total (`llamacpp:prompt_tokens_cached_total`).
+    pub(crate) fn cached_total(&self) -> u64 {
+        self.cached_tokens_total.load(Ordering::Relaxed)
+    }
+
+    /// Forgets what every slot holds, as a restarted engine would.
+    pub(crate) fn clear_cache(&self) {
+        self.memory.lock().clear();
+    }
+
     /// Totals for the metrics: (requests, prompt tokens, predicted tokens).
     pub(crate) fn totals(&self) -> (u64, u64, u64) {
         (
@@ -213,6 +269,8 @@ pub(crate) struct Lease {
     pool: Arc<SlotPool>,
     /// The slots held, one per sequence.
     slots: Vec<usize>,
+    /// Prompt tokens the engine found in its cache, in the plan's units.
+    cached: u32,
     signal: CollapseSignal,
     // Dropped after `Drop::drop` has marked the slot idle, so the next waiter finds it free.
     _permit: Option<OwnedSemaphorePermit>,
@@ -222,6 +280,11 @@ impl Lease {
     /// The pool this slot belongs to.
     pub(crate) fn pool(&self) -> &Arc<SlotPool> {
         &self.pool
+    }
+
+    /// Prompt tokens the engine found in its cache (`cache_n`, `cached_tokens`).
+    pub(crate) fn cached(&self) -> u32 {
+        self.cached
     }
 
     /// How many slots (sequences) it holds.
@@ -323,16 +386,16 @@ mod tests {
 
     #[tokio::test]
     async fn deferred_waiters_are_served_in_order() {
-        let pool = SlotPool::new(1, false);
-        let first = pool.try_acquire(1, 1).expect("a free slot");
-        assert!(pool.try_acquire(1, 1).is_none());
+        let pool = SlotPool::new(1, false, CacheSpec::off());
+        let first = pool.try_acquire(&Work::plain(1, 1)).expect("a free slot");
+        assert!(pool.try_acquire(&Work::plain(1, 1)).is_none());
 
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         for i in 0..3 {
             let waiter = Arc::clone(&pool);
             let tx = tx.clone();
             tokio::spawn(async move {
-                let lease = waiter.acquire(1, 1).await;
+                let lease = waiter.acquire(&Work::plain(1, 1)).await;
                 tx.send(i).unwrap();
                 drop(lease);
             });
@@ -354,39 +417,42 @@ mod tests {
 
     #[test]
     fn collapse_fails_everyone_running() {
-        let pool = SlotPool::new(2, true);
-        let a = pool.try_acquire(1, 1).unwrap();
-        let b = pool.try_acquire(1, 1).unwrap();
+        let pool = SlotPool::new(2, true, CacheSpec::off());
+        let a = pool.try_acquire(&Work::plain(1, 1)).unwrap();
+        let b = pool.try_acquire(&Work::plain(1, 1)).unwrap();
         let collapsed = |lease: &Lease| lease.signal().is_collapsed();
         assert!(!collapsed(&a) && !collapsed(&b));
-        let c = pool.try_acquire(1, 1).unwrap();
+        let c = pool.try_acquire(&Work::plain(1, 1)).unwrap();
         assert!(collapsed(&a) && collapsed(&b) && collapsed(&c));
         drop((a, b, c));
-        let d = pool.try_acquire(1, 1).unwrap();
+        let d = pool.try_acquire(&Work::plain(1, 1)).unwrap();
         assert!(!collapsed(&d), "a fresh request after the collapse runs");
     }
 
     #[tokio::test]
     async fn a_heavy_request_takes_its_slots_together_and_in_order() {
-        let pool = SlotPool::new(3, false);
-        let one = pool.try_acquire(1, 1).unwrap();
-        assert!(pool.try_acquire(1, 3).is_none(), "three slots are not free");
+        let pool = SlotPool::new(3, false, CacheSpec::off());
+        let one = pool.try_acquire(&Work::plain(1, 1)).unwrap();
+        assert!(
+            pool.try_acquire(&Work::plain(1, 3)).is_none(),
+            "three slots are not free"
+        );
         let heavy = {
             let pool = Arc::clone(&pool);
-            tokio::spawn(async move { pool.acquire(1, 3).await })
+            tokio::spawn(async move { pool.acquire(&Work::plain(1, 3)).await })
         };
         while pool.waiting() != 1 {
             tokio::task::yield_now().await;
         }
         // A light request behind the heavy one does not overtake it (FIFO).
-        assert!(pool.try_acquire(1, 1).is_none());
+        assert!(pool.try_acquire(&Work::plain(1, 1)).is_none());
         drop(one);
         let heavy = heavy.await.unwrap();
         assert_eq!((heavy.weight(), pool.running()), (3, 3));
         drop(heavy);
         assert_eq!(pool.running(), 0);
         assert_eq!(
-            pool.try_acquire(1, 9).unwrap().weight(),
+            pool.try_acquire(&Work::plain(1, 9)).unwrap().weight(),
             3,
             "clamped to the slot count"
         );

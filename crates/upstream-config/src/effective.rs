@@ -84,6 +84,11 @@ struct ServerView<'a> {
     max_upload_bytes: usize,
     response_affinity_entries: usize,
     response_affinity_ttl: String,
+    affinity: &'static str,
+    affinity_entries: usize,
+    affinity_ttl: String,
+    affinity_block_bytes: usize,
+    session_headers: &'a [String],
     header_read_timeout: String,
     connect_timeout: String,
     first_byte_timeout: String,
@@ -102,6 +107,7 @@ struct ServerView<'a> {
     health_check_timeout: String,
     eject_after_failures: usize,
     restore_after_successes: usize,
+    max_ejection_percent: usize,
     engine_error_retries: usize,
     api_keys: Vec<KeyView<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -192,6 +198,7 @@ struct ModelEntryView<'a> {
     limits: ModelView,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     queueing: Option<QueueingView>,
+    affinity: &'static str,
 }
 
 #[derive(Serialize)]
@@ -257,6 +264,11 @@ impl<'a> From<&'a Server> for ServerView<'a> {
             max_upload_bytes: server.max_upload_bytes,
             response_affinity_entries: server.response_affinity_entries,
             response_affinity_ttl: human(server.response_affinity_ttl),
+            affinity: on_off(server.cache_affinity.enabled),
+            affinity_entries: server.cache_affinity.entries,
+            affinity_ttl: human(server.cache_affinity.ttl),
+            affinity_block_bytes: server.cache_affinity.block_bytes,
+            session_headers: &server.cache_affinity.session_headers,
             header_read_timeout: human(server.header_read_timeout),
             connect_timeout: human(server.connect_timeout),
             first_byte_timeout: human(server.first_byte_timeout),
@@ -275,6 +287,7 @@ impl<'a> From<&'a Server> for ServerView<'a> {
             health_check_timeout: human(server.health_check_timeout),
             eject_after_failures: server.eject_after_failures,
             restore_after_successes: server.restore_after_successes,
+            max_ejection_percent: server.max_ejection_percent,
             engine_error_retries: server.engine_error_retries,
             api_keys: server.api_keys.iter().map(KeyView::from).collect(),
             api_keys_file: server.api_keys_file.as_deref().map(display),
@@ -348,12 +361,18 @@ impl<'a> From<&'a Upstream> for UpstreamView<'a> {
                         // Unlimited models never queue: the keys are not allowed there.
                         queueing: (!limits.is_unlimited())
                             .then(|| QueueingView::from(upstream.queueing(name))),
+                        affinity: on_off(upstream.affinity(name)),
                     };
                     (name.as_str(), entry)
                 })
                 .collect(),
         }
     }
+}
+
+/// A switch as the configuration writes it.
+fn on_off(on: bool) -> &'static str {
+    if on { "on" } else { "off" }
 }
 
 impl From<ModelLimits> for ModelView {

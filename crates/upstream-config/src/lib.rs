@@ -49,6 +49,6 @@ mod validate;
 pub use error::{ConfigError, Issue};
 pub use load::{ENV_PREFIX, env_provider};
 pub use types::{
-    CertAndKey, ClientKey, Cluster, Config, Kind, ModelLimits, Priority, QueueOrder, Queueing,
-    Secret, Server, StoreDown, Upstream,
+    CacheAffinity, CertAndKey, ClientKey, Cluster, Config, Kind, ModelLimits, Priority, QueueOrder,
+    Queueing, Secret, Server, StoreDown, Upstream,
 };

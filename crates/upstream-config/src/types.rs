@@ -129,6 +129,9 @@ pub struct Server {
     pub response_affinity_entries: usize,
     /// How long a Responses id's upstream is remembered (default 24h).
     pub response_affinity_ttl: Duration,
+    /// Cache-aware routing (`affinity`, `affinity_entries`, `affinity_ttl`,
+    /// `affinity_block_bytes`, `session_headers`): see [`CacheAffinity`].
+    pub cache_affinity: CacheAffinity,
     /// Time allowed for a client to send the request head (default 10s).
     pub header_read_timeout: Duration,
     /// Time allowed to open a TCP connection to an upstream (default 5s).
@@ -181,6 +184,12 @@ pub struct Server {
     /// Consecutive successful health checks that put an ejected upstream back into rotation
     /// (default 2, at least 1).
     pub restore_after_successes: usize,
+    /// The largest share of a model's upstreams, in percent, that may be out of rotation
+    /// (unhealthy) for passive ejection to take out one more (default
+    /// [`Server::DEFAULT_MAX_EJECTION_PERCENT`], at most 100). Rounded down, but one upstream
+    /// may always go as long as another stays: what forwarding sees never ejects the last
+    /// upstream of a model that is still in rotation. Active health checks are not limited.
+    pub max_ejection_percent: usize,
     /// How many times a request whose engine answered 502, 503 or 504 goes on to the
     /// next-ranked upstream of its model (default 1; 0 passes such answers through at once).
     /// Only an answer the client has seen nothing of yet is retried; 4xx answers and other 5xx
@@ -285,11 +294,102 @@ impl Server {
     /// Default [`Server::restore_after_successes`]: a flapping engine has to answer twice in a
     /// row before it gets traffic again.
     pub const DEFAULT_RESTORE_AFTER_SUCCESSES: usize = 2;
+    /// Default [`Server::max_ejection_percent`]: half of a model's upstreams (one of two or
+    /// three), so what clients can make an engine answer never takes out most of a model.
+    pub const DEFAULT_MAX_EJECTION_PERCENT: usize = 50;
     /// Default [`Server::engine_error_retries`]: one more host, so a loading or failing engine
     /// costs a request one extra try at most.
     pub const DEFAULT_ENGINE_ERROR_RETRIES: usize = 1;
     /// The longest tenant name, from a key's `name` or the [`Server::tenant_header`], in bytes.
     pub const MAX_TENANT_LEN: usize = 128;
+}
+
+// ===== CacheAffinity =====
+
+/// Cache-aware routing, from the `[server]` table: a conversation's requests go to the host
+/// whose engine holds its prompt prefix in its KV cache, while that costs less than the prefill
+/// it saves. Read once at start (a reload does not change it); each model can still turn it
+/// off ([`Upstream::affinity`]).
+///
+/// ```
+/// use slotgate_config::{CacheAffinity, Config};
+/// use std::time::Duration;
+///
+/// let config = Config::from_toml_str(r#"
+///     [server]
+///     listen = "127.0.0.1:8080"
+///     affinity_ttl = "10m"
+///     session_headers = ["x-conversation"]
+///     [upstreams.a]
+///     url = "http://127.0.0.1:8081"
+///     kind = "llama-server"
+///     [upstreams.a.models.m]
+///     parallel = 2
+///     queue = 4
+///     queue_timeout = "30s"
+///     affinity = "off"
+/// "#)?;
+/// let affinity = &config.server.cache_affinity;
+/// assert!(affinity.enabled);
+/// assert_eq!(affinity.ttl, Duration::from_secs(600));
+/// assert_eq!(affinity.entries, CacheAffinity::DEFAULT_ENTRIES);
+/// assert_eq!(affinity.session_headers, ["x-conversation"]);
+/// assert!(!config.upstreams["a"].affinity("m"));
+/// # Ok::<(), slotgate_config::ConfigError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CacheAffinity {
+    /// `affinity = "on" | "off"` (default on).
+    pub enabled: bool,
+    /// `affinity_entries`: the most prefix blocks remembered (about 40 bytes each).
+    pub entries: usize,
+    /// `affinity_ttl`: how long a block counts after it was last sent to a host.
+    pub ttl: Duration,
+    /// `affinity_block_bytes`: the size of a prefix block, in bytes of request text.
+    pub block_bytes: usize,
+    /// `session_headers`: request headers that name a session, first present wins; lower case.
+    pub session_headers: Vec<String>,
+}
+
+impl CacheAffinity {
+    /// Default [`CacheAffinity::entries`]: 65,536 blocks, under 3 MiB; at the default block
+    /// size some 3,000 conversations of 10 KiB of text each.
+    pub const DEFAULT_ENTRIES: usize = 65_536;
+    /// Default [`CacheAffinity::ttl`]: 30 minutes, longer than a person's pause between turns;
+    /// an engine that evicted sooner says so in its answers, which shrinks the index.
+    pub const DEFAULT_TTL: Duration = Duration::from_secs(30 * 60);
+    /// Default [`CacheAffinity::block_bytes`]: 512 bytes, about 128 tokens.
+    pub const DEFAULT_BLOCK_BYTES: usize = 512;
+    /// The smallest [`CacheAffinity::block_bytes`].
+    pub const MIN_BLOCK_BYTES: usize = 64;
+    /// The largest [`CacheAffinity::block_bytes`].
+    pub const MAX_BLOCK_BYTES: usize = 64 * 1024;
+    /// The smallest [`CacheAffinity::entries`].
+    pub const MIN_ENTRIES: usize = 2;
+    /// Default [`CacheAffinity::session_headers`]: the generic ones, then the coding agents'
+    /// own (Claude Code's, Codex's).
+    pub const DEFAULT_SESSION_HEADERS: [&str; 4] = [
+        "x-session-id",
+        "x-session-affinity",
+        "x-claude-code-session-id",
+        "session_id",
+    ];
+}
+
+impl Default for CacheAffinity {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            entries: Self::DEFAULT_ENTRIES,
+            ttl: Self::DEFAULT_TTL,
+            block_bytes: Self::DEFAULT_BLOCK_BYTES,
+            session_headers: Self::DEFAULT_SESSION_HEADERS
+                .iter()
+                .map(|&name| name.to_owned())
+                .collect(),
+        }
+    }
 }
 
 // ===== ClientKey =====
@@ -537,6 +637,8 @@ pub struct Upstream {
     /// How each model's queue serves its waiters, by model name; a model not listed (an
     /// unlimited one) has the defaults. See [`Upstream::queueing`].
     pub queueing: BTreeMap<String, Queueing>,
+    /// The models whose table says `affinity = "off"`. See [`Upstream::affinity`].
+    pub affinity_off: BTreeSet<String>,
 }
 
 impl Upstream {
@@ -600,6 +702,13 @@ impl Upstream {
     /// How `model`'s queue here serves its waiters (the defaults for a model it does not list).
     pub fn queueing(&self, model: &str) -> Queueing {
         self.queueing.get(model).copied().unwrap_or_default()
+    }
+
+    /// Whether cache-aware routing may place `model`'s requests (its table does not say
+    /// `affinity = "off"`). The gateway turns it off for a model when any upstream's table for
+    /// it does.
+    pub fn affinity(&self, model: &str) -> bool {
+        !self.affinity_off.contains(model)
     }
 
     /// The limits of `model` here, if this upstream configures it.

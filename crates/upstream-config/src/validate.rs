@@ -17,8 +17,8 @@ use url::Url;
 
 use crate::raw::{KeyPath, Reader};
 use crate::types::{
-    CertAndKey, ClientKey, Config, Kind, ModelLimits, Priority, QueueOrder, Queueing, Secret,
-    Server, Upstream, authority,
+    CacheAffinity, CertAndKey, ClientKey, Config, Kind, ModelLimits, Priority, QueueOrder,
+    Queueing, Secret, Server, Upstream, authority,
 };
 
 mod cluster;
@@ -32,6 +32,11 @@ const SERVER_KEYS: &[&str] = &[
     "max_upload_bytes",
     "response_affinity_entries",
     "response_affinity_ttl",
+    "affinity",
+    "affinity_entries",
+    "affinity_ttl",
+    "affinity_block_bytes",
+    "session_headers",
     "header_read_timeout",
     "connect_timeout",
     "first_byte_timeout",
@@ -50,6 +55,7 @@ const SERVER_KEYS: &[&str] = &[
     "health_check_timeout",
     "eject_after_failures",
     "restore_after_successes",
+    "max_ejection_percent",
     "engine_error_retries",
     "api_keys",
     "api_keys_file",
@@ -86,6 +92,7 @@ const MODEL_KEYS: &[&str] = &[
     "queue_keepalive",
     "honor_sdk_timeout",
     "prefetch",
+    "affinity",
 ];
 /// The keys of an `api_keys` entry written as a table.
 const CLIENT_KEY_KEYS: &[&str] = &["key", "name", "priority", "share"];
@@ -239,6 +246,7 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
     );
 
     let bounds = bound_keys(r, t, path);
+    let cache_affinity = cache_affinity(r, t, path);
 
     let api_keys = optional(r, t, path, "api_keys", Vec::new(), client_keys);
     let tenant_header = optional(r, t, path, "tenant_header", None, |r, p, v| {
@@ -269,6 +277,7 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         max_upload_bytes: max_upload_bytes?,
         response_affinity_entries: response_affinity_entries?,
         response_affinity_ttl: response_affinity_ttl?,
+        cache_affinity: cache_affinity?,
         header_read_timeout: header_read_timeout?,
         connect_timeout: connect_timeout?,
         first_byte_timeout: first_byte_timeout?,
@@ -287,6 +296,7 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         health_check_timeout: health.timeout?,
         eject_after_failures: health.eject_after?,
         restore_after_successes: health.restore_after?,
+        max_ejection_percent: health.max_ejection_percent?,
         engine_error_retries: health.engine_error_retries?,
         api_keys: api_keys?,
         api_keys_file: api_keys_file?,
@@ -400,6 +410,7 @@ struct HealthKeys {
     timeout: Option<Duration>,
     eject_after: Option<usize>,
     restore_after: Option<usize>,
+    max_ejection_percent: Option<usize>,
     engine_error_retries: Option<usize>,
 }
 
@@ -438,6 +449,25 @@ fn health_keys(r: &mut Reader<'_>, t: &Dict, path: &KeyPath) -> HealthKeys {
             "restore_after_successes",
             Server::DEFAULT_RESTORE_AFTER_SUCCESSES,
             at_least_one,
+        ),
+        max_ejection_percent: optional(
+            r,
+            t,
+            path,
+            "max_ejection_percent",
+            Server::DEFAULT_MAX_EJECTION_PERCENT,
+            |r, p, v| {
+                let percent = r.count(p, v, 0)?;
+                if percent > 100 {
+                    r.invalid(
+                        p,
+                        v,
+                        format!("a share in percent, at most 100, found {percent}"),
+                    );
+                    return None;
+                }
+                Some(percent)
+            },
         ),
         // Zero is meaningful: pass an engine's 502/503/504 through at once.
         engine_error_retries: optional(
@@ -682,6 +712,84 @@ fn tenant_name(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Stri
     }
 }
 
+/// `on` or `off`.
+fn on_off(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<bool> {
+    match r.string(path, value)? {
+        "on" => Some(true),
+        OFF => Some(false),
+        other => {
+            r.invalid(
+                path,
+                value,
+                format!(r#"expected "on" or "off", found {other:?}"#),
+            );
+            None
+        }
+    }
+}
+
+/// The `[server]` keys of cache-aware routing, defaults for those absent; `None` when any is
+/// wrong (reported).
+fn cache_affinity(r: &mut Reader<'_>, t: &Dict, path: &KeyPath) -> Option<CacheAffinity> {
+    let defaults = CacheAffinity::default();
+    let enabled = optional(r, t, path, "affinity", defaults.enabled, on_off);
+    let entries = optional(
+        r,
+        t,
+        path,
+        "affinity_entries",
+        defaults.entries,
+        |r, p, v| r.count(p, v, CacheAffinity::MIN_ENTRIES),
+    );
+    let ttl = optional(r, t, path, "affinity_ttl", defaults.ttl, |r, p, v| {
+        let ttl = r.duration(p, v, false)?;
+        if ttl < Duration::from_secs(1) {
+            r.invalid(p, v, "must be at least 1s (the index counts whole seconds)");
+            return None;
+        }
+        Some(ttl)
+    });
+    let block_bytes = optional(
+        r,
+        t,
+        path,
+        "affinity_block_bytes",
+        defaults.block_bytes,
+        |r, p, v| {
+            let bytes = r.count(p, v, CacheAffinity::MIN_BLOCK_BYTES)?;
+            if bytes > CacheAffinity::MAX_BLOCK_BYTES {
+                let message = format!("must be at most {}", CacheAffinity::MAX_BLOCK_BYTES);
+                r.invalid(p, v, message);
+                return None;
+            }
+            Some(bytes)
+        },
+    );
+    let session_headers = optional(
+        r,
+        t,
+        path,
+        "session_headers",
+        defaults.session_headers,
+        |r, p, v| {
+            let items = r.array(p, v)?;
+            let names: Vec<Option<String>> = items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| header_name(r, &p.index(i), item))
+                .collect();
+            names.into_iter().collect()
+        },
+    );
+    Some(CacheAffinity {
+        enabled: enabled?,
+        entries: entries?,
+        ttl: ttl?,
+        block_bytes: block_bytes?,
+        session_headers: session_headers?,
+    })
+}
+
 /// An HTTP header name (RFC 9110 token characters), stored in lower case.
 fn header_name(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<String> {
     const TOKEN_PUNCTUATION: &str = "!#$%&'*+-.^_`|~";
@@ -841,8 +949,10 @@ fn upstream<'v>(
             models(r, p, v, dict, kind)
         },
     );
-    let (models, engine_models, queueing) =
-        models.map_or((None, None, None), |(m, e, q)| (Some(m), Some(e), Some(q)));
+    let (models, engine_models, queueing, affinity_off) = models
+        .map_or((None, None, None, None), |(m, e, q, a)| {
+            (Some(m), Some(e), Some(q), Some(a))
+        });
 
     if let (
         true,
@@ -859,6 +969,7 @@ fn upstream<'v>(
         Some(models),
         Some(engine_models),
         Some(queueing),
+        Some(affinity_off),
     ) = (
         name_ok,
         url,
@@ -874,6 +985,7 @@ fn upstream<'v>(
         models,
         engine_models,
         queueing,
+        affinity_off,
     ) {
         out.built = Some(Upstream {
             name: name.to_owned(),
@@ -891,6 +1003,7 @@ fn upstream<'v>(
             models,
             engine_models,
             queueing,
+            affinity_off,
         });
     }
     out
@@ -1009,6 +1122,7 @@ type Models = (
     BTreeMap<String, ModelLimits>,
     BTreeMap<String, String>,
     BTreeMap<String, Queueing>,
+    BTreeSet<String>,
 );
 
 /// `kind` is the upstream's, when it could be read (`parallel = "auto"` depends on it).
@@ -1023,7 +1137,12 @@ fn models(
         r.invalid(path, value, "at least one model is required");
         return None;
     }
-    let mut built = Some((BTreeMap::new(), BTreeMap::new(), BTreeMap::new()));
+    let mut built = Some((
+        BTreeMap::new(),
+        BTreeMap::new(),
+        BTreeMap::new(),
+        BTreeSet::new(),
+    ));
     // Engine name → the configured model that uses it: two models that send the same name to
     // one engine would be one model there, counted against two limits.
     let mut engine_names: BTreeMap<String, &str> = BTreeMap::new();
@@ -1051,14 +1170,25 @@ fn models(
             model_limits(r, &model_path, value, kind),
             engine_model,
             queueing(r, &model_path, value),
+            model_affinity(r, &model_path, value),
         ) {
-            (_, _, EngineModel::Invalid, _)
-            | (None, _, _, _)
-            | (_, None, _, _)
-            | (_, _, _, None) => {
+            (_, _, EngineModel::Invalid, _, _)
+            | (None, _, _, _, _)
+            | (_, None, _, _, _)
+            | (_, _, _, None, _)
+            | (_, _, _, _, None) => {
                 built = None;
             }
-            (Some((limits_map, engines, queues)), Some(limits), engine, Some(queueing)) => {
+            (
+                Some((limits_map, engines, queues, affinity_off)),
+                Some(limits),
+                engine,
+                Some(queueing),
+                Some(affinity),
+            ) => {
+                if !affinity {
+                    affinity_off.insert(name.clone());
+                }
                 limits_map.insert(name.clone(), limits);
                 if let EngineModel::Named(engine) = engine {
                     engines.insert(name.clone(), engine);
@@ -1070,6 +1200,15 @@ fn models(
         }
     }
     built
+}
+
+/// The model table's `affinity` (`"on"` when absent).
+fn model_affinity(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<bool> {
+    // Not a table: `model_limits` reports it.
+    let Value::Dict(_, t) = value else {
+        return Some(true);
+    };
+    optional(r, t, path, "affinity", true, on_off)
 }
 
 /// What a model table's `engine_model` said.

@@ -8,8 +8,10 @@
 //! same word as `slotgate_rejections_total`), `queue_wait_ms`, `ttft_ms` (from sending the
 //! request to the engine until the first body frame that carries data, as
 //! `slotgate_time_to_first_token_seconds`), `duration_ms` (from the request's arrival), `bytes_in`
-//! (request body), `bytes_out` (response body) and `key_name`: the name of the client's API key,
-//! never the key. Fields that do not apply (no upstream was chosen, no token came) are left out.
+//! (request body), `bytes_out` (response body), `key_name`: the name of the client's API key,
+//! never the key, and for a request whose engine reported its cached prompt tokens,
+//! `cached_tokens` (as reported) with `cached_tokens_predicted` (what cache-aware routing
+//! expected the host to hold, for a request it placed). Fields that do not apply (no upstream was chosen, no token came) are left out.
 //!
 //! `outcome` is one of `completed`, `upstream_status_error` (the engine answered 5xx),
 //! `upstream_error` (no usable answer: a refused or failed connection, a timeout, an answer cut
@@ -113,6 +115,9 @@ struct Record {
     upstream: ArcSwapOption<UpstreamState>,
     queue_wait_us: AtomicU64,
     ttft_us: AtomicU64,
+    /// Cached prompt tokens: predicted by cache-aware routing, and reported by the engine.
+    cached_predicted: AtomicU64,
+    cached_reported: AtomicU64,
     bytes_in: AtomicU64,
     outcome: AtomicU8,
     reason: OnceLock<&'static str>,
@@ -145,6 +150,8 @@ impl Access {
             upstream: ArcSwapOption::empty(),
             queue_wait_us: AtomicU64::new(UNSET),
             ttft_us: AtomicU64::new(UNSET),
+            cached_predicted: AtomicU64::new(UNSET),
+            cached_reported: AtomicU64::new(UNSET),
             bytes_in: AtomicU64::new(0),
             outcome: AtomicU8::new(0),
             reason: OnceLock::new(),
@@ -186,6 +193,20 @@ impl Access {
     pub(crate) fn first_token(&self, after: Duration) {
         if let Some(record) = &self.0 {
             record.ttft_us.store(micros(after), Ordering::Relaxed);
+        }
+    }
+
+    /// The cached prompt tokens cache-aware routing `predicted` and the engine `reported`, where
+    /// known.
+    pub(crate) fn cached_tokens(&self, predicted: Option<u64>, reported: Option<u64>) {
+        if let Some(record) = &self.0 {
+            let cell = |value: Option<u64>| value.map_or(UNSET, |v| v.min(UNSET - 1));
+            record
+                .cached_predicted
+                .store(cell(predicted), Ordering::Relaxed);
+            record
+                .cached_reported
+                .store(cell(reported), Ordering::Relaxed);
         }
     }
 
@@ -249,6 +270,11 @@ fn micros(elapsed: Duration) -> u64 {
     u64::try_from(elapsed.as_micros()).unwrap_or(UNSET - 1)
 }
 
+/// A count cell's value; `None` when unset.
+fn known(cell: u64) -> Option<u64> {
+    (cell != UNSET).then_some(cell)
+}
+
 /// Milliseconds with three decimals, from a microsecond cell; `None` when unset.
 fn millis(micros: u64) -> Option<f64> {
     #[expect(
@@ -289,6 +315,8 @@ impl Record {
             reason = self.reason.get().copied(),
             queue_wait_ms = millis(self.queue_wait_us.load(Ordering::Relaxed)),
             ttft_ms = millis(self.ttft_us.load(Ordering::Relaxed)),
+            cached_tokens = known(self.cached_reported.load(Ordering::Relaxed)),
+            cached_tokens_predicted = known(self.cached_predicted.load(Ordering::Relaxed)),
             duration_ms = millis(micros(self.arrived.elapsed())),
             bytes_in = self.bytes_in.load(Ordering::Relaxed),
             bytes_out,

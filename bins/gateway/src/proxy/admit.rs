@@ -317,8 +317,11 @@ impl Drop for Queued {
 /// runtime shuts down first the task is dropped and the slot with it. A zero grace (the default
 /// of engines that abort at once, like vLLM) releases it at once.
 ///
-/// Streams whose body is already flowing are not concerned: the engine notices the closed
-/// connection at its next write (~10 ms), so [`SlotBody`](crate::proxy::body::SlotBody) releases at once.
+/// The same holds after the head, until the body's first byte: llama-server sends a stream's
+/// head first and writes nothing during prefill, so [`SlotBody`](crate::proxy::body::SlotBody)
+/// keeps the slot for `cancel_grace` too when dropped then. Streams whose body is already
+/// flowing are not concerned: the engine notices the closed connection at its next write
+/// (~10 ms), so the slot goes back at once.
 #[derive(Debug)]
 pub(crate) struct Sending {
     /// `None` only once [`Sending::answered`] took it.
@@ -491,10 +494,13 @@ impl SlotGuard for Slot {
             Completion::Failed => {
                 self.metrics.upstream_error.inc();
             }
-            Completion::Dropped => {
-                debug!(?held, "client went away mid-stream");
+            Completion::Dropped { grace } => {
+                debug!(?held, ?grace, "client went away mid-stream");
                 self.metrics.client_gone.inc();
                 self.metrics.gone_streaming.inc();
+                // Before the first byte the engine may still be in prefill: it notices only
+                // at its first write (see `SlotBody`).
+                return self.release_after(grace, Hold::Ignore);
             }
             Completion::Stalled { .. } => {}
         }

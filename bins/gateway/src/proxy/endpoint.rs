@@ -42,6 +42,23 @@ const OLLAMA: &[Kind] = &[Kind::Ollama];
 /// Served by none of the three engines; vLLM-Omni speaks the same API under `kind = "vllm"`.
 const VLLM_OPENAI: &[Kind] = &[Kind::Vllm, Kind::OpenAi];
 
+/// Which members carry a route's prompt (see [`request::prompt`](crate::proxy::request::prompt)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Carries {
+    /// No prompt worth routing by (embeddings, rerank, audio, metadata routes).
+    Nothing,
+    /// `messages`.
+    Messages,
+    /// `system`, then `messages` (Anthropic's Messages API).
+    SystemAndMessages,
+    /// `instructions`, then `input` (the Responses API).
+    InstructionsAndInput,
+    /// `prompt` (completions).
+    Prompt,
+    /// `system`, then `prompt` (Ollama's generate).
+    SystemAndPrompt,
+}
+
 /// Where a route's body names the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ModelIn {
@@ -71,6 +88,8 @@ pub(crate) struct Endpoint {
     pub(crate) manages_models: bool,
     /// How many engine slots (sequences) one request takes.
     pub(crate) weighed: Weighed,
+    /// Which members carry the prompt that cache-aware routing hashes.
+    pub(crate) carries: Carries,
 }
 
 /// How many engine slots one request on a route takes: its weight at the limiter.
@@ -99,7 +118,13 @@ impl Endpoint {
             stream_default: false,
             manages_models: false,
             weighed: Weighed::One,
+            carries: Carries::Nothing,
         }
+    }
+
+    const fn carrying(mut self, carries: Carries) -> Self {
+        self.carries = carries;
+        self
     }
 
     const fn weighed(mut self, weighed: Weighed) -> Self {
@@ -147,11 +172,15 @@ use ModelIn::{Form, Json, JsonOptional};
 
 /// The model-routed routes (see the module documentation).
 static ENDPOINTS: &[Endpoint] = &[
-    Endpoint::new("/v1/chat/completions", Json, true, ALL).weighed(Weighed::Choices),
-    Endpoint::new("/v1/completions", Json, true, ALL).weighed(Weighed::ChoicesOrBestOf),
+    Endpoint::new("/v1/chat/completions", Json, true, ALL)
+        .weighed(Weighed::Choices)
+        .carrying(Carries::Messages),
+    Endpoint::new("/v1/completions", Json, true, ALL)
+        .weighed(Weighed::ChoicesOrBestOf)
+        .carrying(Carries::Prompt),
     Endpoint::new("/v1/embeddings", Json, true, ALL),
-    Endpoint::new("/v1/responses", Json, true, ALL),
-    Endpoint::new("/v1/messages", Json, true, ALL),
+    Endpoint::new("/v1/responses", Json, true, ALL).carrying(Carries::InstructionsAndInput),
+    Endpoint::new("/v1/messages", Json, true, ALL).carrying(Carries::SystemAndMessages),
     Endpoint::new("/v1/messages/count_tokens", Json, false, LLAMA_VLLM),
     Endpoint::new("/v1/rerank", Json, true, LLAMA_VLLM),
     Endpoint::new("/rerank", Json, true, LLAMA_VLLM),
@@ -164,8 +193,12 @@ static ENDPOINTS: &[Endpoint] = &[
     Endpoint::new("/v1/audio/translations", Form, true, VLLM_OPENAI),
     Endpoint::new("/v1/audio/speech", Json, true, VLLM_OPENAI),
     Endpoint::new("/v1/images/generations", Json, true, VLLM_OPENAI),
-    Endpoint::new("/api/chat", Json, true, OLLAMA).streaming_by_default(),
-    Endpoint::new("/api/generate", Json, true, OLLAMA).streaming_by_default(),
+    Endpoint::new("/api/chat", Json, true, OLLAMA)
+        .streaming_by_default()
+        .carrying(Carries::Messages),
+    Endpoint::new("/api/generate", Json, true, OLLAMA)
+        .streaming_by_default()
+        .carrying(Carries::SystemAndPrompt),
     Endpoint::new("/api/embed", Json, true, OLLAMA),
     Endpoint::new("/api/embeddings", Json, true, OLLAMA),
     Endpoint::new("/api/show", Json, false, OLLAMA),
@@ -174,7 +207,7 @@ static ENDPOINTS: &[Endpoint] = &[
     Endpoint::new("/api/create", Json, false, OLLAMA).managing_models(),
     Endpoint::new("/api/delete", Json, false, OLLAMA).managing_models(),
     Endpoint::new("/api/copy", Json, false, OLLAMA).managing_models(),
-    Endpoint::new("/completion", JsonOptional, true, LLAMA),
+    Endpoint::new("/completion", JsonOptional, true, LLAMA).carrying(Carries::Prompt),
     Endpoint::new("/infill", JsonOptional, true, LLAMA),
     Endpoint::new("/embedding", JsonOptional, true, LLAMA),
     Endpoint::new("/embeddings", JsonOptional, true, LLAMA),

@@ -10,6 +10,7 @@ pub(crate) mod admit;
 pub(crate) mod affinity;
 pub(crate) mod auth;
 pub(crate) mod body;
+pub(crate) mod cache_aware;
 pub(crate) mod client;
 pub(crate) mod endpoint;
 pub(crate) mod forward;

@@ -121,6 +121,10 @@ pub(crate) struct ApiRequest {
     /// The engine slots (sequences) the request takes, from `n` and `best_of` where the route
     /// weighs them ([`Weighed`]); at least 1.
     pub(crate) sequences: usize,
+    /// Where its prompt sits in `body`, for cache-aware routing.
+    pub(crate) prompt: Prompt,
+    /// Where the request went by its prompt, once chosen ([`cache_aware`](crate::proxy::cache_aware)).
+    pub(crate) placement: Option<Placement>,
     /// Where the `model` value (with its quotes, in JSON) sits in `body`.
     model_span: Range<usize>,
     /// Whether the body is a `multipart/form-data` upload (the model value is bare text).
@@ -145,6 +149,21 @@ struct Head<'a> {
     n: Option<&'a RawValue>,
     #[serde(borrow, default)]
     best_of: Option<&'a RawValue>,
+    // What may carry the prompt (`prompt::Members`); borrowed, never copied.
+    #[serde(borrow, default)]
+    messages: prompt::Elements<'a>,
+    #[serde(borrow, default)]
+    system: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    prompt: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    instructions: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    user: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    metadata: Option<&'a RawValue>,
 }
 
 /// Reads and checks a request to a model-routed endpoint.
@@ -185,6 +204,7 @@ where
                 sequences: 1,
                 span,
                 previous_response_id: None,
+                prompt: Prompt::default(),
             }
         }
         None => parse(&body, endpoint)?,
@@ -196,6 +216,8 @@ where
         stream: parsed.stream,
         previous_response_id: parsed.previous_response_id,
         sequences: parsed.sequences,
+        prompt: parsed.prompt,
+        placement: None,
         model_span: parsed.span,
         form,
         _budget: held,
@@ -363,6 +385,7 @@ struct Parsed {
     sequences: usize,
     span: Range<usize>,
     previous_response_id: Option<String>,
+    prompt: Prompt,
 }
 
 fn parse(body: &[u8], endpoint: &Endpoint) -> Result<Parsed, Error> {
@@ -382,6 +405,16 @@ fn parse(body: &[u8], endpoint: &Endpoint) -> Result<Parsed, Error> {
         Weighed::Choices => count(head.n, "n")?,
         Weighed::ChoicesOrBestOf => count(head.n, "n")?.max(count(head.best_of, "best_of")?),
     };
+    let prompt = prompt::Members {
+        messages: head.messages,
+        system: head.system,
+        prompt: head.prompt,
+        instructions: head.instructions,
+        input: head.input,
+        user: head.user,
+        metadata: head.metadata,
+    }
+    .prompt(body, endpoint.carries);
     let Some(raw) = head.model else {
         if endpoint.model == ModelIn::JsonOptional {
             return Ok(Parsed {
@@ -390,6 +423,7 @@ fn parse(body: &[u8], endpoint: &Endpoint) -> Result<Parsed, Error> {
                 sequences,
                 span: 0..0,
                 previous_response_id,
+                prompt,
             });
         }
         return Err(BadRequest::NoModel.into());
@@ -407,6 +441,7 @@ fn parse(body: &[u8], endpoint: &Endpoint) -> Result<Parsed, Error> {
         sequences,
         span,
         previous_response_id,
+        prompt,
     })
 }
 
@@ -424,6 +459,9 @@ fn count(raw: Option<&RawValue>, member: &'static str) -> Result<usize, Error> {
 }
 
 mod form;
+pub(crate) mod prompt;
+
+pub(crate) use prompt::{Placement, Prompt};
 
 #[cfg(test)]
 mod tests;

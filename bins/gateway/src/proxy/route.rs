@@ -33,6 +33,7 @@ use crate::metrics::{Metrics, RejectionMetrics};
 use crate::proxy::endpoint::Endpoint;
 use crate::upstreams::auto_slots::AutoSlots;
 use crate::upstreams::cluster::SharedKey;
+use crate::upstreams::ejection::Ejection;
 use crate::upstreams::residency;
 use crate::upstreams::state::{UpstreamState, Upstreams};
 use crate::upstreams::target::{AnswerNames, Sizing, Target};
@@ -54,6 +55,9 @@ pub(crate) struct Route {
     pub(crate) targets: Vec<Arc<Target>>,
     /// Refusals of this model, by reason.
     pub(crate) rejections: RejectionMetrics,
+    /// Whether cache-aware routing places its requests: no upstream's table for the model says
+    /// `affinity = "off"`.
+    pub(crate) affinity: bool,
 }
 
 impl Routes {
@@ -88,9 +92,12 @@ impl Routes {
             })
             .collect();
         let mut routes: HashMap<String, Route> = HashMap::new();
+        let ejections = Ejection::for_config(config, upstreams);
         for upstream in config.upstreams.values() {
             // `Upstreams::build` made one state per configured upstream.
-            let Some(state) = upstreams.get(&upstream.name) else {
+            let (Some(state), Some(ejection)) =
+                (upstreams.get(&upstream.name), ejections.get(&upstream.name))
+            else {
                 continue;
             };
             let authority = state.authority.as_str();
@@ -176,19 +183,20 @@ impl Routes {
                         model: model.clone(),
                     }),
                     hold: previous.map_or_else(Arc::default, |p| Arc::clone(&p.hold)),
+                    prefill: previous.map_or_else(Arc::default, |p| Arc::clone(&p.prefill)),
                     metrics: Arc::new(metrics.target(&upstream.name, model)),
                     // Carried over so that an excess in progress is not forgotten by a reload.
                     engine: previous.map_or_else(Arc::default, |p| Arc::clone(&p.engine)),
+                    ejection: Arc::clone(ejection),
                 };
-                routes
-                    .entry(model.clone())
-                    .or_insert_with(|| Route {
-                        model: model.clone(),
-                        targets: Vec::new(),
-                        rejections: metrics.rejections(model),
-                    })
-                    .targets
-                    .push(Arc::new(target));
+                let route = routes.entry(model.clone()).or_insert_with(|| Route {
+                    model: model.clone(),
+                    targets: Vec::new(),
+                    rejections: metrics.rejections(model),
+                    affinity: true,
+                });
+                route.affinity &= upstream.affinity(model);
+                route.targets.push(Arc::new(target));
             }
         }
         let mut by_name: HashMap<String, Arc<Route>> = routes

@@ -26,6 +26,7 @@ use crate::proxy::admit::{self, Admission, Queued, Refused, Slot};
 use crate::proxy::affinity::{LocalAffinity, Recorder, ResponseAffinity, Sniff};
 use crate::proxy::body::meter::{self, Meter};
 use crate::proxy::body::{SlotBody, Watch, sse_event};
+use crate::proxy::cache_aware::CacheAware;
 use crate::proxy::client::{Client, Deadlines, Limit, Wait};
 use crate::proxy::endpoint::{Endpoint, ModelIn};
 use crate::proxy::forward::{Authorization, Destination, ForwardError, Forwarder};
@@ -79,6 +80,8 @@ pub(crate) struct App {
     pub(crate) body_budget: request::BodyBudget,
     /// Which upstream holds each Responses id.
     pub(crate) affinity: Arc<dyn ResponseAffinity>,
+    /// What each host's prompt cache holds, as far as the gateway knows.
+    pub(crate) cache: Arc<CacheAware>,
     /// For the refusals counted when they become a response.
     pub(crate) metrics: Metrics,
 }
@@ -104,6 +107,7 @@ impl App {
                 server.response_affinity_entries,
                 server.response_affinity_ttl,
             )),
+            cache: Arc::new(CacheAware::new(&server.cache_affinity, Instant::now())),
             stalled: metrics.bound(Bound::StreamIdle),
             cut: metrics.bound(Bound::UpstreamCut),
             too_long: metrics.bound(Bound::StreamTimeout),
@@ -246,7 +250,7 @@ impl App {
             timeout: server.body_read_timeout,
             budget: &self.body_budget,
         };
-        let api = request::read(req, limits, endpoint).await?;
+        let mut api = request::read(req, limits, endpoint).await?;
         // Step 4: the model's route (an alias shares its target's route), then the targets of
         // a kind that serves this endpoint.
         let route = match &api.model {
@@ -280,6 +284,8 @@ impl App {
                 });
             }
         }
+        // The host that holds the prompt's prefix may go first.
+        api.placement = self.cache.place(&mut ranked, &api, route, endpoint);
         debug!(
             request_id = request_id.to_str().unwrap_or_default(),
             model = %model,
@@ -372,7 +378,7 @@ impl App {
                     mark_routed(response.headers_mut(), target, waited);
                     access.queue_wait(waited);
                     let status = response.status();
-                    judged(target, status, &generation.policy);
+                    judged(target, status, sent, &generation.policy);
                     let retry = retries_left > 0 && rank + 1 < candidates && is_retried(status);
                     let slot = if retry {
                         retries_left -= 1;
@@ -383,7 +389,6 @@ impl App {
                     };
                     // Step 8: the slot rides in the body until the answer is over, and the body
                     // bounds the upstream's silences.
-                    let asked = api.model.as_deref();
                     // An answer held for a retry notes nothing in the access log: it is dropped
                     // unread when another host answers, and that drop is not the client leaving.
                     // Sent after all, its line's outcome comes from its status and its end.
@@ -396,7 +401,7 @@ impl App {
                         response,
                         (slot, sent),
                         noted,
-                        asked,
+                        &api,
                     );
                     let answer = answer.map(|body| Either::Right(Either::Left(body)));
                     if !retry {
@@ -411,7 +416,7 @@ impl App {
                 }
                 Err(ForwardError::Connect(error)) => {
                     // Nothing was sent: safe to try the next host.
-                    connect_failed(target, &error, &generation.policy);
+                    connect_failed(target, &error, sent, &generation.policy);
                     if let Some(slot) = slot {
                         slot.abandon();
                     }
@@ -462,7 +467,8 @@ impl App {
 
     /// Step 8: the engine's `response` to a request sent at `sent`, streaming through with its
     /// slot; the body bounds the upstream's silences, a Responses answer's id is recorded on the
-    /// way, and the model the client `asked` for is named in place of the engine's name for it.
+    /// way, the model the client asked for in `api` is named in place of the engine's name for
+    /// it, and where the request went by its prompt is recorded.
     #[expect(
         clippy::too_many_arguments,
         reason = "one request's parts, each used once; a struct would only rename them"
@@ -475,8 +481,15 @@ impl App {
         mut response: Response<Incoming>,
         (mut slot, sent): (Option<Slot>, Instant),
         access: &Access,
-        asked: Option<&str>,
+        api: &request::ApiRequest,
     ) -> Response<Streamed> {
+        let asked = api.model.as_deref();
+        // Where the request went by its prompt, once the engine took it.
+        let feedback = api
+            .placement
+            .as_ref()
+            .filter(|_| slot.is_some() && response.status().is_success())
+            .map(|placement| self.cache.sent(target, placement));
         // What the body tells: the first token and the usage of a request that holds a slot,
         // and the outcome for the access log.
         let meter = (slot.is_some() || access.is_on()).then(|| {
@@ -488,6 +501,7 @@ impl App {
                 response.headers(),
                 response.status(),
             )
+            .with_feedback(feedback)
         });
         match &mut slot {
             Some(slot) => {
@@ -640,7 +654,7 @@ impl App {
             Ok(response) => {
                 // The client already has its `200`: an error answer is not retried here, it
                 // ends the stream (`engine_refused`).
-                judged(target, response.status(), policy);
+                judged(target, response.status(), sent, policy);
                 let endpoint = request.endpoint;
                 let answer = self.answer(
                     target,
@@ -649,7 +663,7 @@ impl App {
                     response,
                     (slot, sent),
                     &request.access,
-                    api.model.as_deref(),
+                    api,
                 );
                 if answer.status().is_success() {
                     return Ok(answer.into_body());
@@ -657,7 +671,7 @@ impl App {
                 return Err(request.engine_refused(answer).await);
             }
             Err(ForwardError::Connect(error)) => {
-                connect_failed(target, &error, policy);
+                connect_failed(target, &error, sent, policy);
                 if let Some(slot) = slot {
                     slot.abandon();
                 }
@@ -986,24 +1000,23 @@ impl Admitted {
     }
 }
 
-/// A refused connection to `target`: logged, and counted towards ejecting the upstream
-/// (passive health checking).
-fn connect_failed(target: &Target, error: &BoxError, policy: &HealthPolicy) {
+/// A refused connection to `target`, for a request sent at `sent`: logged, and counted towards
+/// ejecting the upstream (passive health checking).
+fn connect_failed(target: &Target, error: &BoxError, sent: Instant, policy: &HealthPolicy) {
     let reason = chain(&**error);
     warn!(upstream = %target.upstream.name, error = %reason, "connect failed");
-    target
-        .upstream
-        .record_forward_failure(reason, policy, "connect errors");
+    target.record_failure(reason, sent, policy, "connect errors");
 }
 
-/// What the `status` of an engine's answer says about `target`'s upstream, recorded: a 5xx
-/// counts towards ejecting it, as a refused connection does, unless it only says the engine
-/// is busy ([`judge`]); any other answer breaks the failure streak.
-fn judged(target: &Target, status: StatusCode, policy: &HealthPolicy) {
+/// What the `status` of an engine's answer to a request sent at `sent` says about `target`'s
+/// upstream, recorded: a 5xx counts towards ejecting it, as a refused connection does, unless
+/// it only says the engine is busy ([`judge`]); any other answer breaks the failure streak.
+fn judged(target: &Target, status: StatusCode, sent: Instant, policy: &HealthPolicy) {
     match judge(target.upstream.kind, status) {
         Verdict::Well => target.upstream.health.record_answer(),
-        Verdict::Failing => target.upstream.record_forward_failure(
+        Verdict::Failing => target.record_failure(
             format!("answered {status} to a forwarded request"),
+            sent,
             policy,
             "engine errors",
         ),

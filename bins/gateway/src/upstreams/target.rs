@@ -7,7 +7,7 @@
 //! needs to know about routes.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use slotgate_admission::Occupancy;
 use slotgate_choose::Info;
@@ -17,7 +17,9 @@ use slotgate_limiter::{KeyHandle, KeyReading, Ticket};
 use crate::metrics::TargetMetrics;
 use crate::upstreams::auto_slots::AutoSlots;
 use crate::upstreams::cluster::SharedKey;
+use crate::upstreams::ejection::Ejection;
 use crate::upstreams::engine_load::EngineLoad;
+use crate::upstreams::health::HealthPolicy;
 use crate::upstreams::hold::HoldStats;
 use crate::upstreams::state::UpstreamState;
 
@@ -74,12 +76,20 @@ pub(crate) struct Target {
     /// The upstream's and the model's names for the warnings and the last event of an answer
     /// that ends badly, shared by every answer instead of copied for each.
     pub(crate) answer_names: Arc<AnswerNames>,
-    /// Observed slot hold times, for `Retry-After`.
+    /// Observed slot hold times, for `Retry-After` and the cost of waiting for a host that
+    /// holds a prompt's prefix.
     pub(crate) hold: Arc<HoldStats>,
+    /// Observed prefill time per KiB of prompt text the engine did not have cached, from
+    /// streamed answers' first tokens: the price of sending a request where its prefix is not
+    /// ([`cache_aware`](crate::proxy::cache_aware)).
+    pub(crate) prefill: Arc<HoldStats>,
     /// This target's metric handles.
     pub(crate) metrics: Arc<TargetMetrics>,
     /// The engine's own busy count, next to ours ([`reconcile`](crate::upstreams::reconcile)).
     pub(crate) engine: Arc<EngineLoad>,
+    /// The other upstreams of the upstream's models, which passive ejection must leave enough
+    /// of (shared by the upstream's targets).
+    pub(crate) ejection: Arc<Ejection>,
 }
 
 /// How a target's slot count is decided. The count itself lives in the limiter key's `Limits`.
@@ -130,6 +140,20 @@ impl Target {
     /// an `auto` target whose count is not known (see [`slot_discovery`](crate::upstreams::slot_discovery)).
     pub(crate) fn slots_known(&self) -> bool {
         self.auto().is_none_or(AutoSlots::is_known)
+    }
+
+    /// Records a failure of the upstream seen while forwarding a request sent at `sent` (`by`:
+    /// `connect errors`, `engine errors`), towards a passive ejection within the limits of
+    /// [`ejection`](crate::upstreams::ejection).
+    pub(crate) fn record_failure(
+        &self,
+        reason: String,
+        sent: Instant,
+        policy: &HealthPolicy,
+        by: &'static str,
+    ) {
+        self.ejection
+            .record_failure(&self.upstream, reason, sent, policy, by);
     }
 
     /// Whether the model is resident on the upstream, as last discovered.

@@ -7,6 +7,7 @@
 use serde_json::{Value, json};
 
 use crate::api::{Step, named_event};
+use crate::config::Kind;
 use crate::openai::Answer;
 
 fn stop_reason(answer: &Answer<'_>) -> &'static str {
@@ -26,8 +27,21 @@ fn message(answer: &Answer<'_>, content: &Value, stop: Option<&str>, output: u32
         "content": content,
         "stop_reason": stop,
         "stop_sequence": null,
-        "usage": {"input_tokens": answer.plan.prompt_tokens, "output_tokens": output},
+        "usage": usage(answer, output),
     })
+}
+
+/// The usage object: llama-server splits the input into the cached part
+/// (`cache_read_input_tokens`) and the rest (`input_tokens`).
+fn usage(answer: &Answer<'_>, output: u32) -> Value {
+    if answer.kind == Kind::LlamaServer {
+        return json!({
+            "cache_read_input_tokens": answer.cached_tokens(),
+            "input_tokens": answer.plan.processed_tokens(),
+            "output_tokens": output,
+        });
+    }
+    json!({"input_tokens": answer.prompt_tokens(), "output_tokens": output})
 }
 
 /// The non-streaming answer.

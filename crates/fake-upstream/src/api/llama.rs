@@ -30,12 +30,7 @@ fn last(answer: &Answer<'_>, content: &str, prompt: &Value) -> Value {
         "stop_type": if limited { "limit" } else { "eos" },
         "stopping_word": "",
         "tokens_cached": answer.plan.prompt_tokens,
-        "timings": {
-            "prompt_n": answer.plan.prompt_tokens,
-            "prompt_ms": 1.0,
-            "predicted_n": answer.plan.tokens,
-            "predicted_ms": 1.0,
-        },
+        "timings": answer.timings(),
     })
 }
 

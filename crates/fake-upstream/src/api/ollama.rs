@@ -44,8 +44,9 @@ fn done(answer: &Answer<'_>, kind: Generation, text: &str) -> Value {
         "done_reason": if answer.plan.finish_reason == "length" { "length" } else { "stop" },
         "total_duration": nanos(generation) + 1_000_000,
         "load_duration": 1_000_000,
-        "prompt_eval_count": answer.plan.prompt_tokens,
-        "prompt_eval_duration": 1_000_000,
+        // Only what it evaluated: the cached part of the prompt is not counted.
+        "prompt_eval_count": answer.prompt_tokens(),
+        "prompt_eval_duration": nanos(answer.plan.prefill).max(1_000_000),
         "eval_count": answer.plan.tokens,
         "eval_duration": nanos(generation),
     });

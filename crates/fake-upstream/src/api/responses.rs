@@ -9,6 +9,7 @@
 use serde_json::{Value, json};
 
 use crate::api::{Step, named_event};
+use crate::config::Kind;
 use crate::openai::Answer;
 
 /// The id of the one output message of a response.
@@ -17,11 +18,16 @@ fn message_id(answer: &Answer<'_>) -> String {
 }
 
 fn usage(answer: &Answer<'_>) -> Value {
-    let input = answer.plan.prompt_tokens;
+    let input = answer.prompt_tokens();
     let output = answer.completion_tokens();
+    // Ollama reports no cached count (its input is only the uncached part).
+    let cached = match answer.kind {
+        Kind::Ollama => 0,
+        Kind::LlamaServer | Kind::Vllm => answer.cached_tokens(),
+    };
     json!({
         "input_tokens": input,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached},
         "output_tokens": output,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": u64::from(input) + u64::from(output),
@@ -139,11 +145,13 @@ pub(crate) fn stream(answer: &Answer<'_>, previous: Option<&str>) -> Vec<Step> {
             "response.output_item.done",
             json!({"output_index": 0, "item": done["output"][0]}),
         )),
-        Step::at_once(event(
-            &format!("response.{status}"),
-            json!({"response": done}),
-        )),
     ]);
+    let mut last = json!({"response": done});
+    // llama-server adds its timings to the last event.
+    if let Some(timings) = answer.timings() {
+        last["timings"] = timings;
+    }
+    steps.push(Step::at_once(event(&format!("response.{status}"), last)));
     steps
 }
 

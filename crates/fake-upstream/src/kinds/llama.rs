@@ -165,8 +165,9 @@ async fn slots(app: &App, req: &Request<Incoming>) -> Reply {
             if let Some(id_task) = slot.id_task {
                 entry["id_task"] = json!(id_task);
                 entry["n_prompt_tokens"] = json!(slot.n_prompt_tokens);
-                entry["n_prompt_tokens_processed"] = json!(slot.n_prompt_tokens);
-                entry["n_prompt_tokens_cache"] = json!(0);
+                entry["n_prompt_tokens_processed"] =
+                    json!(slot.n_prompt_tokens.saturating_sub(slot.n_cached));
+                entry["n_prompt_tokens_cache"] = json!(slot.n_cached);
                 entry["params"] = json!({"n_predict": -1, "stream": false});
                 entry["next_token"] = json!([{
                     "has_next_token": slot.busy,
@@ -350,12 +351,19 @@ async fn metrics(app: &App, req: &Request<Incoming>) -> Reply {
 fn metrics_text(model: &Model) -> String {
     let pool = &model.pool;
     let (requests, prompt, predicted) = pool.totals();
-    let rows: [(&str, &str, &str, u64); 10] = [
+    let cached = pool.cached_total();
+    let rows: [(&str, &str, &str, u64); 11] = [
         (
             "prompt_tokens_total",
             "counter",
-            "Number of prompt tokens processed.",
-            prompt,
+            "Number of prompt tokens processed, excluding cached tokens",
+            prompt.saturating_sub(cached),
+        ),
+        (
+            "prompt_tokens_cached_total",
+            "counter",
+            "Number of prompt tokens reused from the cache",
+            cached,
         ),
         ("prompt_seconds_total", "counter", "Prompt process time", 0),
         (

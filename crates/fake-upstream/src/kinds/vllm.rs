@@ -127,6 +127,7 @@ fn metrics(app: &App) -> String {
     let pool = &model.pool;
     let labels = format!("{{model_name=\"{}\",engine=\"0\"}}", model.name);
     let (_, prompt, generated) = pool.totals();
+    let cached = pool.cached_total();
     #[allow(clippy::cast_precision_loss)] // slot counts are small
     let usage = pool.running() as f64 / pool.parallel() as f64;
     #[allow(clippy::cast_precision_loss)]
@@ -154,6 +155,18 @@ fn metrics(app: &App) -> String {
             "Number of prefill tokens processed.",
             "counter",
             prompt as f64,
+        ),
+        (
+            "vllm:prefix_cache_queries_total",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            "counter",
+            prompt as f64,
+        ),
+        (
+            "vllm:prefix_cache_hits_total",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            "counter",
+            cached as f64,
         ),
         (
             "vllm:generation_tokens_total",

@@ -2,6 +2,7 @@
 //! as a lower bound (a sleep never ends early) or as ordering and counts, so a loaded machine
 //! slows these tests down but does not make them fail.
 
+mod cache;
 mod failures;
 mod faults;
 mod layering;

@@ -228,7 +228,7 @@ fn unknown_model_keys_are_reported() {
     assert_only_issue(
         &with_model("parallel = 1\nqueue = 1\nqueue_timeout = \"1s\"\nqueue_timout = \"2s\""),
         "upstreams.a.models.m.queue_timout",
-        "unknown key (expected one of: parallel, queue, queue_timeout, capacity, engine_model, queue_order, queue_keepalive, honor_sdk_timeout, prefetch)",
+        "unknown key (expected one of: parallel, queue, queue_timeout, capacity, engine_model, queue_order, queue_keepalive, honor_sdk_timeout, prefetch, affinity)",
     );
 }
 

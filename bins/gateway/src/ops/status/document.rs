@@ -3,8 +3,10 @@
 //! what only the page shows:
 //!
 //! - per (upstream, model) in `live`: queue-wait and first-byte percentiles over about the last
-//!   5 minutes, and the in-flight and queued samples newer than the ones the page already has
-//!   (all of them in the first event, about one per event after that);
+//!   5 minutes, the prompt tokens its engine reported since start and how many of them it took
+//!   from its cache (the host's cache hit share, what cache-aware routing aims at), and the
+//!   in-flight and queued samples newer than the ones the page already has (all of them in the
+//!   first event, about one per event after that);
 //! - per model in `refusals`: the refusals (`503`, by reason) of about the last minute. The
 //!   gateway refuses a model, not one of its upstreams: a request is refused once every
 //!   upstream's queue is full or its wait ran out.
@@ -14,6 +16,7 @@
 //!  "upstreams": [ …as GET /admin/upstreams… ],
 //!  "live": [{"upstream": "a", "model": "m", "queue_wait": {"count": 9, "p50": 0.004, "p99": 1.1},
 //!            "first_byte": {"count": 9, "p50": 0.03, "p99": 0.05},
+//!            "cache": {"prompt_tokens": 5200, "cached_tokens": 4900},
 //!            "samples": [{"tick": 42, "in_flight": 2, "queued": 1}]}],
 //!  "refusals": [{"model": "m", "queue_full": 3, "queue_timeout": 0}]}
 //! ```
@@ -46,7 +49,16 @@ struct LiveDoc<'g> {
     model: &'g str,
     queue_wait: Percentiles,
     first_byte: Percentiles,
+    cache: CacheDoc,
     samples: Vec<Load>,
+}
+
+/// The prompt tokens an (upstream, model)'s engine reported since start, and of them the ones
+/// it took from its cache (`slotgate_tokens_total`).
+#[derive(Debug, Serialize)]
+struct CacheDoc {
+    prompt_tokens: u64,
+    cached_tokens: u64,
 }
 
 /// Percentiles of a timing over the window, in seconds; `null` without observations.
@@ -112,6 +124,10 @@ pub(crate) fn build<'g>(
                 model: &target.model,
                 queue_wait: Percentiles::from(&queue_wait),
                 first_byte: Percentiles::from(&first_byte),
+                cache: CacheDoc {
+                    prompt_tokens: target.metrics.prompt_tokens.get(),
+                    cached_tokens: target.metrics.cached_prompt_tokens.get(),
+                },
                 samples,
             }
         })

@@ -17,6 +17,13 @@
 //!   `response.completed` event. Ollama's own API ends with `prompt_eval_count` and
 //!   `eval_count`, read the same way. `prompt_tokens`/`input_tokens` count as `prompt`,
 //!   `completion_tokens`/`output_tokens` as `completion`. Without usage there is nothing to count.
+//! - **Cached prompt tokens**: `usage.prompt_tokens_details.cached_tokens` (OpenAI, vLLM with
+//!   `--enable-prompt-tokens-details`, llama-server), `usage.input_tokens_details.cached_tokens`
+//!   (the Responses API), `usage.cache_read_input_tokens` (Anthropic's Messages API, where
+//!   `input_tokens` counts only the rest, so the prompt is their sum), else llama-server's
+//!   `timings.cache_n`. Counted as `cached_prompt`, written to the access log, and, for a request
+//!   placed by its prompt, handed to its [`Feedback`], which checks what the index predicted.
+//!   Ollama reports no cached count (its `prompt_eval_count` counts only what it computed).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -29,6 +36,7 @@ use serde::Deserialize;
 use super::Completion;
 use crate::metrics::{TargetMetrics, observe};
 use crate::proxy::access::{Access, Outcome};
+use crate::proxy::cache_aware::Feedback;
 
 /// How much of an answer's end is kept to find its usage, in bytes: the final usage chunk of a
 /// stream (about 300 bytes), or what follows `usage` at the end of a JSON document (llama-server's
@@ -45,7 +53,11 @@ pub(crate) struct Meter {
     sent: Instant,
     status: StatusCode,
     first: FirstToken,
+    /// When the first token came, after `sent`.
+    first_after: Option<std::time::Duration>,
     tail: Tail,
+    /// What cache-aware routing predicted for this answer.
+    feedback: Option<Feedback>,
 }
 
 impl Meter {
@@ -64,8 +76,16 @@ impl Meter {
             sent,
             status,
             first: FirstToken::new(sse),
+            first_after: None,
             tail: Tail::default(),
+            feedback: None,
         }
+    }
+
+    /// Hands the engine's report of its cached prompt tokens to `feedback` at the end.
+    pub(crate) fn with_feedback(mut self, feedback: Option<Feedback>) -> Self {
+        self.feedback = feedback;
+        self
     }
 
     /// Sees one data frame on its way to the client.
@@ -76,6 +96,7 @@ impl Meter {
                 observe(&metrics.first_token, after);
             }
             self.access.first_token(after);
+            self.first_after = Some(after);
         }
         if self.metrics.is_some() {
             self.tail.push(data);
@@ -88,7 +109,7 @@ impl Meter {
             Completion::Ended if self.status.as_u16() >= 500 => Outcome::UpstreamStatusError,
             Completion::Ended => Outcome::Completed,
             Completion::Failed | Completion::Stalled { .. } => Outcome::UpstreamError,
-            Completion::Dropped => Outcome::ClientGone,
+            Completion::Dropped { .. } => Outcome::ClientGone,
         };
         self.access.outcome(outcome);
         let mut tail = std::mem::take(&mut self.tail);
@@ -102,6 +123,16 @@ impl Meter {
             if let Some(completion) = tokens.completion {
                 metrics.completion_tokens.inc_by(completion);
             }
+            if let Some(cached) = tokens.cached {
+                metrics.cached_prompt_tokens.inc_by(cached);
+            }
+            // A whole answer's first byte comes after its decode: no prefill measurement.
+            let ttft = self.first.sse.then_some(self.first_after).flatten();
+            let predicted = self
+                .feedback
+                .take()
+                .and_then(|feedback| feedback.end(tokens.prompt, tokens.cached, ttft));
+            self.access.cached_tokens(predicted, tokens.cached);
         }
     }
 }
@@ -199,19 +230,40 @@ impl Tail {
 struct Tokens {
     prompt: Option<u64>,
     completion: Option<u64>,
+    /// Of the prompt, taken from the engine's cache.
+    cached: Option<u64>,
 }
 
 /// OpenAI's `usage` (Chat Completions, Completions, Embeddings) or the Responses API's.
 #[derive(Debug, Deserialize)]
-#[expect(
-    clippy::struct_field_names,
-    reason = "the members are named as the engines name them"
-)]
 struct Usage {
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
+    /// Anthropic's: the cached part, not counted in `input_tokens`.
+    cache_read_input_tokens: Option<u64>,
+    /// Read leniently (any shape): a member the gateway does not need must not lose the rest.
+    prompt_tokens_details: Option<serde_json::Value>,
+    input_tokens_details: Option<serde_json::Value>,
+}
+
+/// llama-server's `timings`.
+#[derive(Debug, Deserialize)]
+struct Timings {
+    cache_n: Option<u64>,
+}
+
+/// `cached_tokens` of a usage details object.
+fn cached_in(details: Option<&serde_json::Value>) -> Option<u64> {
+    details?.get("cached_tokens")?.as_u64()
+}
+
+/// llama-server's `timings.cache_n`, the last in `tail`.
+fn cache_n(tail: &[u8]) -> Option<u64> {
+    let after = last_member(tail, b"\"timings\"")?;
+    let mut values = serde_json::Deserializer::from_slice(after).into_iter::<Timings>();
+    values.next()?.ok()?.cache_n
 }
 
 /// The usage reported at the end of an answer (see the [module docs](self)).
@@ -219,9 +271,21 @@ fn usage(tail: &[u8]) -> Option<Tokens> {
     if let Some(after) = last_member(tail, b"\"usage\"") {
         let mut values = serde_json::Deserializer::from_slice(after).into_iter::<Option<Usage>>();
         let usage = values.next()?.ok()??;
+        let anthropic = usage.cache_read_input_tokens;
+        let cached = cached_in(usage.prompt_tokens_details.as_ref())
+            .or_else(|| cached_in(usage.input_tokens_details.as_ref()))
+            .or(anthropic)
+            .or_else(|| cache_n(tail));
+        let prompt = usage
+            .prompt_tokens
+            .or(match (usage.input_tokens, anthropic) {
+                (Some(input), Some(read)) => Some(input.saturating_add(read)),
+                (input, _) => input,
+            });
         let tokens = Tokens {
-            prompt: usage.prompt_tokens.or(usage.input_tokens),
+            prompt,
             completion: usage.completion_tokens.or(usage.output_tokens),
+            cached,
         };
         return (tokens != Tokens::default()).then_some(tokens);
     }
@@ -233,6 +297,7 @@ fn usage(tail: &[u8]) -> Option<Tokens> {
     let tokens = Tokens {
         prompt: number(b"\"prompt_eval_count\""),
         completion: number(b"\"eval_count\""),
+        cached: None,
     };
     (tokens != Tokens::default()).then_some(tokens)
 }
@@ -321,7 +386,8 @@ mod tests {
             usage(stream),
             Some(Tokens {
                 prompt: Some(12),
-                completion: Some(34)
+                completion: Some(34),
+                cached: None
             })
         );
         // The text mentions usage, escaped, and the stream has none of its own.
@@ -333,7 +399,8 @@ mod tests {
             usage(embeddings),
             Some(Tokens {
                 prompt: Some(8),
-                completion: None
+                completion: None,
+                cached: None
             })
         );
         let responses = b"event: response.completed\ndata: {\"response\":{\"usage\":{\"input_tokens\":5,\"output_tokens\":7}}}\n\n";
@@ -341,7 +408,8 @@ mod tests {
             usage(responses),
             Some(Tokens {
                 prompt: Some(5),
-                completion: Some(7)
+                completion: Some(7),
+                cached: None
             })
         );
         let ollama = b"{\"done\":true,\"prompt_eval_count\":26,\"eval_count\":298}\n";
@@ -349,11 +417,36 @@ mod tests {
             usage(ollama),
             Some(Tokens {
                 prompt: Some(26),
-                completion: Some(298)
+                completion: Some(298),
+                cached: None
             })
         );
         assert_eq!(usage(b"{\"choices\":[]}"), None);
         assert_eq!(usage(b"\"usage\":{\"prompt_tok"), None);
+    }
+
+    #[test]
+    fn cached_prompt_tokens_are_read_from_every_engine_shape() {
+        let cached = |text: &[u8]| usage(text).and_then(|tokens| tokens.cached);
+        // OpenAI, vLLM, llama-server.
+        let chat = br#"{"usage":{"prompt_tokens":100,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":80}}}"#;
+        assert_eq!(cached(chat), Some(80));
+        // The Responses API.
+        let responses = br#"data: {"response":{"usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":4}}}}"#;
+        assert_eq!(cached(responses), Some(4));
+        // Anthropic's Messages API: the prompt is the sum.
+        let messages =
+            br#"{"usage":{"input_tokens":20,"cache_read_input_tokens":70,"output_tokens":3}}"#;
+        assert_eq!(usage(messages).unwrap().prompt, Some(90));
+        assert_eq!(cached(messages), Some(70));
+        // llama-server's timings, after the usage.
+        let llama = br#"{"usage":{"prompt_tokens":50,"completion_tokens":2},"timings":{"cache_n":42,"prompt_n":8}}"#;
+        assert_eq!(cached(llama), Some(42));
+        // Absent, or a details member of an odd shape: no figure, and the rest still read.
+        let odd = br#"{"usage":{"prompt_tokens":7,"prompt_tokens_details":"n/a"}}"#;
+        assert_eq!(usage(odd).unwrap().prompt, Some(7));
+        assert_eq!(cached(odd), None);
+        assert_eq!(cached(br#"{"done":true,"prompt_eval_count":26}"#), None);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use crate::metrics::Metrics;
 use crate::proxy::endpoint::Endpoint;
 use crate::proxy::problems::{BadRequest, Error};
 use crate::proxy::request::ApiRequest;
+use crate::proxy::request::prompt::Shape;
 
 fn chat() -> &'static Endpoint {
     Endpoint::find("/v1/chat/completions").unwrap()
@@ -413,4 +414,105 @@ async fn weighs_n_on_chat_max_of_n_and_best_of_on_completions_and_one_elsewhere(
         sequences(completions, r#"{"model":"m","best_of":-1}"#).await,
         Err(Error::BadRequest(BadRequest::Count { member: "best_of" }))
     ));
+}
+
+/// The prompt pieces `body` gives on `path`, as text.
+async fn pieces(path: &'static str, body: &'static str) -> (Vec<(String, Shape)>, Option<String>) {
+    let endpoint = Endpoint::find(path).unwrap();
+    let api = read_for(json_post(path, body), 1 << 16, endpoint)
+        .await
+        .unwrap();
+    let text = |range: std::ops::Range<usize>| String::from_utf8(api.body[range].to_vec()).unwrap();
+    let pieces = api
+        .prompt
+        .pieces
+        .iter()
+        .map(|(range, shape)| (text(range.clone()), *shape))
+        .collect();
+    (pieces, api.prompt.user.clone().map(text))
+}
+
+#[tokio::test]
+async fn the_prompt_is_found_in_the_engines_reading_order() {
+    use Shape::{Elements, Message, Text};
+    let (chat, user) = pieces(
+        "/v1/chat/completions",
+        r#"{"model":"m","user":"u-1","messages":[{"role":"system","content":"be brief"}, {"role":"user","content":"hi"}]}"#,
+    )
+    .await;
+    assert_eq!(
+        chat,
+        [
+            (
+                r#"{"role":"system","content":"be brief"}"#.to_owned(),
+                Message
+            ),
+            (r#"{"role":"user","content":"hi"}"#.to_owned(), Message),
+        ]
+    );
+    assert_eq!(user.as_deref(), Some(r#""u-1""#));
+    // Anthropic's Messages API: `system` first, whatever the member order; the user id from
+    // its metadata.
+    let (messages, user) = pieces(
+        "/v1/messages",
+        r#"{"messages":[{"role":"user","content":"hi"}],"model":"m","system":"sys","metadata":{"user_id":"a"}}"#,
+    )
+    .await;
+    assert_eq!(messages[0], (r#""sys""#.to_owned(), Message));
+    assert_eq!(messages.len(), 2);
+    assert_eq!(user.as_deref(), Some(r#""a""#));
+    // Responses: instructions, then the input as it is (split when hashed).
+    let (responses, _) = pieces(
+        "/v1/responses",
+        r#"{"model":"m","input":[{"role":"user","content":"x"}],"instructions":"be kind"}"#,
+    )
+    .await;
+    assert_eq!(
+        responses,
+        [
+            (r#""be kind""#.to_owned(), Message),
+            (r#"[{"role":"user","content":"x"}]"#.to_owned(), Elements),
+        ]
+    );
+    // A growing prompt: its text without the closing quote.
+    let (completion, _) = pieces("/v1/completions", r#"{"model":"m","prompt":"once upon"}"#).await;
+    assert_eq!(completion, [(r#""once upon"#.to_owned(), Text)]);
+    let (generate, _) = pieces(
+        "/api/generate",
+        r#"{"model":"m","system":"s","prompt":"p"}"#,
+    )
+    .await;
+    assert_eq!(
+        generate,
+        [(r#""s""#.to_owned(), Message), (r#""p"#.to_owned(), Text)]
+    );
+    // Routes that carry no prompt worth routing by.
+    let (embeddings, _) = pieces("/v1/embeddings", r#"{"model":"m","input":"x"}"#).await;
+    assert!(embeddings.is_empty());
+}
+
+#[tokio::test]
+async fn a_prompt_member_of_an_odd_shape_is_the_engines_business() {
+    // `messages` that is not an array, a null system: no pieces, and no refusal.
+    for body in [
+        r#"{"model":"m","messages":{"role":"user"}}"#,
+        r#"{"model":"m","messages":"hi"}"#,
+        r#"{"model":"m","messages":null}"#,
+        r#"{"model":"m","messages":7}"#,
+    ] {
+        let (chat, _) = pieces("/v1/chat/completions", body).await;
+        assert!(chat.is_empty(), "{body}");
+    }
+    let (messages, _) = pieces(
+        "/v1/messages",
+        r#"{"model":"m","system":null,"messages":[]}"#,
+    )
+    .await;
+    assert!(messages.is_empty());
+    let (_, user) = pieces(
+        "/v1/messages",
+        r#"{"model":"m","metadata":"not an object","messages":[]}"#,
+    )
+    .await;
+    assert_eq!(user, None);
 }

@@ -322,6 +322,7 @@
     const figures = el("dl", "figures");
     const wait = figure(figures, "Queue wait p50 / p99", "queue-wait");
     const firstByte = figure(figures, "First byte p50 / p99", "first-byte");
+    const cache = figure(figures, "Prompt tokens from cache", "cache-hit");
     const refused = figure(figures, "Refused, last minute", "refusals");
     const spark = document.createElementNS(SVG, "svg");
     spark.setAttribute("class", "spark");
@@ -334,7 +335,7 @@
     lineQueued.setAttribute("class", "queued");
     spark.append(lineIn, lineQueued);
     root.append(title, slots, slotLine, bar, queueLine, figures, spark);
-    return { root, loaded, slots, inFlight, parallel, word, fill, queued, queue, wait, firstByte, refused, spark, lineIn, lineQueued };
+    return { root, loaded, slots, inFlight, parallel, word, fill, queued, queue, wait, firstByte, cache, refused, spark, lineIn, lineQueued };
   }
 
   const MAX_SLOT_BOXES = 64;
@@ -363,6 +364,10 @@
       row.firstByte.textContent = live.first_byte.count
         ? seconds(live.first_byte.p50) + " / " + seconds(live.first_byte.p99)
         : "not known yet";
+      const c = live.cache;
+      row.cache.textContent = c && c.prompt_tokens > 0
+        ? Math.round((100 * c.cached_tokens) / c.prompt_tokens) + "% of " + c.prompt_tokens + " reported"
+        : "not reported yet";
     }
     if (refusals) {
       row.refused.textContent = "queue full " + refusals.queue_full + " · wait ran out " +

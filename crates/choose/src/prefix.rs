@@ -1,0 +1,286 @@
+//! A request's affinity key: a chain of hashes over fixed-size blocks of its prompt text, so
+//! that two requests whose prompts begin alike share the first hashes of their chains.
+//!
+//! The text is given as *segments* in the order the engine reads them (the system prompt, then
+//! each message). Each segment is cut into blocks of `block` bytes; block `k`'s hash is the
+//! hash of its bytes seeded with block `k - 1`'s hash, so it stands for the whole text up to
+//! the end of block `k`. Two chains agree on element `k` exactly when (barring a 64-bit
+//! collision) the texts agree up to there.
+//!
+//! How a segment ends matters for a conversation's next turn, which resends the same text and
+//! adds to it:
+//!
+//! - a **message** ([`PrefixBuilder::message`]) is a unit the client resends byte for byte, so
+//!   its last, partial block is hashed too: the next turn's chain contains this one whole;
+//! - a **trailing text** ([`PrefixBuilder::text`], a completion's `prompt`) grows in place, so
+//!   only its full blocks are hashed: a partial block would differ once more text is appended.
+//!
+//! The chain starts from a seed: the gateway's secret (so that clients cannot aim hashes at
+//! each other's), the model (the same text on another model is another cache) and, when the
+//! request names one, its user ([`PrefixBuilder::salt`]). A session id
+//! ([`PrefixBuilder::pin`]) adds an element of its own, covering no text, ahead of the blocks:
+//! every request of the session then shares at least that element.
+//!
+//! Hashing is xxHash's XXH3 (`xxhash-rust`): a fast non-cryptographic hash with a seed.
+//! The cost is one pass over the prompt's bytes, at most `max_blocks` blocks of them.
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+/// The block size the gateway uses unless configured otherwise: 512 bytes, about 128 tokens of
+/// English text, fine enough that a turn's new text is a few blocks, coarse enough that a
+/// 10,000-token conversation is some 80 entries of the index.
+pub const DEFAULT_BLOCK_BYTES: usize = 512;
+
+/// Set apart from a block hash of the same bytes: the seed of a session element.
+const SESSION_TAG: u64 = 0x5e55_1011_5e55_1011;
+
+/// A request's chain of prefix hashes, with how much text each element covers.
+///
+/// Build one with [`PrefixBuilder`]. No hash is `0` (that value means "none" in the index).
+///
+/// # Example
+///
+/// ```
+/// use slotgate_choose::PrefixBuilder;
+///
+/// let first = {
+///     let mut b = PrefixBuilder::new(4, 64, 7);
+///     b.message(b"system: be brief");
+///     b.message(b"user: hi");
+///     b.finish()
+/// };
+/// let next_turn = {
+///     let mut b = PrefixBuilder::new(4, 64, 7);
+///     b.message(b"system: be brief");
+///     b.message(b"user: hi");
+///     b.message(b"assistant: hello");
+///     b.finish()
+/// };
+/// // The next turn's chain begins with the whole first chain.
+/// assert!(next_turn.hashes().starts_with(first.hashes()));
+/// assert_eq!(first.bytes_through(first.len()), 24);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Prefix {
+    hashes: Vec<u64>,
+    /// `ends[k]`: the bytes of text covered by elements `0..=k`.
+    ends: Vec<usize>,
+    pinned: bool,
+}
+
+impl Prefix {
+    /// The chain, first block first.
+    #[must_use]
+    pub fn hashes(&self) -> &[u64] {
+        &self.hashes
+    }
+
+    /// The number of elements.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.hashes.len()
+    }
+
+    /// Whether the chain has no element (no text, no session).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.hashes.is_empty()
+    }
+
+    /// The bytes of text covered by the first `elements` elements (0 for 0; saturates at the
+    /// whole chain).
+    #[must_use]
+    pub fn bytes_through(&self, elements: usize) -> usize {
+        match elements.min(self.ends.len()) {
+            0 => 0,
+            n => self.ends[n - 1],
+        }
+    }
+
+    /// The bytes of text the chain covers.
+    #[must_use]
+    pub fn total_bytes(&self) -> usize {
+        self.bytes_through(self.len())
+    }
+
+    /// Whether the chain begins with a session element ([`PrefixBuilder::pin`]).
+    #[must_use]
+    pub fn is_pinned(&self) -> bool {
+        self.pinned
+    }
+}
+
+/// Builds a [`Prefix`] from a request's segments, in the engine's reading order.
+#[derive(Debug)]
+pub struct PrefixBuilder {
+    block: usize,
+    max_blocks: usize,
+    seed: u64,
+    prefix: Prefix,
+}
+
+impl PrefixBuilder {
+    /// A builder cutting blocks of `block` bytes (at least 1), stopping after `max_blocks`
+    /// elements, with the chain seeded by `seed` (the gateway's secret).
+    #[must_use]
+    pub fn new(block: usize, max_blocks: usize, seed: u64) -> Self {
+        Self {
+            block: block.max(1),
+            max_blocks,
+            seed,
+            prefix: Prefix::default(),
+        }
+    }
+
+    /// Mixes `bytes` (a model name, a user id) into the seed. Only before the first element:
+    /// afterwards it does nothing, so the chain always covers its text from the start.
+    pub fn salt(&mut self, bytes: &[u8]) {
+        if self.prefix.is_empty() {
+            self.seed = xxh3_64_with_seed(bytes, self.seed);
+        }
+    }
+
+    /// Adds a session element (covering no text) for session `id`, once, before the blocks.
+    pub fn pin(&mut self, id: &[u8]) {
+        if self.prefix.is_empty() && self.max_blocks > 0 {
+            let hash = xxh3_64_with_seed(id, self.seed ^ SESSION_TAG);
+            self.push(hash, 0);
+            self.prefix.pinned = true;
+        }
+    }
+
+    /// Adds a message: every block of it, the last partial one too.
+    pub fn message(&mut self, bytes: &[u8]) {
+        self.segment(bytes, true);
+    }
+
+    /// Adds a text that a later request may extend in place: its full blocks only.
+    pub fn text(&mut self, bytes: &[u8]) {
+        self.segment(bytes, false);
+    }
+
+    /// The chain.
+    #[must_use]
+    pub fn finish(self) -> Prefix {
+        self.prefix
+    }
+
+    fn segment(&mut self, bytes: &[u8], partial: bool) {
+        for block in bytes.chunks(self.block) {
+            if self.prefix.len() >= self.max_blocks || (!partial && block.len() < self.block) {
+                return;
+            }
+            let previous = self.prefix.hashes.last().copied().unwrap_or(self.seed);
+            self.push(xxh3_64_with_seed(block, previous), block.len());
+        }
+    }
+
+    fn push(&mut self, hash: u64, bytes: usize) {
+        // 0 means "no successor" in the index.
+        let hash = if hash == 0 { 1 } else { hash };
+        let end = self.prefix.total_bytes() + bytes;
+        self.prefix.hashes.push(hash);
+        self.prefix.ends.push(end);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Prefix, PrefixBuilder};
+
+    fn chain(block: usize, seed: u64, build: impl FnOnce(&mut PrefixBuilder)) -> Prefix {
+        let mut builder = PrefixBuilder::new(block, 1000, seed);
+        build(&mut builder);
+        builder.finish()
+    }
+
+    #[test]
+    fn a_message_is_hashed_whole_and_a_text_by_full_blocks() {
+        let m = chain(4, 1, |b| b.message(b"abcdefghij"));
+        assert_eq!(m.len(), 3);
+        assert_eq!(m.bytes_through(3), 10);
+        let t = chain(4, 1, |b| b.text(b"abcdefghij"));
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.total_bytes(), 8);
+        // The full blocks agree: same bytes, same seeds.
+        assert_eq!(m.hashes()[..2], t.hashes()[..]);
+    }
+
+    #[test]
+    fn each_element_stands_for_everything_before_it() {
+        let a = chain(4, 1, |b| b.message(b"aaaabbbbcccc"));
+        let b = chain(4, 1, |b| b.message(b"xaaabbbbcccc"));
+        // Blocks 1 and 2 are the same bytes, but the chains differ from the first block on.
+        assert!(a.hashes().iter().zip(b.hashes()).all(|(x, y)| x != y));
+    }
+
+    #[test]
+    fn a_text_that_grows_keeps_its_chain_and_a_message_list_too() {
+        let short = chain(4, 1, |b| b.text(b"0123456789"));
+        let long = chain(4, 1, |b| b.text(b"0123456789abcdef"));
+        assert!(long.hashes().starts_with(short.hashes()));
+        let turn = chain(4, 1, |b| {
+            b.message(b"sys");
+            b.message(b"hi there");
+        });
+        let next = chain(4, 1, |b| {
+            b.message(b"sys");
+            b.message(b"hi there");
+            b.message(b"hello");
+        });
+        assert!(next.hashes().starts_with(turn.hashes()));
+    }
+
+    #[test]
+    fn seed_salt_and_session_set_chains_apart() {
+        let text = |b: &mut PrefixBuilder| b.message(b"same words");
+        let base = chain(4, 1, text);
+        assert_ne!(base, chain(4, 2, text));
+        let salted = chain(4, 1, |b| {
+            b.salt(b"model-a");
+            text(b);
+        });
+        assert_ne!(base.hashes(), salted.hashes());
+        let pinned = chain(4, 1, |b| {
+            b.pin(b"session-1");
+            text(b);
+        });
+        assert!(pinned.is_pinned() && !base.is_pinned());
+        assert_eq!(pinned.len(), base.len() + 1);
+        assert_eq!(
+            pinned.bytes_through(1),
+            0,
+            "the session element covers no text"
+        );
+        assert_eq!(pinned.total_bytes(), base.total_bytes());
+        // A salt after the first element changes nothing.
+        let late = chain(4, 1, |b| {
+            text(b);
+            b.salt(b"ignored");
+            b.message(b"more");
+        });
+        let plain = chain(4, 1, |b| {
+            text(b);
+            b.message(b"more");
+        });
+        assert_eq!(late, plain);
+    }
+
+    #[test]
+    fn the_chain_stops_at_max_blocks_and_odd_sizes_do_not_panic() {
+        let mut b = PrefixBuilder::new(1, 5, 0);
+        b.message(b"0123456789");
+        let p = b.finish();
+        assert_eq!(p.len(), 5);
+        assert_eq!(p.total_bytes(), 5);
+        let mut b = PrefixBuilder::new(0, 0, 0);
+        b.pin(b"s");
+        b.message(b"abc");
+        assert!(b.finish().is_empty());
+        let mut b = PrefixBuilder::new(4, 10, 0);
+        b.message(b"");
+        b.text(b"abc");
+        assert!(b.finish().is_empty());
+        assert_eq!(Prefix::default().bytes_through(3), 0);
+    }
+}
