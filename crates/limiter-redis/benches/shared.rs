@@ -78,7 +78,12 @@ fn benches(c: &mut Criterion) {
     group.bench_function("PING", |b| {
         b.to_async(&rt).iter(|| {
             let mut conn = conn.clone();
-            async move { redis::cmd("PING").query_async::<()>(&mut conn).await.unwrap() }
+            async move {
+                redis::cmd("PING")
+                    .query_async::<()>(&mut conn)
+                    .await
+                    .unwrap()
+            }
         });
     });
     let open = redis_limiter(&rt, &format!("{prefix}-open"));

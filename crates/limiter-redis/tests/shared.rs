@@ -346,20 +346,39 @@ async fn each_operation_is_one_round_trip() {
     let (a0, b0) = (a.status().round_trips, b.status().round_trips);
 
     let held = a.acquire(HOST, MODEL).await.unwrap();
-    assert_eq!(a.status().round_trips, a0 + 1, "granted at once: one round trip");
+    assert_eq!(
+        a.status().round_trips,
+        a0 + 1,
+        "granted at once: one round trip"
+    );
     let waiter = tokio::spawn({
         let b = b.clone();
-        async move { b.acquire(HOST, MODEL).await.map(|slot| (slot, b.status().round_trips)) }
+        async move {
+            b.acquire(HOST, MODEL)
+                .await
+                .map(|slot| (slot, b.status().round_trips))
+        }
     });
     eventually(LIMIT, "B's acquire is queued", || {
         prefix.zcard(HOST, MODEL, "waiters") == 1
     })
     .await;
-    assert_eq!(b.status().round_trips, b0 + 1, "queued: one round trip to join");
+    assert_eq!(
+        b.status().round_trips,
+        b0 + 1,
+        "queued: one round trip to join"
+    );
     drop(held);
     let (slot, b_trips) = waiter.await.unwrap().unwrap();
-    assert_eq!(b_trips, b0 + 1, "granted by the message: no round trip of its own");
-    eventually(LIMIT, "A's release reached Redis", || a.status().round_trips == a0 + 2).await;
+    assert_eq!(
+        b_trips,
+        b0 + 1,
+        "granted by the message: no round trip of its own"
+    );
+    eventually(LIMIT, "A's release reached Redis", || {
+        a.status().round_trips == a0 + 2
+    })
+    .await;
     drop(slot);
     eventually(LIMIT, "B's release reached Redis", || {
         prefix.zcard(HOST, MODEL, "holders") == 0

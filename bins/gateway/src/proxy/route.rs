@@ -150,14 +150,18 @@ impl Routes {
                         queue,
                         queue_timeout,
                     } => {
-                        // Configures the key with the count found so far (0 while none).
+                        // Configures the key with the count found so far (0 while none); under
+                        // `[cluster]` the count is written to the store once known.
+                        let order = order_of(upstream.queueing(model).order);
                         let auto = AutoSlots::new(
                             state,
                             model,
                             (queue, prefetch),
-                            limiter,
+                            (limiter, cluster.map(|cluster| (cluster.clone(), order))),
                             previous.and_then(|p| p.auto()),
                         );
+                        shared =
+                            cluster.map(|cluster| SharedKey::attach(cluster, authority, model));
                         (Sizing::Auto(Arc::new(auto)), Some(queue_timeout))
                     }
                 };

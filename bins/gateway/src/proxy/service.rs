@@ -315,24 +315,30 @@ impl App {
             let admitted = if endpoint.slot {
                 match admit::join(target, &ticket, &deadlines, &self.shutdown) {
                     Ok(Admission::Granted(slot)) => Ok(Some(slot)),
-                    Ok(Admission::Queued(queued)) => {
-                        if let Some(every) = keepalive(endpoint, &api, target) {
-                            let request = Admitted {
-                                target: Arc::clone(target),
-                                route: Arc::clone(route),
-                                endpoint,
-                                api,
-                                ticket,
-                                request_id: request_id.clone(),
-                                client_keys,
-                                health_check_interval: server.health_check_interval,
-                                policy: generation.policy,
-                                access: access.clone(),
-                            };
-                            return Ok(self.keep_alive(queued, every, request));
-                        }
-                        queued.await.map(Some)
-                    }
+                    Ok(Admission::Queued(queued)) => match keepalive(endpoint, &api, target) {
+                        // Under `[cluster]`, `200` only once the shared queue has taken the
+                        // request in: the store may still grant it at once or refuse it.
+                        Some(every) => match queued.joined().await {
+                            Ok(Admission::Granted(slot)) => Ok(Some(slot)),
+                            Err(refused) => Err(refused),
+                            Ok(Admission::Queued(queued)) => {
+                                let request = Admitted {
+                                    target: Arc::clone(target),
+                                    route: Arc::clone(route),
+                                    endpoint,
+                                    api,
+                                    ticket,
+                                    request_id: request_id.clone(),
+                                    client_keys,
+                                    health_check_interval: server.health_check_interval,
+                                    policy: generation.policy,
+                                    access: access.clone(),
+                                };
+                                return Ok(self.keep_alive(queued, every, request));
+                            }
+                        },
+                        None => queued.await.map(Some),
+                    },
                     Err(refused) => Err(refused),
                 }
             } else {
