@@ -341,6 +341,37 @@ async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// The first event of the status page's stream (`GET /admin/events`), its `data` parsed.
+async fn first_status_event(admin: SocketAddr) -> Value {
+    let request = Request::get(format!("http://{admin}/admin/events"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let response = client
+        .request(request)
+        .await
+        .expect("the admin listener answers");
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let mut text = String::new();
+    while !text.contains("\n\n") {
+        let frame = tokio::time::timeout(SOON, body.frame())
+            .await
+            .expect("an event within SOON")
+            .expect("the stream goes on")
+            .expect("a clean frame");
+        if let Ok(data) = frame.into_data() {
+            text.push_str(&String::from_utf8_lossy(&data));
+        }
+    }
+    let data: String = text
+        .lines()
+        .take_while(|line| !line.is_empty())
+        .filter_map(|line| line.strip_prefix("data: "))
+        .collect();
+    serde_json::from_str(&data).unwrap_or_else(|e| panic!("an event's data is JSON ({e}): {text}"))
+}
+
 /// A chat request for `n` choices (no stream), answered at once.
 async fn chat_n(addr: SocketAddr, n: u32) -> Reply {
     let body = serde_json::json!({
@@ -497,6 +528,27 @@ async fn two_gateways_share_one_cap_and_one_fifo_queue() {
     );
     let model = &upstreams["upstreams"][0]["models"][0];
     assert!(model["cluster"]["in_flight"].is_u64(), "{model}");
+
+    // The replicas seen (issue #33): both, each renewal round; the status page's events carry
+    // the same store document beside the shared counts.
+    let deadline = Instant::now() + SOON;
+    loop {
+        let (_, upstreams) = get(admin, "/admin/upstreams").await;
+        let upstreams: Value = serde_json::from_str(&upstreams).unwrap();
+        let store = &upstreams["store"];
+        if store["replicas_seen"] == 2 {
+            let ids = store["replicas"].as_array().expect("the ids seen");
+            assert!(ids.contains(&store["replica"]), "{store}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "two replicas seen: {store}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let event = first_status_event(admin).await;
+    assert_eq!(event["store"]["replicas_seen"], 2, "{event}");
+    let model = &event["upstreams"][0]["models"][0];
+    assert!(model["cluster"]["in_flight"].is_u64(), "{model}");
+    assert!(model["cluster"]["queued"].is_u64(), "{model}");
 
     // Several sequences are counted by the shared store as that many units (issue #33).
     let heavy = chat_n(b.api, 2).await;

@@ -92,12 +92,19 @@ pub struct StoreStatus {
     pub leases_lost: u64,
     /// Leases (of any replica) that this replica's calls found expired and removed.
     pub leases_expired: u64,
+    /// This replica's id in the store (the start of its lease ids).
+    pub replica: String,
+    /// The replicas (ids, this one included) that said they were alive within the last
+    /// `lease_ttl`, as of this replica's last renewal round; empty before the first.
+    pub replicas_seen: Vec<String>,
 }
 
 pub(crate) struct Inner {
     pub(crate) settings: Settings,
     /// `<replica id>/`: the start of every lease id of this replica.
     replica: String,
+    /// The replicas alive in the store as of the last renewal round.
+    replicas_seen: Mutex<Vec<String>>,
     next: AtomicU64,
     pub(crate) store: Store,
     keys: Mutex<HashMap<(String, String), Arc<KeyEntry>>>,
@@ -211,6 +218,7 @@ impl RedisLimiter {
         })?;
         let inner = Arc::new(Inner {
             replica: format!("{}/", uuid::Uuid::new_v4().simple()),
+            replicas_seen: Mutex::new(Vec::new()),
             next: AtomicU64::new(1),
             store: Store::new(client, settings.store_timeout),
             keys: Mutex::new(HashMap::new()),
@@ -246,6 +254,8 @@ impl RedisLimiter {
             lease_renewals: stats.renewals.load(Ordering::Relaxed),
             leases_lost: stats.leases_lost.load(Ordering::Relaxed),
             leases_expired: stats.leases_expired.load(Ordering::Relaxed),
+            replica: self.inner.replica_id().to_owned(),
+            replicas_seen: self.inner.replicas_seen.lock().clone(),
         }
     }
 
@@ -948,6 +958,23 @@ impl Inner {
                 }
             }
         });
+    }
+
+    /// This replica's id, without the separator of its lease ids.
+    fn replica_id(&self) -> &str {
+        self.replica.trim_end_matches('/')
+    }
+
+    /// Says this replica is alive (for `lease_ttl`) in the store's set of replicas and keeps
+    /// the list of those alive: one round trip per renewal round.
+    pub(crate) async fn heartbeat(&self) -> Result<(), StoreError> {
+        let key = format!("{}:replicas", self.settings.key_prefix);
+        let seen = self
+            .store
+            .heartbeat(&key, self.replica_id(), self.settings.lease_ttl)
+            .await?;
+        *self.replicas_seen.lock() = seen;
+        Ok(())
     }
 
     pub(crate) fn runtime(&self) -> &Handle {

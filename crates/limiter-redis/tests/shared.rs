@@ -387,3 +387,29 @@ async fn each_operation_is_one_round_trip() {
     assert_eq!(b.status().round_trips, b0 + 2, "a release: one round trip");
     assert_eq!(a.status().round_trips, a0 + 2);
 }
+
+/// The replicas seen (issue #33): every replica says it is alive at each renewal round, so
+/// each sees the other; one that stops is no longer seen within `lease_ttl`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_replica_sees_the_others_and_forgets_a_gone_one() {
+    let prefix = Prefix::new(&redis_url());
+    let a = prefix.limiter(TTL);
+    let b = prefix.limiter(TTL);
+    let (id_a, id_b) = (a.status().replica, b.status().replica);
+    assert_ne!(id_a, id_b);
+    let mut both = vec![id_a.clone(), id_b.clone()];
+    both.sort();
+    eventually(LIMIT, "each sees both", || {
+        [&a, &b].iter().all(|l| {
+            let mut seen = l.status().replicas_seen;
+            seen.sort();
+            seen == both
+        })
+    })
+    .await;
+    drop(b);
+    eventually(LIMIT, "A no longer sees B", || {
+        a.status().replicas_seen == [id_a.clone()]
+    })
+    .await;
+}
