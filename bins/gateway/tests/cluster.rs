@@ -515,6 +515,7 @@ async fn two_gateways_share_one_cap_and_one_fifo_queue() {
         "slotgate_leases_expired_total",
         "slotgate_cluster_slots_in_use{upstream=\"engine\",model=\"m\"}",
         "slotgate_cluster_queue_depth{upstream=\"engine\",model=\"m\"}",
+        "slotgate_cluster_replicas_seen ",
     ] {
         assert!(metrics.contains(series), "{series} in {metrics}");
     }
