@@ -76,7 +76,8 @@ pub(crate) struct KeepaliveBody {
 enum Stage {
     /// In the queue.
     Queued {
-        queued: Queued,
+        /// Boxed: the wait is by far the largest stage.
+        queued: Box<Queued>,
         forward: Forward,
         refuse: Refuse,
         /// Under `[cluster]`: the count of waiters ahead being read again from the store, for
@@ -127,7 +128,7 @@ impl KeepaliveBody {
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
         Self {
             stage: Stage::Queued {
-                queued,
+                queued: Box::new(queued),
                 forward,
                 refuse,
                 refreshing: None,
