@@ -1,4 +1,5 @@
-//! Step 4: from the `model` a client asked for to the upstreams that may serve it, best first.
+//! Step 4's routing table: from the `model` a client asked for to the upstreams that may serve
+//! it, best first.
 //!
 //! The routing table is built once from the configuration:
 //!

@@ -1,7 +1,7 @@
 //! Step 1: accept connections and serve them, until shutdown.
 //!
 //! - HTTP/1.1 and h2c (prior knowledge) on the same port, via hyper-util's `auto::Builder`.
-//! - TLS when the listener has a certificate ([`listener_tls`](crate::listener_tls)): the
+//! - TLS when the listener has a certificate ([`tls::listener`](crate::tls::listener)): the
 //!   handshake (ALPN `h2` or `http/1.1`) must end within the header-read timeout (a timed-out
 //!   one counts as `bound="header_timeout"`), then the decrypted connection is served exactly
 //!   like a plain one, under every bound below.
