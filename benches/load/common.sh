@@ -153,9 +153,18 @@ CFG
 }
 
 
-# The request every throughput run sends (wrk -s).
-cat >"$work/post.lua" <<'LUA'
+# The request every throughput run sends (wrk -s): a one-line chat, or the JSON body in
+# BODY_FILE (e.g. a long conversation, to price cache-aware routing's hashing and index work).
+if [ -n "${BODY_FILE:-}" ]; then
+  {
+    echo 'wrk.method = "POST"'
+    echo 'wrk.headers["Content-Type"] = "application/json"'
+    printf 'wrk.body = [==[%s]==]\n' "$(cat "$BODY_FILE")"
+  } >"$work/post.lua"
+else
+  cat >"$work/post.lua" <<'LUA'
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.body = '{"model":"bench","messages":[{"role":"user","content":"hello"}],"max_tokens":16}'
 LUA
+fi

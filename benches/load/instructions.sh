@@ -5,6 +5,7 @@
 #   benches/load/instructions.sh
 #   DURATION=20s CONNS=16 benches/load/instructions.sh
 #   SLOTGATE_BIN=/path/to/older/slotgate benches/load/instructions.sh   # an A/B build
+#   BODY_FILE=benches/load/conversation.json benches/load/instructions.sh  # a 10 KiB conversation
 #
 # Unlike requests/s or CPU seconds, an instruction count does not depend on what else the
 # machine is doing: the same binary and load give the same count on a busy machine, so this is
