@@ -318,7 +318,12 @@ fn a_model_can_turn_cache_affinity_off() {
         "parallel = 1\nqueue = 1\nqueue_timeout = \"1s\"\naffinity = \"off\"",
     ));
     assert!(!config.upstreams["a"].affinity("m"));
-    assert!(ok(VALID).upstreams.values().all(|u| u.models.keys().all(|m| u.affinity(m))));
+    assert!(
+        ok(VALID)
+            .upstreams
+            .values()
+            .all(|u| u.models.keys().all(|m| u.affinity(m)))
+    );
     // Unlimited models may say it too.
     let unlimited = ok(&with_model("parallel = \"unlimited\"\naffinity = \"off\""));
     assert!(!unlimited.upstreams["a"].affinity("m"));

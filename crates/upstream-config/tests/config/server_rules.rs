@@ -433,7 +433,12 @@ fn cache_affinity_is_on_by_default_and_every_setting_is_checked() {
     assert_eq!(affinity.block_bytes, 512);
     assert_eq!(
         affinity.session_headers,
-        ["x-session-id", "x-session-affinity", "x-claude-code-session-id", "session_id"]
+        [
+            "x-session-id",
+            "x-session-affinity",
+            "x-claude-code-session-id",
+            "session_id"
+        ]
     );
     let set = ok(&with_server(
         r#"
@@ -452,10 +457,26 @@ fn cache_affinity_is_on_by_default_and_every_setting_is_checked() {
     assert_eq!(set.ttl, Duration::from_secs(300));
     assert_eq!(set.session_headers, ["x-conversation", "x-thread"]);
     let server = |line: &str| with_server(&format!("listen = \"127.0.0.1:8080\"\n{line}"));
-    assert_only_issue(&server("affinity = \"maybe\""), "server.affinity", r#"expected "on" or "off""#);
-    assert_only_issue(&server("affinity_entries = 1"), "server.affinity_entries", "at least 2");
-    assert_only_issue(&server("affinity_ttl = \"500ms\""), "server.affinity_ttl", "at least 1s");
-    assert_only_issue(&server("affinity_block_bytes = 16"), "server.affinity_block_bytes", "at least 64");
+    assert_only_issue(
+        &server("affinity = \"maybe\""),
+        "server.affinity",
+        r#"expected "on" or "off""#,
+    );
+    assert_only_issue(
+        &server("affinity_entries = 1"),
+        "server.affinity_entries",
+        "at least 2",
+    );
+    assert_only_issue(
+        &server("affinity_ttl = \"500ms\""),
+        "server.affinity_ttl",
+        "at least 1s",
+    );
+    assert_only_issue(
+        &server("affinity_block_bytes = 16"),
+        "server.affinity_block_bytes",
+        "at least 64",
+    );
     assert_only_issue(
         &server("affinity_block_bytes = 100000"),
         "server.affinity_block_bytes",
