@@ -1,6 +1,7 @@
 //! End-to-end tests of failover on engine errors: an engine's 502/503/504 is retried on the
 //! next-ranked host within `engine_error_retries`, other answers pass through, the first host's
-//! slot goes back, and repeated 5xx answers eject a host until a health check restores it.
+//! slot goes back, and repeated 5xx answers eject a host until a health check restores it, but
+//! never the only one, and not on one burst of concurrent requests.
 //!
 //! Like `operations_e2e.rs`: the real gateway in-process, `fake-upstream` llama-servers behind
 //! it, loopback sockets only. Health checks run once at start and then every hour unless a test
@@ -289,4 +290,76 @@ async fn repeated_5xx_eject_a_host_and_a_health_check_restores_it() {
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert_eq!(answered_by(&reply), "a");
     hosts.stop().await;
+}
+
+/// What makes the fake engine answer a 500 after 300 ms: long enough for requests started
+/// together to all be under way before the first answer.
+const SLOW_500: (&str, &str) = ("x-fake-fail", "slow-first-byte-ms=300,status-500");
+
+/// Sends three `SLOW_500` requests at once; returns their statuses.
+async fn three_concurrent_500s(addr: SocketAddr) -> Vec<u16> {
+    let sends =
+        (0..3).map(|_| tokio::spawn(async move { chat(addr, MODEL, false, &[SLOW_500]).await }));
+    let mut statuses = Vec::new();
+    for send in sends.collect::<Vec<_>>() {
+        statuses.push(send.await.unwrap().status.as_u16());
+    }
+    statuses
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_errors_never_eject_the_only_upstream() {
+    // Issue 28: three concurrent requests that make the engine answer 500 took the only engine
+    // out of rotation, and everyone got 503 until the next check.
+    let fake_a = fake(4, MODEL).await;
+    let gw = gateway(&format!(
+        "{}{}",
+        quiet_server("eject_after_failures = 3"),
+        host("a", &fake_a, 4, 4, "0s")
+    ))
+    .await;
+    let (addr, admin) = (gw.api_addr(), gw.admin_addr().unwrap());
+
+    assert_eq!(three_concurrent_500s(addr).await, [500, 500, 500]);
+    // One after the other too, each sent after the last failed: the streak reaches the
+    // threshold, but "a" is the last upstream of `qwen` in rotation.
+    for _ in 0..3 {
+        assert_eq!(chat(addr, MODEL, false, &[SLOW_500]).await.status, 500);
+    }
+    let doc = upstream_status(admin, "a").await;
+    assert_eq!(doc["health"]["status"], "healthy", "{doc}");
+    let held = doc["health"]["ejection_held"].as_str().unwrap_or_default();
+    assert!(held.contains("last upstream of `qwen`"), "{doc}");
+    for _ in 0..10 {
+        let reply = chat(addr, MODEL, false, &[]).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    gw.shutdown().await;
+    fake_a.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_concurrent_engine_errors_counts_once() {
+    let (fake_a, fake_b) = (fake(4, MODEL).await, fake(4, MODEL).await);
+    // "b" weighs so little that every request goes to "a" while it has a free slot.
+    let b = host("b", &fake_b, 4, 4, "0s").replace("kind = ", "weight = 0.01\nkind = ");
+    let gw = gateway(&format!(
+        "{}{}{b}",
+        quiet_server("eject_after_failures = 3"),
+        host("a", &fake_a, 4, 4, "0s"),
+    ))
+    .await;
+    let (addr, admin) = (gw.api_addr(), gw.admin_addr().unwrap());
+
+    assert_eq!(three_concurrent_500s(addr).await, [500, 500, 500]);
+    assert_eq!(fake_a.observer().inference_requests().len(), 3);
+    let doc = upstream_status(admin, "a").await;
+    assert_eq!(doc["health"]["status"], "healthy", "{doc}");
+    assert_eq!(doc["health"]["consecutive_failures"], 1, "{doc}");
+    let reply = chat(addr, MODEL, false, &[]).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(answered_by(&reply), "a");
+    gw.shutdown().await;
+    fake_a.shutdown().await;
+    fake_b.shutdown().await;
 }

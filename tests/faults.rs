@@ -97,13 +97,13 @@ async fn setup(extra: &str) -> (fake_upstream::FakeUpstream, slotgate_gateway::G
     (fake, gateway)
 }
 
-/// Finding 1: an HTTP/2 connection that sends the preface and then nothing is closed after
-/// `client_idle_timeout`, with a `GOAWAY` (and cut `header_read_timeout` later, as the peer
-/// never answers the goodbye PING); the server's SETTINGS carry the stream cap.
+/// Finding 1, and issue 28: an HTTP/2 connection that sends the preface and then nothing is
+/// closed after `header_read_timeout` (the preface and SETTINGS are not a request), with a
+/// `GOAWAY`, not only after `client_idle_timeout`; the server's SETTINGS carry the stream cap.
 #[tokio::test]
-async fn h2_preface_then_silence_is_closed_after_the_idle_timeout() {
+async fn h2_preface_then_silence_is_closed_after_the_header_read_timeout() {
     let (fake, gw) = setup(
-        "client_idle_timeout = \"1s\"\nheader_read_timeout = \"1s\"\nh2_max_concurrent_streams = 7",
+        "client_idle_timeout = \"1h\"\nheader_read_timeout = \"1s\"\nh2_max_concurrent_streams = 7",
     )
     .await;
     let admin = gw.admin_addr().unwrap();
@@ -121,7 +121,60 @@ async fn h2_preface_then_silence_is_closed_after_the_idle_timeout() {
         frames.iter().any(|(kind, _)| *kind == 0x7),
         "a GOAWAY before the close"
     );
-    assert!(bound(admin, "client_idle").await >= 1);
+    assert!(bound(admin, "header_timeout").await >= 1);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// Opens `count` connections to `addr` that each send `hello` (the HTTP/2 preface, or nothing)
+/// and then nothing more, one after the other.
+async fn idle_flood(addr: SocketAddr, count: usize, hello: &[u8]) -> Vec<TcpStream> {
+    let mut flood = Vec::new();
+    for _ in 0..count {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.write_all(hello).await.unwrap();
+        flood.push(stream);
+    }
+    flood
+}
+
+/// Issue 28: idle connections filled `max_connections` and locked every client out until the
+/// PING or idle timeout. At the limit the gateway closes the connection idle the longest to
+/// admit a new one, on the API and the admin listener alike, for HTTP/2 prefaces and silent
+/// TCP connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_flood_never_locks_a_new_client_out() {
+    // The request deadline far away: only shedding can make room.
+    let (fake, gw) = setup(
+        "max_connections = 8\nadmin_max_connections = 4\nheader_read_timeout = \"1h\"\n\
+         client_idle_timeout = \"1h\"",
+    )
+    .await;
+    let admin = gw.admin_addr().unwrap();
+    for hello in [H2_PREFACE, b"".as_slice()] {
+        let mut api_flood = idle_flood(gw.api_addr(), 10, hello).await;
+        let admin_flood = idle_flood(admin, 6, hello).await;
+        let started = tokio::time::Instant::now();
+        let reply = tokio::time::timeout(SOON, chat(gw.api_addr(), "m", false, &[]))
+            .await
+            .expect("a new client is served");
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        let health = tokio::time::timeout(SOON, get(admin, "/healthz"))
+            .await
+            .expect("/healthz answers");
+        assert_eq!(health.status, 200);
+        // Well within a liveness probe's 1 s (the test does not time it: see benches/).
+        let took = started.elapsed();
+        assert!(took < SOON, "{took:?}");
+        // The oldest of the flood were closed, an HTTP/2 one with a GOAWAY.
+        let first = read_until_closed(&mut api_flood[0]).await;
+        if !hello.is_empty() {
+            let frames = h2_frames(&first);
+            assert!(frames.iter().any(|(kind, _)| *kind == 0x7), "a GOAWAY");
+        }
+        drop((api_flood, admin_flood));
+    }
+    assert!(bound(admin, "idle_shed").await >= 4);
     gw.shutdown().await;
     fake.shutdown().await;
 }

@@ -308,6 +308,104 @@ async fn a_client_that_leaves_before_the_answer_keeps_the_slot_for_the_cancel_gr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_a_stream_in_prefill_keeps_the_slot_for_the_cancel_grace() {
+    // llama-server sends a stream's head at once, then nothing until prefill is done: the
+    // client that leaves then has had no byte of the answer, and the engine notices only at
+    // its first write. Issue 28: the next request reached the engine 5 ms after the client left.
+    const GRACE: Duration = Duration::from_secs(4);
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream_with_grace(&fake.url(), 1, 1, "4s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let key = authority(fake.addr());
+    let a = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", true),
+            &[
+                ("x-fake-fail", "first-token-delay-ms=60000"),
+                ("x-request-id", "a"),
+            ],
+        ),
+    )
+    .await
+    .head()
+    .await;
+    assert_eq!(a.status, 200);
+    let b = tokio::spawn(async move { chat(addr, "qwen", false, &[("x-request-id", "b")]).await });
+    eventually("B queued", SOON, || gw.limiter().queued(&key, "qwen") == 1).await;
+
+    let cut = tokio::time::Instant::now();
+    a.disconnect();
+    let b = tokio::time::timeout(SOON, b)
+        .await
+        .expect("B is served")
+        .unwrap();
+    assert_eq!(b.status, 200, "{}", b.text());
+    let b_record = fake.observer().wait_for_outcome("b", SOON).await.unwrap();
+    assert!(
+        b_record.received_at >= cut + GRACE / 2,
+        "B reached the upstream {:?} after A's client left, within the {GRACE:?} grace",
+        b_record.received_at - cut
+    );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_a_flowing_stream_frees_the_slot_at_once() {
+    // Once the answer's bytes flow, the engine notices a closed connection at its next write.
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream_with_grace(&fake.url(), 1, 1, "4s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let key = authority(fake.addr());
+    let mut a = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", true),
+            &[
+                ("x-fake-tokens", "100000"),
+                ("x-fake-chunk-interval-ms", "50"),
+            ],
+        ),
+    )
+    .await
+    .head()
+    .await;
+    assert!(a.next_data().await.unwrap().is_some(), "the stream flows");
+    let b = tokio::spawn(async move { chat(addr, "qwen", false, &[("x-request-id", "b")]).await });
+    eventually("B queued", SOON, || gw.limiter().queued(&key, "qwen") == 1).await;
+    let cut = tokio::time::Instant::now();
+    a.disconnect();
+    let b = tokio::time::timeout(SOON, b)
+        .await
+        .expect("B is served")
+        .unwrap();
+    assert_eq!(b.status, 200, "{}", b.text());
+    let b_record = fake.observer().wait_for_outcome("b", SOON).await.unwrap();
+    assert!(
+        b_record.received_at - cut < Duration::from_secs(2),
+        "B reached the upstream only {:?} after A's client left",
+        b_record.received_at - cut
+    );
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_zero_cancel_grace_a_client_that_leaves_before_the_answer_frees_the_slot_at_once() {
     let fake = fake(4, "qwen").await;
     let gw = gateway(&format!(
@@ -376,6 +474,53 @@ async fn an_upstream_that_dies_mid_stream_ends_the_stream_and_frees_the_slot() {
 
     // The gateway carries on.
     assert_eq!(chat(addr, "qwen", false, &[]).await.status, 200);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_cut_mid_event_leaves_the_client_only_whole_events() {
+    // Issue 28: the error event was glued onto the half event (`…"content":"haldata: {…`),
+    // one event of invalid JSON, and SDKs raised a decode error instead of the problem.
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+    let mut stream = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("qwen", true),
+            &[
+                ("x-fake-fail", "die-mid-event=3"),
+                ("x-fake-chunk-interval-ms", "20"),
+            ],
+        ),
+    )
+    .await
+    .head()
+    .await;
+    assert_eq!(stream.status, 200);
+    let rest = stream.rest().await.expect("a clean end of the stream");
+    let text = String::from_utf8_lossy(&rest);
+    assert!(text.ends_with("\n\n"), "{text}");
+    let events: Vec<&str> = text.trim_end().split("\n\n").collect();
+    // The three whole events, then the error: the half fourth event is dropped.
+    assert_eq!(events.len(), 4, "{text}");
+    for event in &events {
+        let json = event
+            .strip_prefix("data: ")
+            .expect("one data line per event");
+        let parsed: serde_json::Value = serde_json::from_str(json)
+            .unwrap_or_else(|e| panic!("event {json:?} is not JSON ({e}) in {text}"));
+        assert!(parsed.is_object());
+    }
+    assert!(events[3].contains("/problems/upstream-stalled"), "{text}");
     gw.shutdown().await;
     fake.shutdown().await;
 }

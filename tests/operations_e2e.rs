@@ -1187,6 +1187,9 @@ async fn recording_upstream() -> (
     (addr, heads, task)
 }
 
+/// The fields besides `Authorization` that clients carry API keys in.
+const KEY_FIELDS: [&str; 3] = ["x-api-key", "api-key", "openai-api-key"];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_keys_stay_at_the_gateway_and_each_upstream_gets_its_own() {
     let (upstream, heads, task) = recording_upstream().await;
@@ -1217,13 +1220,15 @@ async fn client_keys_stay_at_the_gateway_and_each_upstream_gets_its_own() {
     );
 
     for key in ["sk-client-1", "sk-client-2"] {
-        let reply = chat(
-            addr,
-            "qwen",
-            false,
-            &[("authorization", &format!("Bearer {key}"))],
-        )
-        .await;
+        // Every header an SDK may carry its key in (Anthropic's `x-api-key`, Azure's
+        // `api-key`) stays here too, not only `Authorization`.
+        let mut headers = vec![("authorization".to_owned(), format!("Bearer {key}"))];
+        headers.extend(KEY_FIELDS.map(|field| (field.to_owned(), key.to_owned())));
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        let reply = chat(addr, "qwen", false, &headers).await;
         assert_eq!(reply.status, 200, "{}", reply.text());
     }
     let heads = heads.lock().unwrap().clone();
@@ -1264,7 +1269,12 @@ async fn a_client_key_is_withheld_from_an_upstream_without_its_own_key() {
         gw.api_addr(),
         "qwen",
         false,
-        &[("authorization", "Bearer sk-client-1")],
+        &[
+            ("authorization", "Bearer sk-client-1"),
+            ("x-api-key", "sk-client-1"),
+            ("api-key", "sk-client-1"),
+            ("openai-api-key", "sk-client-1"),
+        ],
     )
     .await;
     assert_eq!(reply.status, 200, "{}", reply.text());
@@ -1276,6 +1286,10 @@ async fn a_client_key_is_withheld_from_an_upstream_without_its_own_key() {
     assert!(
         !chat_head.contains("authorization"),
         "no Authorization upstream: {chat_head}"
+    );
+    assert!(
+        !chat_head.contains("sk-client"),
+        "no client key in any field: {chat_head}"
     );
     gw.shutdown().await;
     task.abort();
@@ -1292,7 +1306,10 @@ async fn a_client_key_is_withheld_from_an_upstream_without_its_own_key() {
         gw.api_addr(),
         "qwen",
         false,
-        &[("authorization", "Bearer sk-engine")],
+        &[
+            ("authorization", "Bearer sk-engine"),
+            ("x-api-key", "sk-engine-x"),
+        ],
     )
     .await;
     assert_eq!(reply.status, 200, "{}", reply.text());
@@ -1305,6 +1322,7 @@ async fn a_client_key_is_withheld_from_an_upstream_without_its_own_key() {
         chat_head.contains("authorization: bearer sk-engine"),
         "{chat_head}"
     );
+    assert!(chat_head.contains("x-api-key: sk-engine-x"), "{chat_head}");
     gw.shutdown().await;
     task.abort();
 }

@@ -229,7 +229,8 @@ struct BoundLabels {
 /// `slotgate_bounds_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Bound {
-    /// A connection sent no complete request head within `header_read_timeout`.
+    /// A connection sent no complete request head (or, on HTTP/2, began no request) within
+    /// `header_read_timeout`.
     HeaderTimeout,
     /// A connection had no request in flight for `client_idle_timeout`.
     ClientIdle,
@@ -245,10 +246,12 @@ pub(crate) enum Bound {
     StreamTimeout,
     /// A client left a piece of its answer unread for `client_write_timeout`.
     ClientStall,
+    /// An idle connection was closed to admit a new one at the connection limit.
+    IdleShed,
 }
 
 impl Bound {
-    const ALL: [Bound; 8] = [
+    const ALL: [Bound; 9] = [
         Bound::HeaderTimeout,
         Bound::ClientIdle,
         Bound::BodyTimeout,
@@ -257,6 +260,7 @@ impl Bound {
         Bound::UpstreamCut,
         Bound::StreamTimeout,
         Bound::ClientStall,
+        Bound::IdleShed,
     ];
 
     fn label(self) -> &'static str {
@@ -269,6 +273,7 @@ impl Bound {
             Bound::UpstreamCut => "upstream_cut",
             Bound::StreamTimeout => "stream_timeout",
             Bound::ClientStall => "client_stall",
+            Bound::IdleShed => "idle_shed",
         }
     }
 }

@@ -45,7 +45,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use slotgate_limiter::{AcquireError, Limiter};
+use slotgate_limiter::{AcquireError, Limiter, QueueOrder, Ticket};
 
 /// The future returned by [`Admission::acquire`]: resolves to a [`Slot`] or to why none was
 /// given. Dropping it cancels the wait and leaves the queue.
@@ -78,13 +78,29 @@ pub trait Admission: Send + Sync + fmt::Debug + 'static {
     /// slots already held stay valid until dropped.
     fn remove(&self, host: &str, model: &str);
 
-    /// Joins the key's queue now and returns a future for the slot.
+    /// Caps the units in flight over all the host's models at `parallel` (an engine-wide cap,
+    /// see [`Limiter::configure_host`]); `usize::MAX` lifts it. Never revokes a held slot.
+    fn configure_host(&self, host: &str, parallel: usize);
+
+    /// Sets the order in which the key serves its waiters (FIFO, or fair between tenants);
+    /// waiters already queued keep their place (see [`Limiter::configure_order`]).
+    fn configure_order(&self, host: &str, model: &str, order: QueueOrder);
+
+    /// Joins the key's queue now for one unit, as an anonymous normal-class request, and
+    /// returns a future for the slot: [`acquire_with`](Admission::acquire_with) with
+    /// [`Ticket::new`].
+    fn acquire(&self, host: &str, model: &str) -> AdmitFuture {
+        self.acquire_with(host, model, &Ticket::new())
+    }
+
+    /// Joins the key's queue now as `ticket` says (its weight in units, its priority class,
+    /// its tenant and share under fair order) and returns a future for the slot.
     ///
     /// The place in line is taken when the returned future is first polled (for the local
     /// limiter, already when it is created). Refusals ([`AdmitError::QueueFull`],
-    /// [`AdmitError::StoreUnavailable`]) come back without waiting. Dropping the future leaves
-    /// the queue; dropping the [`Slot`] releases it.
-    fn acquire(&self, host: &str, model: &str) -> AdmitFuture;
+    /// [`AdmitError::TooHeavy`], [`AdmitError::StoreUnavailable`]) come back without waiting.
+    /// Dropping the future leaves the queue; dropping the [`Slot`] releases it.
+    fn acquire_with(&self, host: &str, model: &str, ticket: &Ticket) -> AdmitFuture;
 
     /// This replica's own slots held and acquirers waiting for the key.
     fn local(&self, host: &str, model: &str) -> Occupancy;
@@ -185,6 +201,15 @@ pub enum AdmitError {
     /// The key was removed while this acquirer waited.
     #[error("key closed: it was removed")]
     Closed,
+    /// The weight asked for is above `parallel` (the key's, or its host cap's), so it could
+    /// never be granted: refused at once, or when a shrink left a waiter too heavy.
+    #[error("{weight} units can never fit under parallel = {parallel}")]
+    TooHeavy {
+        /// The units asked for.
+        weight: usize,
+        /// The limit it is above.
+        parallel: usize,
+    },
     /// The shared store that keeps the cap cannot be reached and the policy is to refuse
     /// rather than risk exceeding the cap. Retry after a short while.
     #[error("the shared slot store is unavailable")]
@@ -195,6 +220,7 @@ impl From<AcquireError> for AdmitError {
     fn from(error: AcquireError) -> Self {
         match error {
             AcquireError::QueueFull => Self::QueueFull,
+            AcquireError::TooHeavy { weight, parallel } => Self::TooHeavy { weight, parallel },
             // `AcquireError` is non-exhaustive: anything new means this key gives no slot.
             _ => Self::Closed,
         }
@@ -212,9 +238,17 @@ impl Admission for Limiter<String, String> {
         Limiter::remove(self, host, model);
     }
 
-    fn acquire(&self, host: &str, model: &str) -> AdmitFuture {
+    fn configure_host(&self, host: &str, parallel: usize) {
+        Limiter::configure_host(self, host, parallel);
+    }
+
+    fn configure_order(&self, host: &str, model: &str, order: QueueOrder) {
+        Limiter::configure_order(self, host, model, order);
+    }
+
+    fn acquire_with(&self, host: &str, model: &str, ticket: &Ticket) -> AdmitFuture {
         // Joined here, synchronously: the place in line is the order of the calls.
-        let acquire = Limiter::acquire(self, host, model);
+        let acquire = Limiter::acquire_with(self, host, model, ticket);
         Box::pin(async move {
             let permit = acquire.await?;
             let waited = permit.waited();

@@ -379,6 +379,10 @@ impl App {
             let outcome = Outcome::Injected(Failure::DieAfterChunks(n));
             return truncated(content_type, &body, Emit::Abort(outcome), tracker);
         }
+        if let Some(n) = failures.die_mid_event {
+            let outcome = Outcome::Injected(Failure::DieMidEvent(n));
+            return truncated(content_type, &body, Emit::Abort(outcome), tracker);
+        }
         if let Some(n) = failures.reset_after {
             let outcome = Outcome::Injected(Failure::ResetAfterChunks(n));
             return truncated(content_type, &body, Emit::Reset(outcome), tracker);
@@ -617,6 +621,9 @@ struct Script {
 impl Script {
     async fn next(mut self) -> Option<(Emit, Self)> {
         if let Some(emit) = self.tail.pop_front() {
+            if matches!(emit, Emit::Abort(_)) {
+                before_abort().await;
+            }
             return Some((emit, self));
         }
         if self.done {
@@ -637,6 +644,14 @@ impl Script {
             before_abort().await;
             let failure = Failure::DieAfterChunks(self.sent);
             return Some((Emit::Abort(Outcome::Injected(failure)), self));
+        }
+        if let Some(n) = self.failures.die_mid_event.filter(|n| *n == self.sent) {
+            // Half of the next event, then the abort (after the pause that lets it out).
+            self.done = true;
+            let (_, event) = self.events.pop_front()?;
+            let outcome = Outcome::Injected(Failure::DieMidEvent(n));
+            self.tail.push_back(Emit::Abort(outcome));
+            return Some((Emit::Raw(event.slice(..event.len() / 2)), self));
         }
         if let Some(n) = self.failures.error_after.filter(|n| *n == self.sent) {
             let outcome = Outcome::Injected(Failure::ErrorAfterChunks(n));

@@ -5,7 +5,8 @@
 //! They cover the rows of a fault matrix: an engine that answers an error status, never answers
 //! (`hang`), stalls mid-stream with the connection open (`stall-after-chunks`), dies mid-stream
 //! without the last chunk (`die-after-chunks`) or with a TCP reset (`reset-after-chunks`,
-//! `reset-before-head`), speaks something that is not HTTP (`garbage`), reports an error inside
+//! `reset-before-head`; mid-event: `die-mid-event`), speaks something that is not HTTP
+//! (`garbage`), reports an error inside
 //! the stream (`error-after-chunks`), or is slow to its head (`slow-first-byte-ms`) or to its
 //! first token after the head (`first-token-delay-ms`).
 
@@ -53,6 +54,10 @@ pub enum Failure {
     /// the first event (prefill: the engine has answered but not yet produced a token). A
     /// non-streaming request answers this much later.
     FirstTokenDelay(Duration),
+    /// `die-mid-event=N`: send N SSE events and the first half of the next one, then abort the
+    /// connection as [`Failure::DieAfterChunks`] does: an engine cut in the middle of an event.
+    /// A non-streaming request is cut half-way, as with `die-after-chunks`.
+    DieMidEvent(u32),
 }
 
 /// What [`Failure::Garbage`] writes instead of a response: an SSH banner, as when a port
@@ -72,6 +77,7 @@ impl fmt::Display for Failure {
             Self::ResetBeforeHead => f.write_str("reset-before-head"),
             Self::Garbage => f.write_str("garbage"),
             Self::FirstTokenDelay(d) => write!(f, "first-token-delay-ms={}", d.as_millis()),
+            Self::DieMidEvent(n) => write!(f, "die-mid-event={n}"),
         }
     }
 }
@@ -81,7 +87,8 @@ impl fmt::Display for Failure {
 #[error(
     "bad failure spec {0:?} (expected status-<code>, hang, die-after-chunks=<n>, \
      error-after-chunks=<n>, slow-first-byte-ms=<n>, stall-after-chunks=<n>, \
-     reset-after-chunks=<n>, reset-before-head, garbage, first-token-delay-ms=<n> or none)"
+     reset-after-chunks=<n>, reset-before-head, garbage, first-token-delay-ms=<n>, \
+     die-mid-event=<n> or none)"
 )]
 pub struct BadFailureSpec(String);
 
@@ -115,6 +122,7 @@ impl FromStr for Failure {
             "stall-after-chunks" => Ok(Self::StallAfterChunks(n)),
             "reset-after-chunks" => Ok(Self::ResetAfterChunks(n)),
             "first-token-delay-ms" => Ok(Self::FirstTokenDelay(Duration::from_millis(n.into()))),
+            "die-mid-event" => Ok(Self::DieMidEvent(n)),
             _ => Err(bad()),
         }
     }
@@ -143,6 +151,7 @@ pub(crate) struct FailurePlan {
     pub(crate) reset_before_head: bool,
     pub(crate) garbage: bool,
     pub(crate) first_token_delay: Option<Duration>,
+    pub(crate) die_mid_event: Option<u32>,
 }
 
 impl FailurePlan {
@@ -161,6 +170,7 @@ impl FailurePlan {
                 Failure::ResetBeforeHead => plan.reset_before_head = true,
                 Failure::Garbage => plan.garbage = true,
                 Failure::FirstTokenDelay(d) => plan.first_token_delay = Some(d),
+                Failure::DieMidEvent(n) => plan.die_mid_event = Some(n),
             }
         }
         plan
@@ -185,6 +195,7 @@ mod tests {
             Failure::ResetBeforeHead,
             Failure::Garbage,
             Failure::FirstTokenDelay(Duration::from_millis(500)),
+            Failure::DieMidEvent(2),
         ];
         for failure in all {
             assert_eq!(failure.to_string().parse::<Failure>(), Ok(failure));

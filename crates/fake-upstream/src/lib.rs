@@ -92,6 +92,8 @@
 //! - `hang`: hold the slot and never answer (no response head);
 //! - `die-after-chunks=N`: send N SSE events (the chat role chunk and `[DONE]` count), then abort
 //!   the connection without the terminating chunk; a non-streaming answer is cut half-way;
+//! - `die-mid-event=N`: send N SSE events and half of the next, then abort as `die-after-chunks`
+//!   does (an engine cut in the middle of an event); a non-streaming answer is cut half-way;
 //! - `error-after-chunks=N`: send N events, then the kind's in-stream error event;
 //! - `slow-first-byte-ms=N`: wait N ms before the response headers;
 //! - `stall-after-chunks=N`: send the head and N events, then nothing, with the slot and the

@@ -51,6 +51,7 @@ mod store;
 
 pub use error::{StartError, StoreError};
 pub use limiter::{RedisLimiter, StoreStatus};
+pub use script::HostOccupancy;
 pub use settings::{OnStoreDown, Settings, SettingsError, SettingsErrors};
 
 #[cfg(test)]

@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use slotgate_admission::{Admission, AdmitError, AdmitFuture, Occupancy, Slot};
-use slotgate_limiter::{Limiter, Permit};
+use slotgate_limiter::{Limiter, Permit, QueueOrder, Ticket};
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 
 use crate::error::{StartError, StoreError};
-use crate::script::{KeyNames, Op, Reply, Status};
+use crate::script::{Config, Desc, HostOccupancy, KeyNames, Op, Reply, Status};
 use crate::settings::{OnStoreDown, Settings};
 use crate::store::{Mode, Store};
 
@@ -98,6 +98,7 @@ pub(crate) struct Inner {
     next: AtomicU64,
     pub(crate) store: Store,
     keys: Mutex<HashMap<(String, String), Arc<KeyEntry>>>,
+    hosts: Mutex<HashMap<String, Arc<HostEntry>>>,
     leases: Mutex<HashMap<u64, Lease>>,
     /// Every slot also holds a permit of this limiter. While the store is up its keys are
     /// unlimited; when it goes down under `local-share` they shrink to the local share, so the
@@ -112,16 +113,31 @@ pub(crate) struct KeyEntry {
     host: String,
     model: String,
     pub(crate) names: KeyNames,
-    limits: Mutex<(usize, usize)>,
-    /// The limits could not be written to Redis (it was down): the renewer writes them.
+    /// This replica's `parallel`, `queue` and order for the key.
+    limits: Mutex<(usize, usize, QueueOrder)>,
+    /// The limits were changed here and not yet written to Redis: the next call writes them.
     dirty: AtomicBool,
     global: Mutex<Option<Occupancy>>,
     waiting: AtomicUsize,
+    /// The key's host: its engine-wide cap.
+    host_entry: Arc<HostEntry>,
+}
+
+/// One host as this replica knows it: its engine-wide cap, shared by its models.
+pub(crate) struct HostEntry {
+    /// The cap configured here; `None`: none.
+    cap: Mutex<Option<usize>>,
+    /// The cap was changed here and not yet written to Redis.
+    dirty: AtomicBool,
+    /// The cap as the last reply about one of the host's keys left it.
+    global: Mutex<Option<HostOccupancy>>,
 }
 
 struct Lease {
     key: Arc<KeyEntry>,
     id: String,
+    /// What it asks for: sent again when Redis lost it and a renewal puts it back.
+    desc: Desc,
     state: LeaseState,
 }
 
@@ -135,8 +151,8 @@ enum LeaseState {
     Held,
 }
 
-/// The leases of one key to renew: (id, held here).
-type Renewals = Vec<(String, bool)>;
+/// The leases of one key to renew: (id, held here, what it asks for).
+type Renewals = Vec<(String, bool, Desc)>;
 
 /// What ends a wait in the global queue.
 #[derive(Debug, Clone, Copy)]
@@ -144,6 +160,8 @@ enum Wake {
     Granted,
     StoreDown,
     Closed,
+    /// The key's (or its host's) `parallel` shrank below the waiter's weight.
+    TooHeavy(usize),
 }
 
 /// One lease of this replica: removed from the lease table (so no longer renewed) and released
@@ -193,6 +211,7 @@ impl RedisLimiter {
             next: AtomicU64::new(1),
             store: Store::new(client, settings.store_timeout),
             keys: Mutex::new(HashMap::new()),
+            hosts: Mutex::new(HashMap::new()),
             leases: Mutex::new(HashMap::new()),
             local: Limiter::new(),
             runtime,
@@ -250,6 +269,13 @@ impl RedisLimiter {
         self.inner.store.observer.set(Box::new(observe)).is_ok()
     }
 
+    /// A host's engine-wide cap across every replica, as last seen (the reply of the last call
+    /// about one of its models); `None` for a host without a cap, or before any call.
+    pub fn host_global(&self, host: &str) -> Option<HostOccupancy> {
+        let entry = self.inner.hosts.lock().get(host).cloned()?;
+        *entry.global.lock()
+    }
+
     /// Every key this replica knows, with its limits: for metrics and status pages.
     pub fn keys(&self) -> Vec<(String, String)> {
         self.inner.keys.lock().keys().cloned().collect()
@@ -268,16 +294,34 @@ impl fmt::Debug for RedisLimiter {
 
 impl Admission for RedisLimiter {
     fn configure(&self, host: &str, model: &str, parallel: usize, queue: usize) {
+        let key = self.inner.key(host, model);
+        {
+            let mut limits = key.limits.lock();
+            limits.0 = parallel;
+            limits.1 = queue;
+        }
+        self.inner.configured(key);
+    }
+
+    fn configure_order(&self, host: &str, model: &str, order: QueueOrder) {
+        let key = self.inner.key(host, model);
+        key.limits.lock().2 = order;
+        self.inner.configured(key);
+    }
+
+    fn configure_host(&self, host: &str, parallel: usize) {
         let inner = &self.inner;
-        let key = inner.key(host, model);
-        *key.limits.lock() = (parallel, queue);
-        inner.configure_local(&key);
-        key.dirty.store(true, Ordering::Release);
-        if inner.store.mode() != Mode::Down {
-            let inner = inner.clone();
-            self.inner.runtime.spawn(async move {
-                inner.write_limits(&key).await;
-            });
+        let entry = inner.host(host);
+        *entry.cap.lock() = Some(parallel);
+        entry.dirty.store(true, Ordering::Release);
+        inner.configure_local_host(host, &entry);
+        // Written with the next call about any of the host's keys; the renewer writes it too.
+        if let Some(key) = inner
+            .keys_now()
+            .into_iter()
+            .find(|key| Arc::ptr_eq(&key.host_entry, &entry))
+        {
+            inner.configured(key);
         }
     }
 
@@ -294,10 +338,10 @@ impl Admission for RedisLimiter {
         inner.wake_key(&key, Wake::Closed);
     }
 
-    fn acquire(&self, host: &str, model: &str) -> AdmitFuture {
+    fn acquire_with(&self, host: &str, model: &str, ticket: &Ticket) -> AdmitFuture {
         let inner = self.inner.clone();
         let key = inner.key(host, model);
-        Box::pin(inner.acquire(key))
+        Box::pin(inner.acquire(key, ticket.clone()))
     }
 
     fn local(&self, host: &str, model: &str) -> Occupancy {
@@ -335,15 +379,70 @@ impl Inner {
             model: model.to_owned(),
             names: KeyNames::new(&self.settings.key_prefix, host, model),
             // Unconfigured: as the local limiter.
-            limits: Mutex::new((1, 0)),
+            limits: Mutex::new((1, 0, QueueOrder::Fifo)),
             dirty: AtomicBool::new(false),
             global: Mutex::new(None),
             waiting: AtomicUsize::new(0),
+            host_entry: self.host(host),
         });
         keys.insert((host.to_owned(), model.to_owned()), key.clone());
         drop(keys);
         self.configure_local(&key);
         key
+    }
+
+    fn host(&self, host: &str) -> Arc<HostEntry> {
+        self.hosts
+            .lock()
+            .entry(host.to_owned())
+            .or_insert_with(|| {
+                Arc::new(HostEntry {
+                    cap: Mutex::new(None),
+                    dirty: AtomicBool::new(false),
+                    global: Mutex::new(None),
+                })
+            })
+            .clone()
+    }
+
+    /// The key's limits or order changed here: the local key follows, and Redis is told (in
+    /// the background; an acquire of this replica sends them along first anyway).
+    fn configured(self: &Arc<Self>, key: Arc<KeyEntry>) {
+        self.configure_local(&key);
+        key.dirty.store(true, Ordering::Release);
+        if self.store.mode() != Mode::Down {
+            let inner = self.clone();
+            self.runtime.spawn(async move {
+                inner.write_limits(&key).await;
+            });
+        }
+    }
+
+    /// One script call about `key`, with this replica's configuration; limits changed here
+    /// since the last call that reached Redis are written by this one.
+    pub(crate) async fn call(&self, key: &KeyEntry, op: &Op<'_>) -> Result<Reply, StoreError> {
+        let force_key = key.dirty.swap(false, Ordering::AcqRel);
+        let force_cap = key.host_entry.dirty.swap(false, Ordering::AcqRel);
+        let (parallel, queue, order) = key.limits();
+        let config = Config {
+            parallel,
+            queue,
+            order,
+            cap: *key.host_entry.cap.lock(),
+            force_key,
+            force_cap,
+        };
+        let result = self.store.call(&key.names, &config, op).await;
+        if result.is_err() {
+            // Not known to have reached Redis: the next call writes them again.
+            if force_key {
+                key.dirty.store(true, Ordering::Release);
+            }
+            if force_cap {
+                key.host_entry.dirty.store(true, Ordering::Release);
+            }
+        }
+        result
     }
 
     fn keys_now(&self) -> Vec<Arc<KeyEntry>> {
@@ -353,21 +452,42 @@ impl Inner {
     /// The local limiter's limits for a key: unlimited while admission goes through Redis,
     /// the local share while the down policy applies.
     fn configure_local(&self, key: &KeyEntry) {
+        let (parallel, queue, order) = key.limits();
         let (parallel, queue) = if self.store.mode() == Mode::Up {
             (usize::MAX, usize::MAX)
         } else {
-            let (parallel, queue) = key.limits();
             let replicas = self.settings.replicas.max(1);
             (share(parallel, replicas), share(queue, replicas))
         };
         self.local.configure(&key.host, &key.model, parallel, queue);
+        self.local.configure_order(&key.host, &key.model, order);
+        self.configure_local_host(&key.host, &key.host_entry);
+    }
+
+    /// The local limiter's host cap: lifted while admission goes through Redis, the local
+    /// share of the engine-wide cap while the down policy applies.
+    fn configure_local_host(&self, host: &str, entry: &HostEntry) {
+        let Some(cap) = *entry.cap.lock() else {
+            return;
+        };
+        let cap = if self.store.mode() == Mode::Up {
+            usize::MAX
+        } else {
+            share(cap, self.settings.replicas.max(1))
+        };
+        self.local.configure_host(host, cap);
     }
 
     fn ttl_millis(&self) -> u128 {
         self.settings.lease_ttl.as_millis()
     }
 
-    fn new_lease(self: &Arc<Self>, key: &Arc<KeyEntry>, state: LeaseState) -> LeaseGuard {
+    fn new_lease(
+        self: &Arc<Self>,
+        key: &Arc<KeyEntry>,
+        desc: &Desc,
+        state: LeaseState,
+    ) -> LeaseGuard {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let id = format!("{}{n}/{}", self.replica, self.ttl_millis());
         self.leases.lock().insert(
@@ -375,6 +495,7 @@ impl Inner {
             Lease {
                 key: key.clone(),
                 id: id.clone(),
+                desc: desc.clone(),
                 state,
             },
         );
@@ -387,8 +508,13 @@ impl Inner {
         }
     }
 
-    async fn acquire(self: Arc<Self>, key: Arc<KeyEntry>) -> Result<Slot, AdmitError> {
+    async fn acquire(
+        self: Arc<Self>,
+        key: Arc<KeyEntry>,
+        ticket: Ticket,
+    ) -> Result<Slot, AdmitError> {
         let started = Instant::now();
+        let desc = Desc::of(&ticket);
         let _waiting = WaitingCount::new(&key);
         // One lease id for the whole acquire: a call that failed may still have run in Redis,
         // so a retry sends the same id, which the script recognises (one place in line, not
@@ -396,11 +522,12 @@ impl Inner {
         let mut pending: Option<LeaseGuard> = None;
         loop {
             let outcome = if self.store.mode() == Mode::Up {
-                self.acquire_shared(&key, started, &mut pending).await
+                self.acquire_shared(&key, &ticket, &desc, started, &mut pending)
+                    .await
             } else {
                 // The shared attempt is over: its entry in Redis, if any, is released.
                 drop(pending.take());
-                self.acquire_while_down(&key, started).await
+                self.acquire_while_down(&key, &ticket, &desc, started).await
             };
             if let Outcome::Done(result) = outcome {
                 return result;
@@ -416,6 +543,8 @@ impl Inner {
     async fn acquire_shared(
         self: &Arc<Self>,
         key: &Arc<KeyEntry>,
+        ticket: &Ticket,
+        desc: &Desc,
         started: Instant,
         pending: &mut Option<LeaseGuard>,
     ) -> Outcome {
@@ -427,16 +556,12 @@ impl Inner {
         // In the table before the call: a grant message may overtake the script's reply.
         let mut lease = match pending.take() {
             Some(lease) => {
-                self.set_state(&lease, waiting);
+                self.set_state(&lease, desc, waiting);
                 lease
             }
-            None => self.new_lease(key, waiting),
+            None => self.new_lease(key, desc, waiting),
         };
-        let reply = match self
-            .store
-            .call(&key.names, key.limits(), &Op::Acquire(&lease.id))
-            .await
-        {
+        let reply = match self.call(key, &Op::Acquire(&lease.id, desc)).await {
             Ok(reply) => reply,
             Err(error) => {
                 // The script may have run: the next attempt sends the same id, and if there is
@@ -457,11 +582,26 @@ impl Inner {
                 lease.release = false;
                 return Outcome::Done(Err(AdmitError::Closed));
             }
+            Status::TooHeavy(parallel) => {
+                lease.release = false;
+                return Outcome::Done(Err(AdmitError::TooHeavy {
+                    weight: desc.weight,
+                    parallel,
+                }));
+            }
             Status::Queued => {
                 self.set_joined(lease.n);
                 match rx.await {
                     Ok(Wake::Granted) => {}
                     Ok(Wake::Closed) => return Outcome::Done(Err(AdmitError::Closed)),
+                    Ok(Wake::TooHeavy(parallel)) => {
+                        // Taken out of the queue by the script: nothing to release.
+                        lease.release = false;
+                        return Outcome::Done(Err(AdmitError::TooHeavy {
+                            weight: desc.weight,
+                            parallel,
+                        }));
+                    }
                     Ok(Wake::StoreDown) | Err(_) => {
                         *pending = Some(lease);
                         return Outcome::Again;
@@ -470,7 +610,7 @@ impl Inner {
             }
         }
         // The shadow permit: instant while the store is up (the local key is unlimited).
-        match self.local.acquire(&key.host, &key.model).await {
+        match self.local.acquire_with(&key.host, &key.model, ticket).await {
             Ok(permit) => Outcome::Done(Ok(Slot::new(
                 SharedSlot {
                     _lease: lease,
@@ -486,6 +626,8 @@ impl Inner {
     async fn acquire_while_down(
         self: &Arc<Self>,
         key: &Arc<KeyEntry>,
+        ticket: &Ticket,
+        desc: &Desc,
         started: Instant,
     ) -> Outcome {
         if self.settings.on_store_down == OnStoreDown::FailClosed {
@@ -497,7 +639,7 @@ impl Inner {
         // after; an acquire that saw the mode change first must not take an unlimited permit
         // meanwhile, so it applies the share itself.
         self.configure_local(key);
-        let permit = match self.local.acquire(&key.host, &key.model).await {
+        let permit = match self.local.acquire_with(&key.host, &key.model, ticket).await {
             Ok(permit) => permit,
             Err(error) => return Outcome::Done(Err(error.into())),
         };
@@ -507,7 +649,7 @@ impl Inner {
             Mode::Rejoining { .. } => {}
             Mode::Down => {
                 // A lease that is not in Redis yet: the renewer puts it there on rejoining.
-                let lease = self.new_lease(key, LeaseState::Held);
+                let lease = self.new_lease(key, desc, LeaseState::Held);
                 return Outcome::Done(Ok(Slot::new(
                     SharedSlot {
                         _lease: lease,
@@ -518,13 +660,9 @@ impl Inner {
             }
         }
         // Rejoining: Redis must count this slot before anyone grants through it again.
-        let lease = self.new_lease(key, LeaseState::Held);
-        let ids = [(lease.id.clone(), true)];
-        match self
-            .store
-            .call(&key.names, key.limits(), &Op::Renew(&ids))
-            .await
-        {
+        let lease = self.new_lease(key, desc, LeaseState::Held);
+        let ids = [(lease.id.clone(), true, desc.clone())];
+        match self.call(key, &Op::Renew(&ids)).await {
             Ok(reply) => self.absorb(key, &reply),
             Err(error) => self.store_failed(&error),
         }
@@ -550,12 +688,13 @@ impl Inner {
 
     /// Puts a lease of an earlier attempt back in the table in `state` (a drop of its guard is
     /// the only thing that removes it, but re-inserting keeps this obviously right).
-    fn set_state(&self, lease: &LeaseGuard, state: LeaseState) {
+    fn set_state(&self, lease: &LeaseGuard, desc: &Desc, state: LeaseState) {
         self.leases.lock().insert(
             lease.n,
             Lease {
                 key: lease.key.clone(),
                 id: lease.id.clone(),
+                desc: desc.clone(),
                 state,
             },
         );
@@ -571,6 +710,7 @@ impl Inner {
     /// this replica's waiters (so they need not wait for the message).
     pub(crate) fn absorb(&self, key: &KeyEntry, reply: &Reply) {
         *key.global.lock() = Some(Occupancy::new(reply.holders, reply.waiters));
+        *key.host_entry.global.lock() = reply.cap;
         let stats = &self.store.stats;
         stats
             .leases_expired
@@ -581,15 +721,38 @@ impl Inner {
         for id in reply.granted.iter().chain(&reply.reported) {
             self.granted(id);
         }
+        for (id, parallel) in &reply.refused {
+            self.refused(id, *parallel);
+        }
+    }
+
+    /// This replica's number of a lease id, `None` for another replica's.
+    fn lease_number(&self, id: &str) -> Option<u64> {
+        id.strip_prefix(self.replica.as_str())
+            .and_then(|rest| rest.split('/').next())
+            .and_then(|n| n.parse::<u64>().ok())
+    }
+
+    /// A waiter was taken out of the queue in Redis as too heavy for `parallel` (a shrink): if
+    /// it is one of this replica's, its wait ends with that refusal, and it is no longer
+    /// renewed (a renewal would queue it again).
+    pub(crate) fn refused(&self, id: &str, parallel: usize) {
+        let Some(n) = self.lease_number(id) else {
+            return;
+        };
+        let lease = self.leases.lock().remove(&n);
+        if let Some(Lease {
+            state: LeaseState::Waiting { tx: Some(tx), .. },
+            ..
+        }) = lease
+        {
+            let _ = tx.send(Wake::TooHeavy(parallel));
+        }
     }
 
     /// A lease id was granted in Redis: if it is one of this replica's waiters, it holds now.
     pub(crate) fn granted(&self, id: &str) {
-        let Some(n) = id
-            .strip_prefix(self.replica.as_str())
-            .and_then(|rest| rest.split('/').next())
-            .and_then(|n| n.parse::<u64>().ok())
-        else {
+        let Some(n) = self.lease_number(id) else {
             return;
         };
         let mut leases = self.leases.lock();
@@ -657,28 +820,19 @@ impl Inner {
         }
     }
 
+    /// Writes limits changed here, unless a call since (an acquire, say) took them along.
     async fn write_limits(&self, key: &KeyEntry) {
-        let (parallel, queue) = key.limits();
-        key.dirty.store(false, Ordering::Release);
-        match self
-            .store
-            .call(
-                &key.names,
-                (parallel, queue),
-                &Op::Configure { parallel, queue },
-            )
-            .await
-        {
+        if !key.dirty.load(Ordering::Acquire) && !key.host_entry.dirty.load(Ordering::Acquire) {
+            return;
+        }
+        match self.call(key, &Op::Configure).await {
             Ok(reply) => self.absorb(key, &reply),
-            Err(error) => {
-                key.dirty.store(true, Ordering::Release);
-                self.store_failed(&error);
-            }
+            Err(error) => self.store_failed(&error),
         }
     }
 
     /// One renewal round: every key this replica knows or holds leases of, one call each.
-    /// Also writes limits that could not be written while the store was down.
+    /// Each call also writes limits that could not be written while the store was down.
     pub(crate) async fn renew_all(&self) -> Result<(), StoreError> {
         let mut by_key: HashMap<usize, (Arc<KeyEntry>, Renewals)> = HashMap::new();
         for key in self.keys_now() {
@@ -694,28 +848,10 @@ impl Inner {
                 .entry(Arc::as_ptr(&lease.key).addr())
                 .or_insert_with(|| (lease.key.clone(), Vec::new()))
                 .1
-                .push((lease.id.clone(), held));
+                .push((lease.id.clone(), held, lease.desc.clone()));
         }
         for (key, ids) in by_key.into_values() {
-            if key.dirty.swap(false, Ordering::AcqRel) {
-                let (parallel, queue) = key.limits();
-                let configured = self
-                    .store
-                    .call(
-                        &key.names,
-                        (parallel, queue),
-                        &Op::Configure { parallel, queue },
-                    )
-                    .await;
-                if let Err(error) = configured {
-                    key.dirty.store(true, Ordering::Release);
-                    return Err(error);
-                }
-            }
-            let reply = self
-                .store
-                .call(&key.names, key.limits(), &Op::Renew(&ids))
-                .await?;
+            let reply = self.call(&key, &Op::Renew(&ids)).await?;
             self.store
                 .stats
                 .renewals
@@ -732,11 +868,7 @@ impl Inner {
         let mut backoff = Duration::from_millis(20);
         self.runtime.spawn(async move {
             loop {
-                match inner
-                    .store
-                    .call(&key.names, key.limits(), &Op::Release(&id))
-                    .await
-                {
+                match inner.call(&key, &Op::Release(&id)).await {
                     Ok(reply) => {
                         inner.absorb(&key, &reply);
                         return;
@@ -774,7 +906,7 @@ impl Drop for Inner {
 // === impl KeyEntry ===
 
 impl KeyEntry {
-    fn limits(&self) -> (usize, usize) {
+    fn limits(&self) -> (usize, usize, QueueOrder) {
         *self.limits.lock()
     }
 }

@@ -1,137 +1,19 @@
-//! The Lua script that keeps one key's holders and waiters in Redis, the names of the key's
-//! data, and the typed calls into it.
+//! The Lua script that keeps one host's holders, waiters and scheduler state in Redis, the
+//! names of that data, and the typed calls into it.
 //!
-//! One script serves every operation (`acquire`, `release`, `configure`, `renew`), so that they
-//! all share one prelude (limits, expiry, fill) and one reply shape. Each call is atomic in
-//! Redis and is one round trip (`EVALSHA`; `EVAL` once after Redis lost its script cache).
-//! The layout and the reasoning are in `docs/scale-out.md`.
+//! One script (`script.lua`) serves every operation (`acquire`, `release`, `configure`,
+//! `renew`, `position`), so that they all share one prelude (configuration, expiry, the grant
+//! step) and one reply shape. Each call is atomic in Redis and is one round trip (`EVALSHA`;
+//! `EVAL` once after Redis lost its script cache). The layout and the reasoning are in
+//! `docs/scale-out.md`.
 
 use std::sync::LazyLock;
 
 use redis::Script;
+use slotgate_limiter::{Priority, QueueOrder, Ticket};
 
-/// The Lua source. KEYS: limits, holders, waiters, wexp, seq, gone. ARGV: channel, the caller's
-/// parallel and queue (written only if the key has no limits yet), the operation, its
-/// arguments.
-const SOURCE: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local KEEP = 86400000
-
--- A lease id ends in its own lease length: '<replica>/<n>/<ttl ms>'.
-local function ttl_of(id)
-  return tonumber(string.match(id, '/(%d+)$')) or 10000
-end
-
-local function limits()
-  local l = redis.call('HMGET', KEYS[1], 'parallel', 'queue')
-  if not l[1] or not l[2] then
-    redis.call('HSET', KEYS[1], 'parallel', ARGV[2], 'queue', ARGV[3])
-    return tonumber(ARGV[2]), tonumber(ARGV[3])
-  end
-  return tonumber(l[1]), tonumber(l[2])
-end
-
-local function expire()
-  local n = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-  local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
-  for _, id in ipairs(dead) do
-    redis.call('ZREM', KEYS[3], id)
-  end
-  if #dead > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-  end
-  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now)
-  return n + #dead
-end
-
--- Direct handoff: free slots go to the head waiters, in arrival order.
-local function fill(parallel)
-  local granted = {}
-  while redis.call('ZCARD', KEYS[2]) < parallel do
-    local head = redis.call('ZPOPMIN', KEYS[3])
-    if #head == 0 then break end
-    local id = head[1]
-    redis.call('ZREM', KEYS[4], id)
-    redis.call('ZADD', KEYS[2], now + ttl_of(id), id)
-    granted[#granted + 1] = id
-  end
-  if #granted > 0 then
-    redis.call('PUBLISH', ARGV[1], table.concat(granted, ' '))
-  end
-  return granted
-end
-
-local op = ARGV[4]
-local status = 0
-local reported = {}
-local restored = 0
-
-if op == 'configure' then
-  redis.call('HSET', KEYS[1], 'parallel', ARGV[5], 'queue', ARGV[6])
-elseif op == 'release' then
-  local id = ARGV[5]
-  status = redis.call('ZREM', KEYS[2], id)
-  redis.call('ZREM', KEYS[3], id)
-  redis.call('ZREM', KEYS[4], id)
-  redis.call('ZADD', KEYS[6], now + 2 * ttl_of(id), id)
-elseif op == 'renew' then
-  -- Renewals first: a replica that renews late, but renews, keeps its slots.
-  for i = 5, #ARGV, 2 do
-    local id, kind = ARGV[i], ARGV[i + 1]
-    local exp = now + ttl_of(id)
-    if redis.call('ZSCORE', KEYS[6], id) then
-      -- released meanwhile: never resurrect it
-    elseif redis.call('ZSCORE', KEYS[2], id) then
-      redis.call('ZADD', KEYS[2], exp, id)
-      if kind == 'w' then reported[#reported + 1] = id end
-    elseif kind == 'h' then
-      redis.call('ZADD', KEYS[2], exp, id)
-      restored = restored + 1
-    elseif redis.call('ZSCORE', KEYS[3], id) then
-      redis.call('ZADD', KEYS[4], exp, id)
-    else
-      redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[5]), id)
-      redis.call('ZADD', KEYS[4], exp, id)
-      restored = restored + 1
-    end
-  end
-end
-
-local parallel, queue = limits()
-local expired = expire()
-local granted = fill(parallel)
-
-if op == 'acquire' then
-  local id = ARGV[5]
-  if redis.call('ZSCORE', KEYS[6], id) then
-    status = 3
-  elseif redis.call('ZSCORE', KEYS[2], id) then
-    -- A retry of an acquire whose reply was lost: it holds already (one place, not two).
-    redis.call('ZADD', KEYS[2], now + ttl_of(id), id)
-    status = 1
-  elseif redis.call('ZSCORE', KEYS[3], id) then
-    -- A retry while it waits: keep its place in line.
-    redis.call('ZADD', KEYS[4], now + ttl_of(id), id)
-    status = 2
-  elseif redis.call('ZCARD', KEYS[2]) < parallel then
-    redis.call('ZADD', KEYS[2], now + ttl_of(id), id)
-    status = 1
-  elseif redis.call('ZCARD', KEYS[3]) >= queue then
-    status = 0
-  else
-    redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[5]), id)
-    redis.call('ZADD', KEYS[4], now + ttl_of(id), id)
-    status = 2
-  end
-end
-
-for i = 1, 6 do
-  redis.call('PEXPIRE', KEYS[i], KEEP)
-end
-return {status, redis.call('ZCARD', KEYS[2]), redis.call('ZCARD', KEYS[3]), expired,
-  granted, reported, restored}
-";
+/// The Lua source; its header says what KEYS and ARGV hold.
+const SOURCE: &str = include_str!("script.lua");
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
 
@@ -139,50 +21,100 @@ static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
 /// this large means "unlimited" anyway.
 const LUA_MAX: usize = 1 << 53;
 
-/// The Redis names of one (host, model) key: its six data keys and its wake-up channel.
+/// The Redis names of one (host, model) key: its host's four data keys, its host's wake-up
+/// channel, and the model (an argument: every model of a host shares the host's data, so that
+/// one script can keep the host's cap).
 #[derive(Debug, Clone)]
 pub(crate) struct KeyNames {
-    keys: [String; 6],
+    keys: [String; 4],
     channel: String,
+    model: String,
 }
 
 impl KeyNames {
-    /// The names for `host` and `model` under `prefix`. The host's length makes the pair
-    /// unambiguous whatever the names contain; the braces are a Redis Cluster hash tag.
+    /// The names for `host` and `model` under `prefix`. The host's length makes the names
+    /// unambiguous whatever the host contains; the braces are a Redis Cluster hash tag, so all
+    /// of one host's data lives in one slot.
     pub(crate) fn new(prefix: &str, host: &str, model: &str) -> Self {
-        let id = format!("{}:{host}|{model}", host.len());
+        let id = format!("{}:{host}", host.len());
         let base = format!("{prefix}:{{{id}}}");
-        let keys = ["limits", "holders", "waiters", "wexp", "seq", "gone"]
-            .map(|suffix| format!("{base}:{suffix}"));
+        let keys = ["state", "holders", "held", "gone"].map(|suffix| format!("{base}:{suffix}"));
         Self {
             keys,
             channel: format!("{prefix}:wake:{id}"),
+            model: model.to_owned(),
         }
     }
 
     /// Every data key, for tests that clean up after themselves.
     #[cfg(test)]
-    pub(crate) fn keys(&self) -> &[String; 6] {
+    pub(crate) fn keys(&self) -> &[String; 4] {
         &self.keys
     }
 
-    /// The pattern that matches every key's wake-up channel under `prefix`.
+    /// The pattern that matches every host's wake-up channel under `prefix`.
     pub(crate) fn wake_pattern(prefix: &str) -> String {
         format!("{prefix}:wake:*")
     }
 }
 
+/// What a waiter asks for, as the script needs it to queue (or re-queue) it: the parts of a
+/// [`Ticket`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Desc {
+    pub(crate) weight: usize,
+    /// 0 high, 1 normal, 2 low.
+    pub(crate) class: u8,
+    /// Empty for no tenant.
+    pub(crate) tenant: String,
+    pub(crate) share: usize,
+}
+
+impl Desc {
+    pub(crate) fn of(ticket: &Ticket) -> Self {
+        Self {
+            weight: ticket.weight_units(),
+            class: match ticket.class() {
+                Priority::High => 0,
+                Priority::Normal => 1,
+                Priority::Low => 2,
+            },
+            tenant: ticket
+                .tenant_name()
+                .map_or_else(String::new, ToString::to_string),
+            share: ticket.tenant_share(),
+        }
+    }
+}
+
+/// The caller's configuration of the key, sent with every call: written when the store has
+/// none (a new key, or Redis lost its data), or always for the parts in `force`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Config {
+    pub(crate) parallel: usize,
+    pub(crate) queue: usize,
+    pub(crate) order: QueueOrder,
+    /// The host's engine-wide cap; `None`: none configured here.
+    pub(crate) cap: Option<usize>,
+    /// Write the key's limits and order now (a `configure` not yet seen by the store).
+    pub(crate) force_key: bool,
+    /// Write the host cap now.
+    pub(crate) force_cap: bool,
+}
+
 /// One operation of the script.
 #[derive(Debug)]
 pub(crate) enum Op<'a> {
-    Acquire(&'a str),
+    Acquire(&'a str, &'a Desc),
+    /// A release of a holder, or the cancel of a waiter.
     Release(&'a str),
-    Configure {
-        parallel: usize,
-        queue: usize,
-    },
-    /// This replica's leases of the key: (id, is it held here).
-    Renew(&'a [(String, bool)]),
+    /// Only the configuration (with `force`).
+    Configure,
+    /// This replica's leases of the key: (id, is it held here, what it asks for).
+    Renew(&'a [(String, bool, Desc)]),
+    /// Where a waiter stands.
+    #[cfg(test)]
+    Position(&'a str),
 }
 
 /// What an acquire found.
@@ -196,54 +128,128 @@ pub(crate) enum Status {
     Queued,
     /// The id was released before its acquire arrived: nothing was written.
     Gone,
+    /// The weight is above this `parallel` (the key's, or the host cap's): it could never be
+    /// granted.
+    TooHeavy(usize),
+}
+
+/// A host's engine-wide cap across every replica, as the last reply about one of its keys
+/// left it (see [`RedisLimiter::host_global`](crate::RedisLimiter::host_global)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HostOccupancy {
+    /// Units allowed in flight over all the host's models; `usize::MAX` is unlimited.
+    pub parallel: usize,
+    /// Units held over all the host's models, by every replica.
+    pub in_flight: usize,
+    /// Models whose head waiter fits its own limit and waits only for the host cap.
+    pub blocked_models: usize,
 }
 
 /// The script's reply: the outcome and the key's state after the call.
 #[derive(Debug, Clone)]
 pub(crate) struct Reply {
     pub(crate) status: Status,
-    /// Holders across every replica.
+    /// Units held across every replica.
     pub(crate) holders: usize,
     /// Waiters across every replica.
     pub(crate) waiters: usize,
     /// Leases (holders and waiters) this call found expired and removed.
     pub(crate) expired: u64,
-    /// Lease ids this call moved from the queue to the holders.
+    /// Lease ids this call moved from the queue to the holders (of any model of the host).
     pub(crate) granted: Vec<String>,
+    /// Waiters this call took out as too heavy after a shrink, with the `parallel` they are
+    /// above.
+    pub(crate) refused: Vec<(String, usize)>,
     /// `renew`: waiters of the caller found among the holders.
     pub(crate) reported: Vec<String>,
     /// `renew`: leases of the caller that Redis had lost and that were put back.
     pub(crate) restored: u64,
+    /// `acquire` (queued) and `position`: waiters expected to be granted first.
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "read by the tests' position checks")
+    )]
+    pub(crate) ahead: Option<usize>,
+    /// The host cap, when the host has one.
+    pub(crate) cap: Option<HostOccupancy>,
 }
 
-type RawReply = (i64, i64, i64, i64, Vec<String>, Vec<String>, i64);
+type RawReply = (
+    i64,
+    i64,
+    i64,
+    i64,
+    Vec<String>,
+    Vec<String>,
+    Vec<String>,
+    i64,
+    i64,
+    i64,
+    Vec<i64>,
+);
+
+fn count(n: i64) -> usize {
+    usize::try_from(n).unwrap_or(0)
+}
+
+/// A count back from Lua, where [`LUA_MAX`] stands for unlimited.
+fn limit(n: i64) -> usize {
+    let n = count(n);
+    if n >= LUA_MAX { usize::MAX } else { n }
+}
+
+/// `id=parallel`, the script's form of a refusal.
+pub(crate) fn parse_refusal(text: &str) -> Option<(String, usize)> {
+    let (id, parallel) = text.rsplit_once('=')?;
+    Some((id.to_owned(), limit(parallel.parse().ok()?)))
+}
 
 impl Reply {
     fn from_raw(raw: RawReply) -> Self {
-        let (status, holders, waiters, expired, granted, reported, restored) = raw;
+        let (status, holders, waiters, expired, granted, refused, reported, restored) =
+            (raw.0, raw.1, raw.2, raw.3, raw.4, raw.5, raw.6, raw.7);
+        let host = |i: usize| raw.10.get(i).copied().unwrap_or(-1);
+        let (ahead, extra, host_in_flight, cap, blocked) =
+            (raw.8, raw.9, host(0), host(1), host(2));
         Self {
             status: match status {
                 1 => Status::Yes,
                 2 => Status::Queued,
                 3 => Status::Gone,
+                4 => Status::TooHeavy(limit(extra)),
                 _ => Status::No,
             },
-            holders: usize::try_from(holders).unwrap_or(0),
-            waiters: usize::try_from(waiters).unwrap_or(0),
+            holders: count(holders),
+            waiters: count(waiters),
             expired: u64::try_from(expired).unwrap_or(0),
             granted,
+            refused: refused.iter().filter_map(|r| parse_refusal(r)).collect(),
             reported,
             restored: u64::try_from(restored).unwrap_or(0),
+            ahead: usize::try_from(ahead).ok(),
+            cap: (cap >= 0).then(|| HostOccupancy {
+                parallel: limit(cap),
+                in_flight: count(host_in_flight),
+                blocked_models: count(blocked),
+            }),
         }
     }
 }
 
-/// Runs `op` on the key named by `names`, writing `defaults` (parallel, queue) as its limits if
-/// Redis has none for it.
+fn order_name(order: QueueOrder) -> &'static str {
+    match order {
+        QueueOrder::Fair => "fair",
+        // `QueueOrder` is non-exhaustive: anything new is served first come, first served.
+        _ => "fifo",
+    }
+}
+
+/// Runs `op` on the key named by `names`, with the caller's configuration `config`.
 pub(crate) async fn call<C>(
     conn: &mut C,
     names: &KeyNames,
-    defaults: (usize, usize),
+    config: &Config,
     op: &Op<'_>,
 ) -> redis::RedisResult<Reply>
 where
@@ -253,30 +259,55 @@ where
     for key in &names.keys {
         invocation.key(key);
     }
+    let force = match (config.force_key, config.force_cap) {
+        (true, true) => "kh",
+        (true, false) => "k",
+        (false, true) => "h",
+        (false, false) => "",
+    };
     invocation
         .arg(&names.channel)
-        .arg(defaults.0.min(LUA_MAX))
-        .arg(defaults.1.min(LUA_MAX));
+        .arg(&names.model)
+        .arg(config.parallel.min(LUA_MAX))
+        .arg(config.queue.min(LUA_MAX))
+        .arg(order_name(config.order))
+        .arg(
+            config
+                .cap
+                .map_or_else(String::new, |cap| cap.min(LUA_MAX).to_string()),
+        )
+        .arg(force);
     match op {
-        Op::Acquire(id) => {
+        Op::Acquire(id, desc) => {
             invocation.arg("acquire").arg(*id);
+            desc_args(&mut invocation, desc);
         }
         Op::Release(id) => {
             invocation.arg("release").arg(*id);
         }
-        Op::Configure { parallel, queue } => {
-            invocation
-                .arg("configure")
-                .arg((*parallel).min(LUA_MAX))
-                .arg((*queue).min(LUA_MAX));
+        Op::Configure => {
+            invocation.arg("configure");
         }
         Op::Renew(leases) => {
             invocation.arg("renew");
-            for (id, held) in *leases {
+            for (id, held, desc) in *leases {
                 invocation.arg(id).arg(if *held { "h" } else { "w" });
+                desc_args(&mut invocation, desc);
             }
+        }
+        #[cfg(test)]
+        Op::Position(id) => {
+            invocation.arg("position").arg(*id);
         }
     }
     let raw: RawReply = invocation.invoke_async(conn).await?;
     Ok(Reply::from_raw(raw))
+}
+
+fn desc_args(invocation: &mut redis::ScriptInvocation<'_>, desc: &Desc) {
+    invocation
+        .arg(desc.weight.min(LUA_MAX))
+        .arg(desc.class)
+        .arg(&desc.tenant)
+        .arg(desc.share.min(LUA_MAX));
 }

@@ -9,7 +9,7 @@ use parking_lot::Mutex;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::error::StoreError;
-use crate::script::{self, KeyNames, Op, Reply};
+use crate::script::{self, Config, KeyNames, Op, Reply};
 
 /// This replica's view of the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,12 +119,12 @@ impl Store {
     pub(crate) async fn call(
         &self,
         names: &KeyNames,
-        defaults: (usize, usize),
+        config: &Config,
         op: &Op<'_>,
     ) -> Result<Reply, StoreError> {
         self.timed(async {
             let mut conn = self.connection().await?;
-            Ok(script::call(&mut conn, names, defaults, op).await?)
+            Ok(script::call(&mut conn, names, config, op).await?)
         })
         .await
     }

@@ -165,15 +165,18 @@ impl Ticket {
         self.weight
     }
 
-    pub(crate) fn class(&self) -> Priority {
+    /// The priority class (what a shared store sends along with the weight).
+    pub fn class(&self) -> Priority {
         self.priority
     }
 
-    pub(crate) fn tenant_name(&self) -> Option<&StdArc<str>> {
+    /// The tenant, if one was named.
+    pub fn tenant_name(&self) -> Option<&StdArc<str>> {
         self.tenant.as_ref()
     }
 
-    pub(crate) fn tenant_share(&self) -> usize {
+    /// The tenant's share (at least 1).
+    pub fn tenant_share(&self) -> usize {
         self.share
     }
 }

@@ -107,6 +107,7 @@ struct ServerView<'a> {
     health_check_timeout: String,
     eject_after_failures: usize,
     restore_after_successes: usize,
+    max_ejection_percent: usize,
     engine_error_retries: usize,
     api_keys: Vec<KeyView<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -286,6 +287,7 @@ impl<'a> From<&'a Server> for ServerView<'a> {
             health_check_timeout: human(server.health_check_timeout),
             eject_after_failures: server.eject_after_failures,
             restore_after_successes: server.restore_after_successes,
+            max_ejection_percent: server.max_ejection_percent,
             engine_error_retries: server.engine_error_retries,
             api_keys: server.api_keys.iter().map(KeyView::from).collect(),
             api_keys_file: server.api_keys_file.as_deref().map(display),

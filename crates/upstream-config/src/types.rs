@@ -184,6 +184,12 @@ pub struct Server {
     /// Consecutive successful health checks that put an ejected upstream back into rotation
     /// (default 2, at least 1).
     pub restore_after_successes: usize,
+    /// The largest share of a model's upstreams, in percent, that may be out of rotation
+    /// (unhealthy) for passive ejection to take out one more (default
+    /// [`Server::DEFAULT_MAX_EJECTION_PERCENT`], at most 100). Rounded down, but one upstream
+    /// may always go as long as another stays: what forwarding sees never ejects the last
+    /// upstream of a model that is still in rotation. Active health checks are not limited.
+    pub max_ejection_percent: usize,
     /// How many times a request whose engine answered 502, 503 or 504 goes on to the
     /// next-ranked upstream of its model (default 1; 0 passes such answers through at once).
     /// Only an answer the client has seen nothing of yet is retried; 4xx answers and other 5xx
@@ -288,6 +294,9 @@ impl Server {
     /// Default [`Server::restore_after_successes`]: a flapping engine has to answer twice in a
     /// row before it gets traffic again.
     pub const DEFAULT_RESTORE_AFTER_SUCCESSES: usize = 2;
+    /// Default [`Server::max_ejection_percent`]: half of a model's upstreams (one of two or
+    /// three), so what clients can make an engine answer never takes out most of a model.
+    pub const DEFAULT_MAX_EJECTION_PERCENT: usize = 50;
     /// Default [`Server::engine_error_retries`]: one more host, so a loading or failing engine
     /// costs a request one extra try at most.
     pub const DEFAULT_ENGINE_ERROR_RETRIES: usize = 1;

@@ -55,6 +55,7 @@ const SERVER_KEYS: &[&str] = &[
     "health_check_timeout",
     "eject_after_failures",
     "restore_after_successes",
+    "max_ejection_percent",
     "engine_error_retries",
     "api_keys",
     "api_keys_file",
@@ -125,7 +126,7 @@ pub(crate) fn build(r: &mut Reader<'_>, root: &Value) -> Option<Config> {
     );
     let cluster = cluster::cluster(r, &path.key("cluster"), table.get("cluster"));
     if let (Some(Some(_)), Some(built)) = (&cluster, &upstreams.built) {
-        cluster::per_replica_settings(r, server.as_ref(), built);
+        cluster::per_replica_settings(r, built);
         if r.has_issues() {
             return None;
         }
@@ -295,6 +296,7 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         health_check_timeout: health.timeout?,
         eject_after_failures: health.eject_after?,
         restore_after_successes: health.restore_after?,
+        max_ejection_percent: health.max_ejection_percent?,
         engine_error_retries: health.engine_error_retries?,
         api_keys: api_keys?,
         api_keys_file: api_keys_file?,
@@ -408,6 +410,7 @@ struct HealthKeys {
     timeout: Option<Duration>,
     eject_after: Option<usize>,
     restore_after: Option<usize>,
+    max_ejection_percent: Option<usize>,
     engine_error_retries: Option<usize>,
 }
 
@@ -446,6 +449,25 @@ fn health_keys(r: &mut Reader<'_>, t: &Dict, path: &KeyPath) -> HealthKeys {
             "restore_after_successes",
             Server::DEFAULT_RESTORE_AFTER_SUCCESSES,
             at_least_one,
+        ),
+        max_ejection_percent: optional(
+            r,
+            t,
+            path,
+            "max_ejection_percent",
+            Server::DEFAULT_MAX_EJECTION_PERCENT,
+            |r, p, v| {
+                let percent = r.count(p, v, 0)?;
+                if percent > 100 {
+                    r.invalid(
+                        p,
+                        v,
+                        format!("a share in percent, at most 100, found {percent}"),
+                    );
+                    return None;
+                }
+                Some(percent)
+            },
         ),
         // Zero is meaningful: pass an engine's 502/503/504 through at once.
         engine_error_retries: optional(

@@ -40,6 +40,7 @@ pub(crate) fn upstream_status<'g>(
             consecutive_successes: health.successes,
             consecutive_failures: health.failures,
             last_error: health.last_error,
+            ejection_held: health.kept_because,
         },
         draining: upstream.is_draining(),
         slots: generation.routes.upstream_cap(upstream).map(|cap| CapDoc {
@@ -148,6 +149,8 @@ struct HealthDoc {
     consecutive_successes: usize,
     consecutive_failures: usize,
     last_error: Option<String>,
+    /// Why a failure streak over the threshold did not eject it (passive ejection's limits).
+    ejection_held: Option<String>,
 }
 
 #[derive(Debug, Serialize)]

@@ -93,12 +93,6 @@ pub(crate) enum Refused {
         /// The store's next probe.
         retry_after: Duration,
     },
-    /// Under `[cluster]`: the request needs `weight` slots, and the shared store counts one
-    /// per request (see [`shared`]).
-    Unshared {
-        /// The slots asked for.
-        weight: usize,
-    },
 }
 
 /// Whether a released slot's hold time feeds the `Retry-After` estimate and the duration
@@ -148,7 +142,7 @@ pub(crate) fn join(
         return Err(Refused::ShuttingDown);
     }
     if let Some(key) = &target.shared {
-        return shared::join(target, key, ticket, deadlines, stop);
+        return Ok(shared::join(target, key, ticket, deadlines, stop));
     }
     let acquire = target.key.acquire_with(ticket);
     if !acquire.is_queued() {
@@ -190,11 +184,7 @@ fn granted(
     hold: &Arc<HoldStats>,
     metrics: &Arc<TargetMetrics>,
 ) -> Result<Slot, Refused> {
-    let permit = outcome.map_err(|error| match error {
-        AcquireError::QueueFull => Refused::Full,
-        AcquireError::TooHeavy { weight, parallel } => Refused::TooHeavy { weight, parallel },
-        _ => Refused::Closed,
-    })?;
+    let permit = outcome.map_err(|error| refusal(&error))?;
     metrics.queue_wait.observe(permit.waited());
     Ok(Slot::new(
         permit,
@@ -202,6 +192,15 @@ fn granted(
         Arc::clone(hold),
         Arc::clone(metrics),
     ))
+}
+
+/// Why a local acquire gave no slot.
+fn refusal(error: &AcquireError) -> Refused {
+    match *error {
+        AcquireError::QueueFull => Refused::Full,
+        AcquireError::TooHeavy { weight, parallel } => Refused::TooHeavy { weight, parallel },
+        _ => Refused::Closed,
+    }
 }
 
 /// A request waiting in a queue: a future of its [`Slot`], that ends at its [`Wait`] or when
@@ -318,8 +317,11 @@ impl Drop for Queued {
 /// runtime shuts down first the task is dropped and the slot with it. A zero grace (the default
 /// of engines that abort at once, like vLLM) releases it at once.
 ///
-/// Streams whose body is already flowing are not concerned: the engine notices the closed
-/// connection at its next write (~10 ms), so [`SlotBody`](crate::proxy::body::SlotBody) releases at once.
+/// The same holds after the head, until the body's first byte: llama-server sends a stream's
+/// head first and writes nothing during prefill, so [`SlotBody`](crate::proxy::body::SlotBody)
+/// keeps the slot for `cancel_grace` too when dropped then. Streams whose body is already
+/// flowing are not concerned: the engine notices the closed connection at its next write
+/// (~10 ms), so the slot goes back at once.
 #[derive(Debug)]
 pub(crate) struct Sending {
     /// `None` only once [`Sending::answered`] took it.
@@ -492,10 +494,13 @@ impl SlotGuard for Slot {
             Completion::Failed => {
                 self.metrics.upstream_error.inc();
             }
-            Completion::Dropped => {
-                debug!(?held, "client went away mid-stream");
+            Completion::Dropped { grace } => {
+                debug!(?held, ?grace, "client went away mid-stream");
                 self.metrics.client_gone.inc();
                 self.metrics.gone_streaming.inc();
+                // Before the first byte the engine may still be in prefill: it notices only
+                // at its first write (see `SlotBody`).
+                return self.release_after(grace, Hold::Ignore);
             }
             Completion::Stalled { .. } => {}
         }

@@ -7,9 +7,17 @@
 //! - the inner body reports its end (a `None` frame, or `is_end_stream()` after a frame);
 //! - the inner body yields an error (the upstream died mid-stream);
 //! - the wrapper itself is dropped (hyper drops the response body when the client goes away).
+//!   Before the first byte of the answer's body, that is a client leaving an engine still in
+//!   prefill (llama-server sends a stream's head first): the engine notices the closed
+//!   connection only at its first write, so the guard is told to keep the slot for
+//!   `cancel_grace` ([`Completion::Dropped`]), as when the client leaves before the head. Once
+//!   bytes flow, the engine notices at its next write (~10 ms) and the slot goes back at once.
 //!
-//! Frames are passed through untouched, one for one: the wrapper never buffers, so an SSE chunk
-//! reaches the client as soon as the upstream sends it.
+//! Bytes are passed through untouched, as soon as the upstream sends them: the wrapper never
+//! buffers a whole answer. The one thing held back is the unfinished end of an SSE event split
+//! across frames, until the rest of it comes ([`events`]): engines write whole events, so in
+//! practice every frame goes on as it came, and an answer cut mid-event never leaves the client
+//! half an event before its last one.
 //!
 //! With a [`Watch`] (the gateway always gives one), the wrapper also bounds the upstream:
 //!
@@ -52,6 +60,7 @@ use tracing::warn;
 
 use crate::error::{BoxError, chain};
 use crate::upstreams::target::AnswerNames;
+use events::Events;
 use meter::Meter;
 
 /// How a [`SlotBody`] ended.
@@ -62,7 +71,12 @@ pub(crate) enum Completion {
     /// The upstream body yielded an error (for example, the upstream closed mid-stream).
     Failed,
     /// The body was dropped before it ended: the client went away (or the server shut down).
-    Dropped,
+    /// The slot should go back only after `grace`: the upstream's `cancel_grace` while no byte
+    /// of the body had come yet, zero after.
+    Dropped {
+        /// How long the engine may take to notice.
+        grace: Duration,
+    },
     /// The upstream sent nothing for its stream idle timeout; the slot should go back only after
     /// `grace`, the time the engine needs to notice the closed connection.
     Stalled {
@@ -201,6 +215,10 @@ pin_project! {
         // The watch's deadline, if it has one.
         total: Option<Pin<Box<Sleep>>>,
         phase: Phase,
+        // Whether a byte of the body has come from the upstream (the engine is past prefill).
+        flowing: bool,
+        // For an SSE answer with a watch: what of an unfinished event is held back.
+        events: Option<Events>,
     }
 
     impl<B: Body, G: SlotGuard> PinnedDrop for SlotBody<B, G> {
@@ -213,7 +231,11 @@ pin_project! {
                 let how = if this.inner.is_end_stream() || *this.phase != Phase::Streaming {
                     Completion::Ended
                 } else {
-                    Completion::Dropped
+                    let grace = match this.watch.as_ref() {
+                        Some(watch) if !*this.flowing => watch.cancel_grace,
+                        _ => Duration::ZERO,
+                    };
+                    Completion::Dropped { grace }
                 };
                 this.release(how);
             }
@@ -232,6 +254,8 @@ impl<B: Body, G: SlotGuard> SlotBody<B, G> {
             armed: false,
             total: None,
             phase: Phase::Streaming,
+            flowing: false,
+            events: None,
         }
     }
 
@@ -241,6 +265,7 @@ impl<B: Body, G: SlotGuard> SlotBody<B, G> {
         self.total = watch
             .deadline
             .map(|(at, _)| Box::pin(tokio::time::sleep_until(at)));
+        self.events = watch.sse.then(Events::default);
         self.watch = Some(watch);
         self
     }
@@ -263,13 +288,40 @@ impl<B: Body, G: SlotGuard> SlotBodyProj<'_, B, G> {
         }
     }
 
+    /// What of `frame` goes on now: a data frame of an SSE answer up to its last whole event
+    /// (everything when it is the `last`), `None` when that is nothing; any other frame as
+    /// it is.
+    fn whole_events(&mut self, frame: Frame<Bytes>, last: bool) -> Option<Frame<Bytes>> {
+        let Some(events) = self.events.as_mut() else {
+            return Some(frame);
+        };
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            Err(other) => return Some(other),
+        };
+        let mut whole = events.whole(data);
+        if last {
+            let rest = events.rest();
+            if whole.is_empty() {
+                whole = rest;
+            } else if !rest.is_empty() {
+                whole = [whole, rest].concat().into();
+            }
+        }
+        (last || !whole.is_empty()).then(|| Frame::data(whole))
+    }
+
     /// Ends a failed answer: with its last SSE `event` and then a clean end, or, when it has
-    /// none (not SSE), with an error that cuts it (`why`).
+    /// none (not SSE), with an error that cuts it (`why`). The unfinished event it was in the
+    /// middle of, if any, is dropped: the last event follows whole ones.
     fn end_with(
         &mut self,
         event: Option<Bytes>,
         why: String,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(events) = self.events.as_mut() {
+            events.drop_partial();
+        }
         if let Some(event) = event {
             *self.phase = Phase::Closing;
             Poll::Ready(Some(Ok(Frame::data(event))))
@@ -319,58 +371,75 @@ where
             this.release(Completion::Stalled { grace });
             return this.end_with(event, why);
         }
-        let polled = this.inner.as_mut().poll_frame(cx);
-        let failure = match polled {
-            Poll::Pending => {
-                let (Some(watch), Some(idle)) = (this.watch.as_ref(), this.idle.as_mut()) else {
-                    return Poll::Pending;
-                };
-                if !*this.armed {
-                    *this.armed = true;
-                    idle.as_mut().reset(Instant::now() + watch.idle_timeout);
+        let failure = loop {
+            let polled = this.inner.as_mut().poll_frame(cx);
+            break match polled {
+                Poll::Pending => {
+                    let (Some(watch), Some(idle)) = (this.watch.as_ref(), this.idle.as_mut())
+                    else {
+                        return Poll::Pending;
+                    };
+                    if !*this.armed {
+                        *this.armed = true;
+                        idle.as_mut().reset(Instant::now() + watch.idle_timeout);
+                    }
+                    ready!(idle.as_mut().poll(cx));
+                    watch.stalled.inc();
+                    let why = format!(
+                        "no data for {}",
+                        humantime::format_duration(watch.idle_timeout)
+                    );
+                    let grace = watch.cancel_grace;
+                    let event = watch.ended_badly(&why);
+                    this.release(Completion::Stalled { grace });
+                    (event, why)
                 }
-                ready!(idle.as_mut().poll(cx));
-                watch.stalled.inc();
-                let why = format!(
-                    "no data for {}",
-                    humantime::format_duration(watch.idle_timeout)
-                );
-                let grace = watch.cancel_grace;
-                let event = watch.ended_badly(&why);
-                this.release(Completion::Stalled { grace });
-                (event, why)
-            }
-            Poll::Ready(None) => {
-                this.release(Completion::Ended);
-                *this.phase = Phase::Done;
-                return Poll::Ready(None);
-            }
-            Poll::Ready(Some(Ok(frame))) => {
-                *this.armed = false;
-                let frame = frame.map_data(|mut data| data.copy_to_bytes(data.remaining()));
-                if let (Some(meter), Some(data)) = (
-                    this.watch.as_mut().and_then(|watch| watch.meter.as_mut()),
-                    frame.data_ref(),
-                ) {
-                    meter.frame(data);
-                }
-                // Release as soon as the last frame is out, rather than waiting for hyper to poll
-                // once more for the `None`: the next queued request should not wait on us.
-                if this.inner.is_end_stream() {
+                Poll::Ready(None) => {
                     this.release(Completion::Ended);
+                    // An answer that ends cleanly gets what it sent, a last unfinished event
+                    // included.
+                    let rest = this.events.as_mut().map(Events::rest).unwrap_or_default();
+                    if rest.is_empty() {
+                        *this.phase = Phase::Done;
+                        return Poll::Ready(None);
+                    }
+                    *this.phase = Phase::Closing;
+                    return Poll::Ready(Some(Ok(Frame::data(rest))));
                 }
-                return Poll::Ready(Some(Ok(frame)));
-            }
-            Poll::Ready(Some(Err(error))) => {
-                this.release(Completion::Failed);
-                let error: BoxError = error.into();
-                let Some(watch) = this.watch.as_ref() else {
-                    return Poll::Ready(Some(Err(error)));
-                };
-                watch.cut.inc();
-                let why = format!("the connection failed: {}", chain(&*error));
-                (watch.ended_badly(&why), why)
-            }
+                Poll::Ready(Some(Ok(frame))) => {
+                    *this.armed = false;
+                    let frame = frame.map_data(|mut data| data.copy_to_bytes(data.remaining()));
+                    let last = this.inner.is_end_stream();
+                    let Some(frame) = this.whole_events(frame, last) else {
+                        // Only part of an event: wait for the rest of it.
+                        continue;
+                    };
+                    *this.flowing |= frame.data_ref().is_some_and(|data| !data.is_empty());
+                    if let (Some(meter), Some(data)) = (
+                        this.watch.as_mut().and_then(|watch| watch.meter.as_mut()),
+                        frame.data_ref(),
+                    ) {
+                        meter.frame(data);
+                    }
+                    // Release as soon as the last frame is out, rather than waiting for hyper
+                    // to poll once more for the `None`: the next queued request should not
+                    // wait on us.
+                    if last {
+                        this.release(Completion::Ended);
+                    }
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Poll::Ready(Some(Err(error))) => {
+                    this.release(Completion::Failed);
+                    let error: BoxError = error.into();
+                    let Some(watch) = this.watch.as_ref() else {
+                        return Poll::Ready(Some(Err(error)));
+                    };
+                    watch.cut.inc();
+                    let why = format!("the connection failed: {}", chain(&*error));
+                    (watch.ended_badly(&why), why)
+                }
+            };
         };
         let (event, why) = failure;
         this.end_with(event, why)
@@ -393,6 +462,7 @@ where
     }
 }
 
+pub(crate) mod events;
 pub(crate) mod meter;
 #[cfg(test)]
 mod tests;

@@ -11,6 +11,11 @@
 //!   `TE`, `Transfer-Encoding`, `Upgrade`, `Proxy-*`) are stripped both ways; `Host` is set from
 //!   the upstream's URL, and the upstream's `api_key`, when it has one, replaces the client's
 //!   `Authorization`.
+//! - The client's credentials go upstream only when the gateway passes its `Authorization`
+//!   through ([`Authorization::Client`]). Otherwise every field a client may carry an API key
+//!   in ([`CREDENTIALS`]: `Authorization`, Anthropic's `x-api-key`, Azure's `api-key`,
+//!   `openai-api-key`) is left out, so a key to this gateway never reaches an engine, whichever
+//!   field an SDK put it in.
 //! - `x-request-id` is propagated: the caller passes the id it accepted or generated, and it goes
 //!   upstream and back to the client.
 //! - The upstream URL's path prefix is kept (`http://host/openai` + `/v1/chat/completions` →
@@ -38,13 +43,14 @@ use crate::upstreams::pool::{Pool, PoolError};
 /// What the upstream request carries as `Authorization`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Authorization<'a> {
-    /// The client's own header, if any: the gateway does not check client keys, so what the
-    /// client sent is meant for the engine.
+    /// The client's own credential fields, if any: the gateway does not check client keys, so
+    /// what the client sent is meant for the engine.
     Client,
-    /// None: the client's header holds its key to this gateway, which is not the engine's
-    /// business and must not leak to it.
+    /// None: the client's credential fields ([`CREDENTIALS`]) hold its key to this gateway,
+    /// which is not the engine's business and must not leak to it.
     Withheld,
-    /// The upstream's own key (`api_key`), in place of whatever the client sent.
+    /// The upstream's own key (`api_key`) as `Authorization`, in place of whatever credentials
+    /// the client sent ([`CREDENTIALS`]).
     Upstream(&'a HeaderValue),
 }
 
@@ -93,18 +99,18 @@ impl Forwarder {
             .body(Full::new(body))
             .map_err(ForwardError::Build)?;
         let headers = req.headers_mut();
-        let keep_authorization = matches!(authorization, Authorization::Client);
+        let keep_credentials = matches!(authorization, Authorization::Client);
         // Left out while copying rather than removed after (a removal is a hash and a probe):
         // the pool sets `Host` for the upstream, and hyper `Content-Length` from the body
         // (which may have been rewritten for an alias); the whole body has been read already,
         // so there is nothing left to wait for a `100 Continue` about; the client's
-        // `Authorization` goes only where the upstream has no key of its own and does not
-        // withhold it; `x-request-id` is set below.
+        // credentials go only where the upstream has no key of its own and the gateway does
+        // not withhold them; `x-request-id` is set below.
         copy_end_to_end(&parts.headers, headers, |name| {
             name == header::HOST
                 || name == header::CONTENT_LENGTH
                 || name == header::EXPECT
-                || (name == header::AUTHORIZATION && !keep_authorization)
+                || (!keep_credentials && CREDENTIALS.contains(name))
                 || name == REQUEST_ID
         });
         if let Authorization::Upstream(key) = authorization {
@@ -158,6 +164,17 @@ pub(crate) enum ForwardError {
     #[error("building the upstream request")]
     Build(#[source] http::Error),
 }
+
+/// The request fields a client may carry an API key in: `Authorization` (`Bearer`, the
+/// OpenAI SDKs), `x-api-key` (the Anthropic SDKs), `api-key` (Azure OpenAI) and
+/// `openai-api-key`. Left out of a forwarded request whenever the client's `Authorization` is
+/// (see [`Authorization`]). `Proxy-Authorization` is hop-by-hop and never forwarded.
+pub(crate) static CREDENTIALS: [HeaderName; 4] = [
+    header::AUTHORIZATION,
+    HeaderName::from_static("x-api-key"),
+    HeaderName::from_static("api-key"),
+    HeaderName::from_static("openai-api-key"),
+];
 
 /// The fields RFC 9110 §7.6.1 (and the `Proxy-*` / `Keep-Alive` conventions it cites) makes
 /// hop-by-hop: they describe one connection and must not be forwarded. A `static`, not a

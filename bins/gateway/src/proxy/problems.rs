@@ -388,17 +388,6 @@ pub(crate) enum BadRequest {
         /// The route asked for.
         route: &'static str,
     },
-    /// Under `[cluster]`, a request for more than one sequence: the shared store counts one
-    /// slot per request.
-    #[error(
-        "the request runs {weight} sequences (`n`, or `best_of` when larger), and this gateway \
-         shares its slots with other replicas ([cluster]), which count one slot per request; \
-         ask for one sequence"
-    )]
-    Unshared {
-        /// The sequences asked for.
-        weight: usize,
-    },
 }
 
 impl BadRequest {

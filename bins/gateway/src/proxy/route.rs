@@ -24,6 +24,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
+use slotgate_admission::Admission as _;
 use slotgate_config::{Config, ModelLimits, Queueing};
 use slotgate_limiter::{HostReading, Limiter, QueueOrder};
 use slotgate_limiter_redis::RedisLimiter;
@@ -32,6 +33,7 @@ use crate::metrics::{Metrics, RejectionMetrics};
 use crate::proxy::endpoint::Endpoint;
 use crate::upstreams::auto_slots::AutoSlots;
 use crate::upstreams::cluster::SharedKey;
+use crate::upstreams::ejection::Ejection;
 use crate::upstreams::residency;
 use crate::upstreams::state::{UpstreamState, Upstreams};
 use crate::upstreams::target::{AnswerNames, Sizing, Target};
@@ -90,9 +92,12 @@ impl Routes {
             })
             .collect();
         let mut routes: HashMap<String, Route> = HashMap::new();
+        let ejections = Ejection::for_config(config, upstreams);
         for upstream in config.upstreams.values() {
             // `Upstreams::build` made one state per configured upstream.
-            let Some(state) = upstreams.get(&upstream.name) else {
+            let (Some(state), Some(ejection)) =
+                (upstreams.get(&upstream.name), ejections.get(&upstream.name))
+            else {
                 continue;
             };
             let authority = state.authority.as_str();
@@ -101,9 +106,18 @@ impl Routes {
             // once made); an upstream that never had one gets none, so its models stay capped
             // one by one with nothing shared to lock.
             match upstream.parallel {
-                Some(parallel) => limiter.configure_host(authority, parallel),
+                Some(parallel) => {
+                    limiter.configure_host(authority, parallel);
+                    // Under `[cluster]` the replicas share it (last writer wins).
+                    if let Some(cluster) = cluster {
+                        cluster.configure_host(authority, parallel);
+                    }
+                }
                 None if limiter.host_reading(authority).is_some() => {
                     limiter.configure_host(authority, usize::MAX);
+                    if let Some(cluster) = cluster {
+                        cluster.configure_host(authority, usize::MAX);
+                    }
                 }
                 None => {}
             }
@@ -123,7 +137,8 @@ impl Routes {
                         let cap = parallel.saturating_add(prefetch);
                         limiter.configure(authority, model.as_str(), cap, queue);
                         shared = cluster.map(|cluster| {
-                            SharedKey::configure(cluster, authority, model, cap, queue)
+                            let order = order_of(upstream.queueing(model).order);
+                            SharedKey::configure(cluster, authority, model, (cap, queue), order)
                         });
                         (Sizing::Fixed { capacity }, Some(queue_timeout))
                     }
@@ -172,6 +187,7 @@ impl Routes {
                     metrics: Arc::new(metrics.target(&upstream.name, model)),
                     // Carried over so that an excess in progress is not forgotten by a reload.
                     engine: previous.map_or_else(Arc::default, |p| Arc::clone(&p.engine)),
+                    ejection: Arc::clone(ejection),
                 };
                 let route = routes.entry(model.clone()).or_insert_with(|| Route {
                     model: model.clone(),
@@ -302,12 +318,16 @@ fn configure_order(
     upstream: &slotgate_config::Upstream,
 ) -> Queueing {
     let queueing = upstream.queueing(model);
-    let order = match queueing.order {
+    limiter.configure_order(authority, model, order_of(queueing.order));
+    queueing
+}
+
+/// The limiter's order for a configured `queue_order`.
+fn order_of(order: slotgate_config::QueueOrder) -> QueueOrder {
+    match order {
         slotgate_config::QueueOrder::Fifo => QueueOrder::Fifo,
         slotgate_config::QueueOrder::Fair => QueueOrder::Fair,
-    };
-    limiter.configure_order(authority, model, order);
-    queueing
+    }
 }
 
 #[cfg(test)]

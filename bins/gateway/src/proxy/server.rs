@@ -31,9 +31,15 @@
 //!   keeps taking a few hundred KiB per `client_write_timeout` is never cut (HTTP/2: as often as
 //!   its client library sends `WINDOW_UPDATE`s). HTTP/2: the whole connection goes, since hyper
 //!   offers no way to reset one stream from outside its body; counted as `bound="client_stall"`.
-//! - A connection limit: at `max_connections` open connections the accept loop stops accepting
-//!   (new connections wait in the kernel's backlog) until one closes. The admin listener has a
-//!   loop and a cap of its own, so a flood on the API port cannot starve `/healthz`.
+//! - A request deadline: a connection that has begun no request within `header_read_timeout`
+//!   of being accepted is closed (HTTP/2 with a `GOAWAY`): the HTTP/2 preface and `SETTINGS`
+//!   are not a request, and hyper's own header timeout covers HTTP/1 only. Counted as
+//!   `bound="header_timeout"`.
+//! - A connection limit: at `max_connections` open connections, a new connection is admitted
+//!   by closing the one idle the longest ([`shedding`]: nothing in flight; HTTP/2 with a
+//!   `GOAWAY`), counted as `bound="idle_shed"`; with none idle, it waits until one closes. The
+//!   admin listener has a loop and a cap of its own, so a flood on the API port cannot starve
+//!   `/healthz`, and sheds the same way, so an idle flood on the admin port cannot either.
 //! - Graceful shutdown: on the shutdown signal the listener is closed, every connection is told
 //!   to finish what it is doing (in-flight responses stream to their end, idle keep-alive
 //!   connections close at once: HTTP/1 with a FIN, HTTP/2 with a `GOAWAY`), and whatever is
@@ -80,6 +86,18 @@ use crate::error::BoxError;
 use crate::metrics::{Bound, Metrics};
 use crate::proxy::refusals::Refusals;
 use crate::shutdown::ShutdownSignal;
+use shedding::{Member, Roster};
+
+mod shedding;
+
+/// How long a connection asked to close (shed, or past its request deadline) gets to finish
+/// the goodbye before it is cut: enough to write a `GOAWAY`, too short to keep a new client
+/// waiting for its place.
+const GOODBYE: Duration = Duration::from_millis(100);
+
+/// How often the accept loop, holding a new connection at the limit, looks again for an idle
+/// connection to shed (one that was busy may have gone idle).
+const SHED_RETRY: Duration = Duration::from_millis(250);
 
 /// Most bytes of an answer the kernel may hold unsent for one client connection
 /// (`TCP_NOTSENT_LOWAT`), beyond what the client's receive window has taken.
@@ -120,6 +138,7 @@ pub(crate) struct ServerCounters {
     header_timeout: Counter,
     client_idle: Counter,
     client_stall: Counter,
+    idle_shed: Counter,
 }
 
 impl ServerCounters {
@@ -129,6 +148,7 @@ impl ServerCounters {
             header_timeout: metrics.bound(Bound::HeaderTimeout),
             client_idle: metrics.bound(Bound::ClientIdle),
             client_stall: metrics.bound(Bound::ClientStall),
+            idle_shed: metrics.bound(Bound::IdleShed),
         }
     }
 }
@@ -167,20 +187,13 @@ pub(crate) async fn serve<H, Fut, B>(
     let builder = Arc::new(builder);
     let keepalive = TcpKeepalive::new().with_time(settings.tcp_keepalive);
     let connection_limit = Arc::new(Semaphore::new(settings.max_connections.max(1)));
+    let roster = Arc::new(Roster::default());
     let mut connections = JoinSet::new();
 
     loop {
         // Reap finished connection tasks so the set does not grow with the server's uptime.
         while connections.try_join_next().is_some() {}
 
-        let permit = tokio::select! {
-            biased;
-            () = shutdown.fired() => break,
-            permit = Arc::clone(&connection_limit).acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_closed) => break, // never closed, but stopping is the safe reading
-            },
-        };
         let (stream, peer) = tokio::select! {
             biased;
             () = shutdown.fired() => break,
@@ -195,6 +208,16 @@ pub(crate) async fn serve<H, Fut, B>(
                 }
             },
         };
+        let permit = match Arc::clone(&connection_limit).try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_full) => {
+                let room = make_room(name, &connection_limit, &roster, &counters, &mut shutdown);
+                match room.await {
+                    Some(permit) => permit,
+                    None => break,
+                }
+            }
+        };
         if let Err(error) = stream.set_nodelay(true) {
             debug!(listener = name, %peer, %error, "set_nodelay failed");
         }
@@ -207,6 +230,7 @@ pub(crate) async fn serve<H, Fut, B>(
         }
 
         let activity = Activity::new();
+        let member = roster.join(&activity);
         let handler = handler.clone();
         let requests = activity.clone();
         let service = service_fn(move |req| {
@@ -229,7 +253,7 @@ pub(crate) async fn serve<H, Fut, B>(
             settings,
             counters.clone(),
             shutdown.clone(),
-            permit,
+            (permit, member),
         ));
     }
 
@@ -252,8 +276,36 @@ pub(crate) async fn serve<H, Fut, B>(
     connections.shutdown().await;
 }
 
+/// At the connection limit, with a new connection accepted: sheds the connection idle the
+/// longest, and waits for a place (looking again every [`SHED_RETRY`] while every connection
+/// is busy). `None` when the server stops meanwhile.
+async fn make_room(
+    name: &'static str,
+    limit: &Arc<Semaphore>,
+    roster: &Roster,
+    counters: &ServerCounters,
+    shutdown: &mut ShutdownSignal,
+) -> Option<OwnedSemaphorePermit> {
+    loop {
+        if roster.shed_oldest_idle() {
+            counters.idle_shed.inc();
+            debug!(
+                listener = name,
+                "at the connection limit: closing the connection idle the longest"
+            );
+        }
+        tokio::select! {
+            biased;
+            () = shutdown.fired() => return None,
+            permit = Arc::clone(limit).acquire_owned() => return permit.ok(),
+            () = tokio::time::sleep(SHED_RETRY) => {}
+        }
+    }
+}
+
 /// Serves one accepted connection (after the TLS handshake, with `tls`) until it ends, is idle
-/// for too long, or the server stops; `permit` is its place under the connection limit.
+/// for too long, is shed, or the server stops; `permit` is its place under the connection
+/// limit, `member` its place on the listener's roster of connections that may be shed.
 #[expect(
     clippy::too_many_arguments,
     reason = "one connection's parts, handed over once from the accept loop"
@@ -268,7 +320,7 @@ async fn serve_connection<S, B>(
     settings: ServerSettings,
     counters: ServerCounters,
     mut stopping: ShutdownSignal,
-    permit: OwnedSemaphorePermit,
+    (permit, member): (OwnedSemaphorePermit, Member),
 ) where
     S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
         + Send
@@ -284,6 +336,7 @@ async fn serve_connection<S, B>(
     let spoke = tokio::select! {
         biased;
         () = stopping.fired() => false,
+        () = member.shed_asked() => return,
         spoke = first_byte_within(&stream, settings.header_read_timeout) => spoke,
     };
     if !spoke {
@@ -302,6 +355,7 @@ async fn serve_connection<S, B>(
             let done = tokio::select! {
                 biased;
                 () = stopping.fired() => return,
+                () = member.shed_asked() => return,
                 done = handshake => done,
             };
             match done {
@@ -327,7 +381,7 @@ async fn serve_connection<S, B>(
     // After an idle close, how long the peer gets to finish the goodbye: an HTTP/2 graceful
     // shutdown waits for the peer's PING answer, which a hostile peer never sends.
     let mut cut_at: Option<Instant> = None;
-    let mut watchers = watchers(&mut stopping, &activity, &settings);
+    let mut watchers = watchers(&mut stopping, &activity, &member, &settings);
     loop {
         tokio::select! {
             result = conn.as_mut() => {
@@ -338,7 +392,7 @@ async fn serve_connection<S, B>(
             }
             Some(watch) = watchers.next() => match watch {
                 // Told to close already: the second reason to close changes nothing.
-                Watch::Stop | Watch::Idle if closing => {}
+                Watch::Stop | Watch::Idle | Watch::Shed | Watch::NoRequest if closing => {}
                 Watch::Stop => {
                     // HTTP/1: an idle keep-alive connection closes now, a busy one after its
                     // answer; HTTP/2: `GOAWAY`, and the connection closes once its streams are
@@ -355,6 +409,16 @@ async fn serve_connection<S, B>(
                     conn.as_mut().graceful_shutdown();
                     closing = true;
                     cut_at = Some(Instant::now() + settings.header_read_timeout);
+                }
+                Watch::Shed | Watch::NoRequest => {
+                    if matches!(watch, Watch::NoRequest) {
+                        debug!(listener = name, %peer, "no request within the header-read timeout; closing");
+                        counters.header_timeout.inc();
+                    }
+                    // Nothing in flight: `GOAWAY` (HTTP/2) or a close, and a cut soon after.
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                    cut_at = Some(Instant::now() + GOODBYE);
                 }
                 Watch::Stalled => {
                     info!(
@@ -386,17 +450,28 @@ async fn serve_connection<S, B>(
 /// A connection's watchers, each polled only when its own waker fired.
 type Watchers<'a> = FuturesUnordered<Pin<Box<dyn Future<Output = Watch> + Send + 'a>>>;
 
-/// The watchers of one connection: the shutdown signal, the idle timeout and the write stall.
-/// Each ends at most once. In a set that polls a future only when its own waker fired, not at
-/// every wake-up of the connection's task (several per request: the client's bytes, the
-/// engine's answer), as `select!` branches were, at about 1 700 instructions per request.
+/// The watchers of one connection: the shutdown signal, the idle timeout, the write stall, the
+/// listener's call to make room, and the deadline for a first request. Each ends at most once.
+/// In a set that polls a future only when its own waker fired, not at every wake-up of the
+/// connection's task (several per request: the client's bytes, the engine's answer), as
+/// `select!` branches were, at about 1 700 instructions per request.
 fn watchers<'a>(
     stopping: &'a mut ShutdownSignal,
     activity: &'a Activity,
+    member: &'a Member,
     settings: &ServerSettings,
 ) -> Watchers<'a> {
     let (idle, write) = (settings.idle_timeout, settings.write_timeout);
+    let first_request_by = activity.0.opened + settings.header_read_timeout;
     let watchers: Watchers<'a> = FuturesUnordered::new();
+    watchers.push(Box::pin(async move {
+        member.shed_asked().await;
+        Watch::Shed
+    }));
+    watchers.push(Box::pin(async move {
+        activity.no_request_by(first_request_by).await;
+        Watch::NoRequest
+    }));
     watchers.push(Box::pin(async move {
         stopping.fired().await;
         Watch::Stop
@@ -421,6 +496,10 @@ enum Watch {
     Idle,
     /// An answer waited for the client to read it for the client write timeout.
     Stalled,
+    /// The listener, at its connection limit, asked this idle connection to make room.
+    Shed,
+    /// No request began within the header-read timeout of the connection's accept.
+    NoRequest,
 }
 
 /// Waits until the client has sent at least one byte (or closed), for at most `timeout`.
@@ -447,6 +526,8 @@ struct Activity(Arc<ActivityState>);
 
 #[derive(Debug)]
 struct ActivityState {
+    /// When the connection was accepted.
+    opened: Instant,
     in_flight: AtomicUsize,
     /// When the last request ended (or the connection opened).
     quiet_since: Mutex<Instant>,
@@ -462,9 +543,11 @@ struct ActivityState {
 
 impl Activity {
     fn new() -> Self {
+        let now = Instant::now();
         Self(Arc::new(ActivityState {
+            opened: now,
             in_flight: AtomicUsize::new(0),
-            quiet_since: Mutex::new(Instant::now()),
+            quiet_since: Mutex::new(now),
             waiting: Mutex::new(HashMap::new()),
             first_waiting: Notify::new(),
             next_request: AtomicU64::new(0),
@@ -502,6 +585,20 @@ impl Activity {
     /// Requests in flight now.
     fn in_flight(&self) -> usize {
         self.0.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Since when no request has been in flight (the last one's end, or the accept).
+    fn quiet_since(&self) -> Instant {
+        *self.0.quiet_since.lock()
+    }
+
+    /// Resolves at `deadline` if no request has begun on the connection by then; never after
+    /// one has.
+    async fn no_request_by(&self, deadline: Instant) {
+        tokio::time::sleep_until(deadline).await;
+        if self.0.next_request.load(Ordering::Relaxed) > 0 {
+            std::future::pending::<()>().await;
+        }
     }
 
     /// Resolves once the connection has had no request in flight for `timeout`.

@@ -378,7 +378,7 @@ impl App {
                     mark_routed(response.headers_mut(), target, waited);
                     access.queue_wait(waited);
                     let status = response.status();
-                    judged(target, status, &generation.policy);
+                    judged(target, status, sent, &generation.policy);
                     let retry = retries_left > 0 && rank + 1 < candidates && is_retried(status);
                     let slot = if retry {
                         retries_left -= 1;
@@ -416,7 +416,7 @@ impl App {
                 }
                 Err(ForwardError::Connect(error)) => {
                     // Nothing was sent: safe to try the next host.
-                    connect_failed(target, &error, &generation.policy);
+                    connect_failed(target, &error, sent, &generation.policy);
                     if let Some(slot) = slot {
                         slot.abandon();
                     }
@@ -568,7 +568,6 @@ impl App {
                 route.rejections.store_unavailable.inc();
                 Error::StoreUnavailable { model, retry_after }
             }
-            Refused::Unshared { weight } => BadRequest::Unshared { weight }.into(),
             Refused::Hopeless { expected, wait } => {
                 route.rejections.queue_timeout.inc();
                 Error::QueueTimeout {
@@ -655,7 +654,7 @@ impl App {
             Ok(response) => {
                 // The client already has its `200`: an error answer is not retried here, it
                 // ends the stream (`engine_refused`).
-                judged(target, response.status(), policy);
+                judged(target, response.status(), sent, policy);
                 let endpoint = request.endpoint;
                 let answer = self.answer(
                     target,
@@ -672,7 +671,7 @@ impl App {
                 return Err(request.engine_refused(answer).await);
             }
             Err(ForwardError::Connect(error)) => {
-                connect_failed(target, &error, policy);
+                connect_failed(target, &error, sent, policy);
                 if let Some(slot) = slot {
                     slot.abandon();
                 }
@@ -1001,24 +1000,23 @@ impl Admitted {
     }
 }
 
-/// A refused connection to `target`: logged, and counted towards ejecting the upstream
-/// (passive health checking).
-fn connect_failed(target: &Target, error: &BoxError, policy: &HealthPolicy) {
+/// A refused connection to `target`, for a request sent at `sent`: logged, and counted towards
+/// ejecting the upstream (passive health checking).
+fn connect_failed(target: &Target, error: &BoxError, sent: Instant, policy: &HealthPolicy) {
     let reason = chain(&**error);
     warn!(upstream = %target.upstream.name, error = %reason, "connect failed");
-    target
-        .upstream
-        .record_forward_failure(reason, policy, "connect errors");
+    target.record_failure(reason, sent, policy, "connect errors");
 }
 
-/// What the `status` of an engine's answer says about `target`'s upstream, recorded: a 5xx
-/// counts towards ejecting it, as a refused connection does, unless it only says the engine
-/// is busy ([`judge`]); any other answer breaks the failure streak.
-fn judged(target: &Target, status: StatusCode, policy: &HealthPolicy) {
+/// What the `status` of an engine's answer to a request sent at `sent` says about `target`'s
+/// upstream, recorded: a 5xx counts towards ejecting it, as a refused connection does, unless
+/// it only says the engine is busy ([`judge`]); any other answer breaks the failure streak.
+fn judged(target: &Target, status: StatusCode, sent: Instant, policy: &HealthPolicy) {
     match judge(target.upstream.kind, status) {
         Verdict::Well => target.upstream.health.record_answer(),
-        Verdict::Failing => target.upstream.record_forward_failure(
+        Verdict::Failing => target.record_failure(
             format!("answered {status} to a forwarded request"),
+            sent,
             policy,
             "engine errors",
         ),

@@ -16,7 +16,10 @@ use std::time::Duration;
 
 use slotgate_admission::{Admission, AdmitFuture, Occupancy};
 use slotgate_config::{Cluster, Config, StoreDown};
-use slotgate_limiter_redis::{OnStoreDown, RedisLimiter, Settings, SettingsErrors, StartError};
+use slotgate_limiter::{QueueOrder, Ticket};
+use slotgate_limiter_redis::{
+    HostOccupancy, OnStoreDown, RedisLimiter, Settings, SettingsErrors, StartError,
+};
 
 /// Why the shared slot store cannot be used with a configuration.
 #[derive(Debug, thiserror::Error)]
@@ -84,16 +87,17 @@ pub(crate) struct SharedKey {
 }
 
 impl SharedKey {
-    /// The key (`host`, `model`) of `limiter`, configured with the model's limits (last writer
-    /// wins across replicas).
+    /// The key (`host`, `model`) of `limiter`, configured with the model's limits and queue
+    /// order (last writer wins across replicas).
     pub(crate) fn configure(
         limiter: &RedisLimiter,
         host: &str,
         model: &str,
-        parallel: usize,
-        queue: usize,
+        (parallel, queue): (usize, usize),
+        order: QueueOrder,
     ) -> Self {
         limiter.configure(host, model, parallel, queue);
+        limiter.configure_order(host, model, order);
         Self {
             limiter: limiter.clone(),
             host: host.to_owned(),
@@ -101,14 +105,20 @@ impl SharedKey {
         }
     }
 
-    /// Joins the key's global queue (see [`Admission::acquire`]).
-    pub(crate) fn acquire(&self) -> AdmitFuture {
-        self.limiter.acquire(&self.host, &self.model)
+    /// Joins the key's global queue as `ticket` says: its weight, class and tenant (see
+    /// [`Admission::acquire_with`]).
+    pub(crate) fn acquire(&self, ticket: &Ticket) -> AdmitFuture {
+        self.limiter.acquire_with(&self.host, &self.model, ticket)
     }
 
     /// The key's holders and waiters across every replica, as last seen.
     pub(crate) fn global(&self) -> Option<Occupancy> {
         self.limiter.global(&self.host, &self.model)
+    }
+
+    /// The engine-wide cap across every replica, as last seen, when the upstream has one.
+    pub(crate) fn host_global(&self) -> Option<HostOccupancy> {
+        self.limiter.host_global(&self.host)
     }
 
     /// This replica's own holders and waiters in the shared store.

@@ -35,6 +35,20 @@
 //!   streak.
 //! - Any other answer (2xx, 3xx, 4xx) resets the failure streak.
 //!
+//! A failure seen while forwarding counts only if its request was *sent after* the streak's
+//! last counted failure was recorded. An answer takes seconds and an error milliseconds, so a
+//! burst of concurrent requests that make the engine fail (one client's malformed inputs, a
+//! moment of bad luck) would otherwise be a whole streak with no success in between; under this
+//! rule the burst counts once, and only requests sent after each counted failure go on with the
+//! streak. An engine that fails everyone still fails the next requests too, so it is ejected
+//! after `eject_after_failures` such rounds (with steady traffic, a few round trips of an error).
+//!
+//! A streak that reaches the threshold is only [due](Streak::Due): whether the upstream leaves
+//! is decided with the other upstreams of its models in view
+//! ([`ejection`](crate::upstreams::ejection): never the last one still in rotation, nor more
+//! than `max_ejection_percent` of them). An upstream kept in rotation that way stays due, and
+//! its next counted failure asks again.
+//!
 //! Only the active checks restore an upstream: an ejected one gets no traffic to prove itself
 //! with.
 //!
@@ -43,7 +57,7 @@
 //! first check runs.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::StatusCode;
 use parking_lot::Mutex;
@@ -63,6 +77,9 @@ pub(crate) struct HealthPolicy {
     pub(crate) eject_after: usize,
     /// Consecutive successes that restore an ejected upstream.
     pub(crate) restore_after: usize,
+    /// The largest share of a model's upstreams, in percent, that may be out of rotation for
+    /// passive ejection to take out one more ([`ejection`](crate::upstreams::ejection)).
+    pub(crate) max_ejection_percent: usize,
 }
 
 impl HealthPolicy {
@@ -73,6 +90,7 @@ impl HealthPolicy {
             timeout: server.health_check_timeout,
             eject_after: server.eject_after_failures.max(1),
             restore_after: server.restore_after_successes.max(1),
+            max_ejection_percent: server.max_ejection_percent.min(100),
         }
     }
 }
@@ -127,6 +145,25 @@ pub(crate) struct HealthView {
     pub(crate) last_check: Option<SystemTime>,
     /// The last failure's reason, until a success clears it.
     pub(crate) last_error: Option<String>,
+    /// When the streak's last failure was counted: a failure seen while forwarding counts only
+    /// for a request sent after it (see the [module docs](self)).
+    pub(crate) counted_at: Option<Instant>,
+    /// Why a streak over the threshold did not eject it (the last upstream of a model in
+    /// rotation, or too many of them out), until the streak ends.
+    pub(crate) kept_because: Option<String>,
+}
+
+/// What a failure seen while forwarding did to the streak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Streak {
+    /// Nothing: the upstream is out already, or the request was sent before the streak's last
+    /// counted failure (a burst counts once).
+    Unchanged,
+    /// One more failure in the streak, still under the threshold.
+    Longer,
+    /// One more failure, and the streak is at the threshold: ask the other upstreams of its
+    /// models whether it may go ([`Health::eject_if_due`]).
+    Due,
 }
 
 impl Default for Health {
@@ -147,6 +184,8 @@ impl Health {
                 since: SystemTime::now(),
                 last_check: None,
                 last_error: None,
+                counted_at: None,
+                kept_because: None,
             }),
         }
     }
@@ -180,23 +219,63 @@ impl Health {
         self.publish(changed)
     }
 
-    /// Records a failure seen while forwarding, a refused connection or an engine's error
-    /// answer (passive ejection); returns the new status if it changed.
+    /// Records a failure seen while forwarding (passive ejection), a refused connection or an
+    /// engine's error answer to a request sent at `sent`. It never ejects by itself: a
+    /// [`Streak::Due`] streak leaves through [`Health::eject_if_due`], once the other upstreams
+    /// of its models allow it.
     pub(crate) fn record_forward_failure(
         &self,
         reason: String,
+        sent: Instant,
         policy: &HealthPolicy,
-    ) -> Option<Status> {
+    ) -> Streak {
         let mut state = self.state.lock();
         if state.status == Status::Unhealthy {
             // Already out; the active checks decide when it comes back. Keep the streak of
             // check successes intact: a request routed here just before the ejection should
             // not reset a recovery in progress.
-            return None;
+            return Streak::Unchanged;
         }
-        let changed = fail(&mut state, reason, policy);
+        if state.counted_at.is_some_and(|counted| sent < counted) {
+            // Under way when the streak's last failure was counted: the same burst.
+            return Streak::Unchanged;
+        }
+        state.successes = 0;
+        state.failures = state.failures.saturating_add(1);
+        state.last_error = Some(reason);
+        state.counted_at = Some(Instant::now());
+        // The first result decides at once, as for a check.
+        if state.status == Status::Unknown || state.failures >= policy.eject_after {
+            Streak::Due
+        } else {
+            Streak::Longer
+        }
+    }
+
+    /// Ejects the upstream if its streak is still [due](Streak::Due) (nothing came in between
+    /// to break it): the caller has checked that the other upstreams of its models allow it.
+    /// Returns the new status if it changed.
+    pub(crate) fn eject_if_due(&self, policy: &HealthPolicy) -> Option<Status> {
+        let mut state = self.state.lock();
+        let due = match state.status {
+            Status::Unhealthy => false,
+            Status::Unknown => state.failures > 0,
+            Status::Healthy => state.failures >= policy.eject_after,
+        };
+        let changed = due.then(|| transition(&mut state, Status::Unhealthy));
         drop(state);
         self.publish(changed)
+    }
+
+    /// Notes why a due streak did not eject the upstream; returns whether that is news (the
+    /// first time in this streak, or a different reason), so it is logged once.
+    pub(crate) fn keep(&self, because: &str) -> bool {
+        let mut state = self.state.lock();
+        if state.kept_because.as_deref() == Some(because) {
+            return false;
+        }
+        state.kept_because = Some(because.to_owned());
+        true
     }
 
     /// Records a forwarded request that got an answer: the failure streak is broken.
@@ -204,6 +283,8 @@ impl Health {
         let mut state = self.state.lock();
         if state.failures != 0 && state.status != Status::Unhealthy {
             state.failures = 0;
+            state.counted_at = None;
+            state.kept_because = None;
         }
     }
 
@@ -218,6 +299,8 @@ impl Health {
 /// A success: restores after `restore_after` in a row (the first check decides at once).
 fn succeed(state: &mut HealthView, policy: &HealthPolicy) -> Option<Status> {
     state.failures = 0;
+    state.counted_at = None;
+    state.kept_because = None;
     state.successes = state.successes.saturating_add(1);
     state.last_error = None;
     let restore = match state.status {
@@ -228,11 +311,13 @@ fn succeed(state: &mut HealthView, policy: &HealthPolicy) -> Option<Status> {
     restore.then(|| transition(state, Status::Healthy))
 }
 
-/// A failure: ejects after `eject_after` in a row (the first check decides at once).
+/// A failed check: ejects after `eject_after` in a row (the first check decides at once),
+/// whatever the other upstreams do: a check sees the engine itself fail, not a request.
 fn fail(state: &mut HealthView, reason: String, policy: &HealthPolicy) -> Option<Status> {
     state.successes = 0;
     state.failures = state.failures.saturating_add(1);
     state.last_error = Some(reason);
+    state.counted_at = Some(Instant::now());
     let eject = match state.status {
         Status::Unhealthy => false,
         Status::Unknown => true,
@@ -243,6 +328,7 @@ fn fail(state: &mut HealthView, reason: String, policy: &HealthPolicy) -> Option
 
 fn transition(state: &mut HealthView, to: Status) -> Status {
     state.status = to;
+    state.kept_because = None;
     state.since = SystemTime::now();
     to
 }
@@ -291,18 +377,19 @@ pub(crate) async fn check_engine(
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     use http::StatusCode;
     use slotgate_config::Kind;
 
-    use super::{Health, HealthPolicy, ProbeError, Status, Verdict, judge};
+    use super::{Health, HealthPolicy, ProbeError, Status, Streak, Verdict, judge};
 
     const POLICY: HealthPolicy = HealthPolicy {
         interval: Duration::from_secs(5),
         timeout: Duration::from_secs(2),
         eject_after: 3,
         restore_after: 2,
+        max_ejection_percent: 50,
     };
 
     fn fail(health: &Health) -> Option<Status> {
@@ -350,39 +437,76 @@ mod tests {
         assert_eq!(health.view().last_error, None);
     }
 
+    /// A failure seen while forwarding a request sent at `sent`.
+    fn refused(health: &Health, sent: Instant) -> Streak {
+        health.record_forward_failure("refused".into(), sent, &POLICY)
+    }
+
     #[test]
-    fn connect_errors_eject_and_answers_reset_the_streak() {
+    fn forwarding_failures_come_due_and_answers_reset_the_streak() {
         let health = Health::new();
         pass(&health);
-        assert_eq!(
-            health.record_forward_failure("refused".into(), &POLICY),
-            None
-        );
-        assert_eq!(
-            health.record_forward_failure("refused".into(), &POLICY),
-            None
-        );
+        assert_eq!(refused(&health, Instant::now()), Streak::Longer);
+        assert_eq!(refused(&health, Instant::now()), Streak::Longer);
         health.record_answer();
         assert_eq!(health.view().failures, 0);
         for _ in 0..2 {
-            assert_eq!(
-                health.record_forward_failure("refused".into(), &POLICY),
-                None
-            );
+            assert_eq!(refused(&health, Instant::now()), Streak::Longer);
         }
-        assert_eq!(
-            health.record_forward_failure("refused".into(), &POLICY),
-            Some(Status::Unhealthy)
-        );
+        // Due, but only `eject_if_due` ejects (once the other upstreams allow it).
+        assert_eq!(refused(&health, Instant::now()), Streak::Due);
+        assert!(health.is_routable());
+        assert!(health.keep("the last upstream"));
+        assert!(!health.keep("the last upstream"), "noted once");
+        assert_eq!(health.eject_if_due(&POLICY), Some(Status::Unhealthy));
+        assert!(!health.is_routable());
+        assert_eq!(health.view().kept_because, None);
         // Passive results never restore, nor disturb a recovery in progress.
         pass(&health);
-        assert_eq!(
-            health.record_forward_failure("refused".into(), &POLICY),
-            None
-        );
+        assert_eq!(refused(&health, Instant::now()), Streak::Unchanged);
         health.record_answer();
         assert_eq!(health.view().successes, 1);
         assert_eq!(pass(&health), Some(Status::Healthy));
+    }
+
+    #[test]
+    fn a_due_streak_broken_before_the_decision_does_not_eject() {
+        let health = Health::new();
+        pass(&health);
+        for _ in 0..2 {
+            refused(&health, Instant::now());
+        }
+        assert_eq!(refused(&health, Instant::now()), Streak::Due);
+        health.record_answer();
+        assert_eq!(health.eject_if_due(&POLICY), None);
+        assert!(health.is_routable());
+    }
+
+    #[test]
+    fn a_burst_of_concurrent_failures_counts_once() {
+        let health = Health::new();
+        pass(&health);
+        // Ten requests sent together, all failing: one failure.
+        let burst = Instant::now();
+        assert_eq!(refused(&health, burst), Streak::Longer);
+        for _ in 0..9 {
+            assert_eq!(refused(&health, burst), Streak::Unchanged);
+        }
+        assert_eq!(health.view().failures, 1);
+        // Requests sent after each counted failure go on with the streak: an engine that fails
+        // everyone is still ejected.
+        assert_eq!(refused(&health, Instant::now()), Streak::Longer);
+        let late = Instant::now();
+        assert_eq!(refused(&health, late), Streak::Due);
+        assert_eq!(refused(&health, late), Streak::Unchanged);
+        assert_eq!(health.eject_if_due(&POLICY), Some(Status::Unhealthy));
+    }
+
+    #[test]
+    fn the_first_forwarding_failure_decides_as_the_first_check_does() {
+        let health = Health::new();
+        assert_eq!(refused(&health, Instant::now()), Streak::Due);
+        assert_eq!(health.eject_if_due(&POLICY), Some(Status::Unhealthy));
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //!
 //! - [`state`]: one upstream — where it is, its connection [`pool`], [`health`] (active checks
 //!   and passive ejection), [`residency`] (which models are loaded), draining.
+//! - [`ejection`]: when a passive ejection may take an upstream out, given the other upstreams
+//!   of its models.
 //! - [`target`]: one upstream's offer of one model, with the state kept per (upstream, model):
 //!   [`hold`] times, the [`auto_slots`] count, the [`engine_load`].
 //! - [`cluster`]: the shared slot store of `[cluster]`, and a target's key in it.
@@ -15,6 +17,7 @@
 
 pub(crate) mod auto_slots;
 pub(crate) mod cluster;
+pub(crate) mod ejection;
 pub(crate) mod engine_load;
 pub(crate) mod fan_out;
 pub(crate) mod health;

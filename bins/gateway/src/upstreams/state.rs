@@ -214,21 +214,23 @@ impl UpstreamState {
         }
     }
 
-    /// Records a failure seen while forwarding, logging an ejection: `by` says what kind
-    /// (`connect errors`, `engine errors`).
-    pub(crate) fn record_forward_failure(
-        &self,
-        reason: String,
-        policy: &HealthPolicy,
-        by: &'static str,
-    ) {
-        let logged = reason.clone();
-        if let Some(status) = self.health.record_forward_failure(reason, policy) {
-            self.log_transition(status, Some(&logged), by);
+    /// Notes that a due failure streak did not eject it, `because` its models cannot spare it
+    /// ([`ejection`](crate::upstreams::ejection)), logging that once per streak and reason.
+    pub(crate) fn keep_in_rotation(&self, because: &str, reason: &str, by: &'static str) {
+        if self.health.keep(because) {
+            warn!(
+                upstream = %self.name,
+                by,
+                reason,
+                kept = %because,
+                "upstream failing but kept in rotation: not ejected"
+            );
         }
     }
 
-    fn log_transition(&self, status: Status, reason: Option<&str>, by: &'static str) {
+    /// Logs a change of its health `status`, with the failure's `reason` and what saw it
+    /// (`by`: `health check`, `connect errors`, `engine errors`).
+    pub(crate) fn log_transition(&self, status: Status, reason: Option<&str>, by: &'static str) {
         match status {
             Status::Healthy => {
                 info!(upstream = %self.name, by, "upstream healthy: takes new requests");

@@ -7,7 +7,7 @@
 //! needs to know about routes.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use slotgate_admission::Occupancy;
 use slotgate_choose::Info;
@@ -17,7 +17,9 @@ use slotgate_limiter::{KeyHandle, KeyReading, Ticket};
 use crate::metrics::TargetMetrics;
 use crate::upstreams::auto_slots::AutoSlots;
 use crate::upstreams::cluster::SharedKey;
+use crate::upstreams::ejection::Ejection;
 use crate::upstreams::engine_load::EngineLoad;
+use crate::upstreams::health::HealthPolicy;
 use crate::upstreams::hold::HoldStats;
 use crate::upstreams::state::UpstreamState;
 
@@ -85,6 +87,9 @@ pub(crate) struct Target {
     pub(crate) metrics: Arc<TargetMetrics>,
     /// The engine's own busy count, next to ours ([`reconcile`](crate::upstreams::reconcile)).
     pub(crate) engine: Arc<EngineLoad>,
+    /// The other upstreams of the upstream's models, which passive ejection must leave enough
+    /// of (shared by the upstream's targets).
+    pub(crate) ejection: Arc<Ejection>,
 }
 
 /// How a target's slot count is decided. The count itself lives in the limiter key's `Limits`.
@@ -137,6 +142,20 @@ impl Target {
         self.auto().is_none_or(AutoSlots::is_known)
     }
 
+    /// Records a failure of the upstream seen while forwarding a request sent at `sent` (`by`:
+    /// `connect errors`, `engine errors`), towards a passive ejection within the limits of
+    /// [`ejection`](crate::upstreams::ejection).
+    pub(crate) fn record_failure(
+        &self,
+        reason: String,
+        sent: Instant,
+        policy: &HealthPolicy,
+        by: &'static str,
+    ) {
+        self.ejection
+            .record_failure(&self.upstream, reason, sent, policy, by);
+    }
+
     /// Whether the model is resident on the upstream, as last discovered.
     pub(crate) fn is_loaded(&self) -> bool {
         self.upstream
@@ -153,9 +172,12 @@ impl Target {
         if let Some(cap) = self.key.host_reading() {
             free = free.min(cap.parallel.saturating_sub(cap.in_flight));
         }
-        // Under `[cluster]` the cap is shared: every replica's holders count.
+        // Under `[cluster]` the caps are shared: every replica's holders count.
         if let Some(global) = self.global() {
             free = reading.limits.parallel.saturating_sub(global.in_flight);
+            if let Some(cap) = self.shared.as_ref().and_then(SharedKey::host_global) {
+                free = free.min(cap.parallel.saturating_sub(cap.in_flight));
+            }
         }
         Info {
             healthy: self.upstream.health.is_routable(),

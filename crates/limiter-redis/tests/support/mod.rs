@@ -59,16 +59,61 @@ impl Prefix {
         RedisLimiter::start(self.settings(lease_ttl, OnStoreDown::FailClosed)).unwrap()
     }
 
-    /// Direct reads of the key's data, to check the global queue from outside.
+    /// The key's units held, waiters, `parallel` and `queue` as Redis holds them now (read by
+    /// a small script, since the host's state is one msgpack value); `None` before the
+    /// key was written.
+    pub fn counts(&self, host: &str, model: &str) -> Option<[usize; 4]> {
+        self.state(host, model).map(|s| s.counts)
+    }
+
+    /// The key's counts, whether it is in fair order, and its host's cap, as Redis holds them.
+    pub fn state(&self, host: &str, model: &str) -> Option<KeyState> {
+        const READ: &str = r"
+            local raw = redis.call('GET', KEYS[1])
+            if not raw then return {} end
+            local S = cmsgpack.unpack(raw)
+            local K = (S.m or {})[ARGV[1]]
+            if not K then return {} end
+            local fair = 0
+            if K.ord == 'fair' then fair = 1 end
+            local cap = -1
+            if S.cap then cap = S.cap.p end
+            return {K.inf, K.n, K.p, K.q, fair, cap}
+        ";
+        let key = format!("{}:{{{}:{host}}}:state", self.prefix, host.len());
+        let client = redis::Client::open(self.url.as_str()).ok()?;
+        let mut conn = client
+            .get_connection_with_timeout(Duration::from_secs(1))
+            .ok()?;
+        let read: Vec<i64> = redis::cmd("EVAL")
+            .arg(READ)
+            .arg(1)
+            .arg(key)
+            .arg(model)
+            .query(&mut conn)
+            .ok()?;
+        let [inf, n, p, q, fair, cap] = read.try_into().ok()?;
+        let count = |v: i64| usize::try_from(v).unwrap_or(0);
+        Some(KeyState {
+            counts: [count(inf), count(n), count(p), count(q)],
+            fair: fair == 1,
+            cap: usize::try_from(cap).ok(),
+        })
+    }
+
+    /// Units held (`"holders"`) or waiters (`"waiters"`) of the key in Redis now.
     pub fn zcard(&self, host: &str, model: &str, set: &str) -> usize {
-        let key = format!("{}:{{{}:{host}|{model}}}:{set}", self.prefix, host.len());
-        let Ok(client) = redis::Client::open(self.url.as_str()) else {
-            return 0;
-        };
-        let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_secs(1)) else {
-            return 0;
-        };
-        redis::cmd("ZCARD").arg(key).query(&mut conn).unwrap_or(0)
+        let counts = self.counts(host, model).unwrap_or_default();
+        match set {
+            "holders" => counts[0],
+            "waiters" => counts[1],
+            other => panic!("no count {other:?}"),
+        }
+    }
+
+    /// The key's limits as Redis holds them, `None` before any were written.
+    pub fn limits(&self, host: &str, model: &str) -> Option<(usize, usize)> {
+        self.counts(host, model).map(|c| (c[2], c[3]))
     }
 
     fn cleanup(&self) {
@@ -92,6 +137,17 @@ impl Drop for Prefix {
     fn drop(&mut self) {
         self.cleanup();
     }
+}
+
+/// One key as Redis holds it (see [`Prefix::state`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyState {
+    /// Units held, waiters, `parallel`, `queue`.
+    pub counts: [usize; 4],
+    /// In fair order.
+    pub fair: bool,
+    /// The host's cap, if it has one.
+    pub cap: Option<usize>,
 }
 
 /// A private `redis-server` on a free loopback port, without persistence, stopped on drop.

@@ -9,9 +9,7 @@ use url::Url;
 
 use super::{optional, required};
 use crate::raw::{KeyPath, Reader};
-use crate::types::{
-    Cluster, ModelLimits, Priority, QueueOrder, Secret, Server, StoreDown, Upstream,
-};
+use crate::types::{Cluster, ModelLimits, Secret, StoreDown, Upstream};
 
 const CLUSTER_KEYS: &[&str] = &[
     "redis_url",
@@ -127,46 +125,14 @@ pub(super) fn cluster(
 }
 
 /// Settings that would stay per replica under `[cluster]`: an error each, saying why.
-pub(super) fn per_replica_settings(
-    r: &mut Reader<'_>,
-    server: Option<&Server>,
-    upstreams: &BTreeMap<String, Upstream>,
-) {
-    if let Some(server) = server {
-        for (i, key) in server.api_keys.iter().enumerate() {
-            if key.priority != Priority::Normal {
-                r.issue(
-                    &KeyPath::root()
-                        .key("server")
-                        .key("api_keys")
-                        .index(i)
-                        .key("priority"),
-                    "priority classes order each gateway's own queue; the queue shared through \
-                     [cluster] is first come first served, so they would not hold across \
-                     replicas; leave priority at \"normal\"",
-                );
-            }
-        }
-    }
+///
+/// Weighted requests, an engine-wide `parallel`, `queue_order = "fair"` and `priority`
+/// classes are kept by the shared store itself (`docs/scale-out.md`), so they are not here.
+pub(super) fn per_replica_settings(r: &mut Reader<'_>, upstreams: &BTreeMap<String, Upstream>) {
     let path = KeyPath::root().key("upstreams");
     for (name, upstream) in upstreams {
-        if upstream.parallel.is_some() {
-            r.issue(
-                &path.key(name).key("parallel"),
-                "an engine-wide cap is kept in each gateway process and is not shared through \
-                 [cluster]: with several replicas the engine would see it once per replica; \
-                 remove it, or cap each model instead",
-            );
-        }
         for (model, queueing) in &upstream.queueing {
             let at = path.key(name).key("models").key(model);
-            if queueing.order != QueueOrder::Fifo {
-                r.issue(
-                    &at.key("queue_order"),
-                    "\"fair\" orders each gateway's own queue; the queue shared through \
-                     [cluster] is first come first served across replicas; remove it",
-                );
-            }
             if queueing.keepalive.is_some() {
                 r.issue(
                     &at.key("queue_keepalive"),

@@ -121,11 +121,13 @@ fn bounds_are_checked() {
     );
 }
 
+/// The shared store keeps an engine-wide cap, fair order and priority classes (issue #33).
 #[test]
-fn an_engine_wide_cap_is_refused_under_cluster() {
+fn shared_admission_settings_are_accepted_under_cluster() {
     let toml = r#"
 [server]
 listen = "127.0.0.1:8080"
+api_keys = [{ key = "k1", priority = "high" }]
 
 [cluster]
 redis_url = "redis://127.0.0.1:6379/0"
@@ -139,8 +141,10 @@ parallel = 4
 parallel = 2
 queue = 4
 queue_timeout = "10s"
+queue_order = "fair"
 "#;
-    assert_only_issue(toml, "upstreams.a.parallel", "not shared through [cluster]");
+    let config = ok(toml);
+    assert_eq!(config.upstreams["a"].parallel, Some(4));
 }
 
 #[test]
@@ -191,15 +195,7 @@ queue_keepalive = "10s"
 "#;
     let found = issues(toml);
     let paths: Vec<&str> = found.iter().map(|issue| issue.path.as_str()).collect();
-    assert_eq!(
-        paths,
-        [
-            "server.api_keys[0].priority",
-            "upstreams.a.models.m.queue_order",
-            "upstreams.a.models.m.queue_keepalive",
-        ],
-        "{found:?}"
-    );
+    assert_eq!(paths, ["upstreams.a.models.m.queue_keepalive"], "{found:?}");
     assert!(
         found
             .iter()

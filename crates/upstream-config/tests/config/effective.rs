@@ -28,6 +28,7 @@ fn defaults_are_written_out() {
         "health_check_timeout = \"2s\"",
         "eject_after_failures = 3",
         "restore_after_successes = 2",
+        "max_ejection_percent = 50",
         "engine_error_retries = 1",
         "api_keys = []",
         "weight = 1.0",

@@ -23,6 +23,7 @@ fn defaults_fill_every_optional_key() {
     assert_eq!(server.health_check_timeout, Duration::from_secs(2));
     assert_eq!(server.eject_after_failures, 3);
     assert_eq!(server.restore_after_successes, 2);
+    assert_eq!(server.max_ejection_percent, 50);
     assert_eq!(server.engine_error_retries, 1);
     assert!(server.api_keys.is_empty());
     assert_eq!(server.api_keys_file, None);
@@ -237,6 +238,32 @@ fn engine_error_retries_may_be_zero_but_not_negative() {
     assert_only_issue(
         &with_server(&format!("{base}\nengine_error_retries = \"once\"")),
         "server.engine_error_retries",
+        "expected an integer",
+    );
+}
+
+#[test]
+fn max_ejection_percent_is_a_share_from_0_to_100() {
+    let base = r#"listen = "127.0.0.1:8080""#;
+    for percent in [0, 34, 100] {
+        let config = ok(&with_server(&format!(
+            "{base}\nmax_ejection_percent = {percent}"
+        )));
+        assert_eq!(config.server.max_ejection_percent, percent);
+    }
+    assert_only_issue(
+        &with_server(&format!("{base}\nmax_ejection_percent = 101")),
+        "server.max_ejection_percent",
+        "at most 100",
+    );
+    assert_only_issue(
+        &with_server(&format!("{base}\nmax_ejection_percent = -1")),
+        "server.max_ejection_percent",
+        "at least 0",
+    );
+    assert_only_issue(
+        &with_server(&format!("{base}\nmax_ejection_percent = \"50%\"")),
+        "server.max_ejection_percent",
         "expected an integer",
     );
 }

@@ -7,14 +7,14 @@
 //! room for a granted shared slot (this replica holds no more shared slots than the cap), so
 //! the local step does not wait in practice; the same timer bounds it anyway.
 //!
-//! Weights: the shared store counts one slot per request, so a request that needs several
-//! sequences (`n`, `best_of`) is refused with [`Refused::Unshared`] (a `400`) rather than let
-//! it take more of the engine than the cap says.
+//! The ticket goes to the store whole: a request of weight `w` holds `w` units of the shared
+//! cap (and of the engine-wide cap, if the upstream has one), and waits in its priority class
+//! and (under fair order) its tenant's line, by the same rules as the local limiter.
 
 use std::sync::Arc;
 
 use slotgate_admission::AdmitError;
-use slotgate_limiter::{AcquireError, Ticket};
+use slotgate_limiter::Ticket;
 
 use super::{Admission, Queued, Refused, Slot, Waiting};
 use crate::proxy::client::Deadlines;
@@ -22,23 +22,20 @@ use crate::shutdown::ShutdownSignal;
 use crate::upstreams::cluster::SharedKey;
 use crate::upstreams::target::Target;
 
-/// Joins the global queue of `target`'s shared key for `ticket` (one slot).
+/// Joins the global queue of `target`'s shared key for `ticket`.
 pub(super) fn join(
     target: &Target,
     key: &SharedKey,
     ticket: &Ticket,
     deadlines: &Deadlines,
     stop: &ShutdownSignal,
-) -> Result<Admission, Refused> {
+) -> Admission {
     let weight = ticket.weight_units();
-    if weight > 1 {
-        return Err(Refused::Unshared { weight });
-    }
     let now = tokio::time::Instant::now();
     let wait = target
         .queue_timeout
         .map(|timeout| deadlines.wait(now, timeout, target.queueing.honor_sdk_timeout));
-    let shared = key.acquire();
+    let shared = key.acquire(ticket);
     let retry_after = key.store_retry_after();
     let local = target.key.clone();
     let hold = Arc::clone(&target.hold);
@@ -46,21 +43,22 @@ pub(super) fn join(
     let slot = async move {
         let shared_slot = shared.await.map_err(|error| match error {
             AdmitError::QueueFull => Refused::Full,
+            AdmitError::TooHeavy { weight, parallel } => Refused::TooHeavy { weight, parallel },
             AdmitError::StoreUnavailable(_) => Refused::StoreUnavailable { retry_after },
             _ => Refused::Closed,
         })?;
-        // The local key counts the slot for the gateway's own accounting.
-        let permit = local.acquire_many(1).await.map_err(|error| match error {
-            AcquireError::QueueFull => Refused::Full,
-            _ => Refused::Closed,
-        })?;
+        // The local key counts the units for the gateway's own accounting.
+        let permit = local
+            .acquire_many(weight)
+            .await
+            .map_err(|error| super::refusal(&error))?;
         metrics
             .queue_wait
             .observe(shared_slot.waited() + permit.waited());
         Ok(Slot::new(permit, Some(shared_slot), hold, metrics))
     };
     let mut stop = stop.clone();
-    Ok(Admission::Queued(Queued {
+    Admission::Queued(Queued {
         acquire: Waiting::Shared(Box::pin(slot)),
         wait,
         timer: wait.map(|wait| Box::pin(tokio::time::sleep_until(wait.until))),
@@ -69,5 +67,5 @@ pub(super) fn join(
         armed: true,
         hold: Arc::clone(&target.hold),
         metrics: Arc::clone(&target.metrics),
-    }))
+    })
 }

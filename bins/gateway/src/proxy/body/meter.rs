@@ -109,7 +109,7 @@ impl Meter {
             Completion::Ended if self.status.as_u16() >= 500 => Outcome::UpstreamStatusError,
             Completion::Ended => Outcome::Completed,
             Completion::Failed | Completion::Stalled { .. } => Outcome::UpstreamError,
-            Completion::Dropped => Outcome::ClientGone,
+            Completion::Dropped { .. } => Outcome::ClientGone,
         };
         self.access.outcome(outcome);
         let mut tail = std::mem::take(&mut self.tail);

@@ -117,7 +117,12 @@ async fn releases_when_dropped_mid_stream() {
     assert!(body.frame().await.unwrap().is_ok());
     assert!(body.is_holding());
     drop(body);
-    assert_eq!(rec.seen(), vec![Completion::Dropped]);
+    assert_eq!(
+        rec.seen(),
+        vec![Completion::Dropped {
+            grace: Duration::ZERO
+        }]
+    );
 }
 
 #[test]
@@ -149,6 +154,36 @@ impl Body for ThenSilence {
 
 const IDLE: Duration = Duration::from_secs(30);
 const GRACE: Duration = Duration::from_secs(2);
+
+#[tokio::test]
+async fn dropped_before_the_first_byte_keeps_the_slot_for_the_cancel_grace() {
+    // The head came (the body exists), no byte of it yet: an engine in prefill.
+    let rec = Recorder::default();
+    let (watching, _, _) = watch(false);
+    let mut body = SlotBody::new(
+        ThenSilence(vec![Ok(Frame::data(Bytes::new()))].into()),
+        rec.clone(),
+    )
+    .watched(watching);
+    // An empty frame is not a byte of the answer.
+    assert!(body.frame().await.unwrap().is_ok());
+    drop(body);
+    assert_eq!(rec.seen(), vec![Completion::Dropped { grace: GRACE }]);
+
+    // After the first byte the engine notices at its next write: no grace.
+    let rec = Recorder::default();
+    let (watching, _, _) = watch(true);
+    let data = Frame::data(Bytes::from_static(b"data: 1\n\n"));
+    let mut body = SlotBody::new(ThenSilence(vec![Ok(data)].into()), rec.clone()).watched(watching);
+    assert!(body.frame().await.unwrap().is_ok());
+    drop(body);
+    assert_eq!(
+        rec.seen(),
+        vec![Completion::Dropped {
+            grace: Duration::ZERO
+        }]
+    );
+}
 
 fn watch(sse: bool) -> (Watch, Counter, Counter) {
     let (stalled, cut) = (Counter::default(), Counter::default());
@@ -340,6 +375,56 @@ async fn an_sse_answer_cut_by_the_engine_ends_with_an_error_event() {
     assert!(body.frame().await.is_none());
     assert_eq!(rec.seen(), vec![Completion::Failed]);
     assert_eq!(cut.get(), 1);
+}
+
+#[tokio::test]
+async fn an_sse_answer_cut_mid_event_drops_the_half_event_before_the_error() {
+    let rec = Recorder::default();
+    let (watch, _, _) = watch(true);
+    let mut body = SlotBody::new(
+        stream_of(vec![
+            Ok(Frame::data(Bytes::from_static(b"data: 1\n\ndata: {\"a\""))),
+            Ok(Frame::data(Bytes::from_static(
+                b":2}\n\ndata: {\"content\":\"hal",
+            ))),
+            Err(std::io::Error::other("connection reset")),
+        ]),
+        rec.clone(),
+    )
+    .watched(watch);
+    let data = |frame: Frame<Bytes>| frame.into_data().unwrap();
+    assert_eq!(data(body.frame().await.unwrap().unwrap()), "data: 1\n\n");
+    // The event split across two frames goes on whole, once its end came.
+    assert_eq!(
+        data(body.frame().await.unwrap().unwrap()),
+        "data: {\"a\":2}\n\n"
+    );
+    let last = event(body.frame().await.unwrap().unwrap());
+    assert_eq!(
+        last["type"],
+        "https://slotgate.dev/problems/upstream-stalled"
+    );
+    assert!(body.frame().await.is_none());
+    assert_eq!(rec.seen(), vec![Completion::Failed]);
+}
+
+#[tokio::test]
+async fn an_sse_answer_that_ends_cleanly_mid_event_keeps_its_last_bytes() {
+    let rec = Recorder::default();
+    let (watch, _, _) = watch(true);
+    let mut body = SlotBody::new(
+        stream_of(vec![Ok(Frame::data(Bytes::from_static(
+            b"data: 1\n\ndata: [DONE]",
+        )))]),
+        rec.clone(),
+    )
+    .watched(watch);
+    let mut all = Vec::new();
+    while let Some(frame) = body.frame().await {
+        all.extend_from_slice(&frame.unwrap().into_data().unwrap());
+    }
+    assert_eq!(all, b"data: 1\n\ndata: [DONE]");
+    assert_eq!(rec.seen(), vec![Completion::Ended]);
 }
 
 #[tokio::test]

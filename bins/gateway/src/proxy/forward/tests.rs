@@ -4,7 +4,7 @@ use http::HeaderMap;
 use http::header::HeaderValue;
 use http::uri::PathAndQuery;
 
-use super::{copy_end_to_end, end_to_end};
+use super::{CREDENTIALS, copy_end_to_end, end_to_end};
 use crate::base::Base;
 use crate::request_id::{REQUEST_ID, request_id};
 
@@ -147,6 +147,24 @@ fn copies_only_end_to_end_fields() {
         ["a", "b"],
         "repeated fields keep every value, in order"
     );
+}
+
+#[test]
+fn every_credential_field_is_one_a_client_sends_a_key_in() {
+    let mut from = HeaderMap::new();
+    for name in [
+        "authorization",
+        "x-api-key",
+        "api-key",
+        "openai-api-key",
+        "accept",
+    ] {
+        from.append(name, HeaderValue::from_static("sk-client"));
+    }
+    let mut to = HeaderMap::new();
+    copy_end_to_end(&from, &mut to, |name| CREDENTIALS.contains(name));
+    let left: Vec<_> = to.keys().map(http::HeaderName::as_str).collect();
+    assert_eq!(left, ["accept"]);
 }
 
 #[test]
