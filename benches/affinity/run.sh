@@ -30,7 +30,8 @@ MAX_TOKENS=${MAX_TOKENS:-16}    # tokens generated per turn
 BASE_PORT=${BASE_PORT:-18470}   # hosts on BASE_PORT..+2, the gateway on +10 (admin/metrics +11)
 SMG_VERSION=${SMG_VERSION:-1.13.0}
 SLOTGATE_BIN=${SLOTGATE_BIN:-}
-SLOTGATE_SERVER=${SLOTGATE_SERVER:-}   # extra `key = value` lines for slotgate's [server]
+EXTRA_SERVER=${EXTRA_SERVER:-}      # extra `key = value` lines for slotgate's [server]
+# (not SLOTGATE_SERVER: slotgate reads SLOTGATE_* from its environment as configuration)
 OUT=${OUT:-target/affinity/results.md}
 HOSTS=3
 
@@ -109,7 +110,7 @@ start_hosts() { # $1: log prefix
 start_slotgate() { # $1: log prefix, $2: extra [server] lines
   {
     printf '[server]\nlisten = "127.0.0.1:%s"\nadmin_listen = "127.0.0.1:%s"\n%s\n%s\n' \
-      "$GATEWAY_PORT" $((GATEWAY_PORT + 1)) "$SLOTGATE_SERVER" "${2:-}"
+      "$GATEWAY_PORT" $((GATEWAY_PORT + 1)) "$EXTRA_SERVER" "${2:-}"
     for h in $(seq 0 $((HOSTS - 1))); do
       printf '\n[upstreams.host%s]\nurl = "%s"\nkind = "llama-server"\n' "$h" "$(host_url "$h")"
       printf '[upstreams.host%s.models.bench]\nparallel = 2\nqueue = 64\nqueue_timeout = "120s"\n' "$h"

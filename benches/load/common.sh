@@ -94,14 +94,15 @@ start_fake() {
 }
 
 # $1: kind of the upstream as slotgate sees it; $2: cap; $3: queue; $4: max connections.
-# SLOTGATE_SERVER: extra `key = value` lines for `[server]` (e.g. `affinity = "off"`).
+# EXTRA_SERVER: extra `key = value` lines for `[server]` (e.g. `affinity = "off"`); not named
+# SLOTGATE_SERVER, which slotgate itself would read as its `server` table.
 start_slotgate() {
   cat >"$work/slotgate.toml" <<TOML
 [server]
 listen = "127.0.0.1:$SLOTGATE_PORT"
 admin_listen = "127.0.0.1:$ADMIN_PORT"
 max_connections = $4
-${SLOTGATE_SERVER:-}
+${EXTRA_SERVER:-}
 
 [upstreams.bench]
 url = "http://127.0.0.1:$UPSTREAM_PORT"
