@@ -51,7 +51,7 @@ use crate::error::BoxError;
 use crate::metrics::Metrics;
 use crate::proxy::admit::{Queued, Refused, Slot};
 use crate::proxy::answer::{Answerer, Streamed, mark_upstream};
-use crate::proxy::body::sse_event;
+use crate::proxy::body::last_message;
 use crate::proxy::choose::Routed;
 use crate::proxy::problems::{self, Error, Unavailable};
 use crate::proxy::send::{Sender, Sent};
@@ -202,7 +202,7 @@ impl Body for KeepaliveBody {
         loop {
             match &mut this.stage {
                 Stage::Queued { queued, .. } => {
-                    if let Poll::Ready(outcome) = Pin::new(&mut *queued).poll(cx) {
+                    if let Poll::Ready(outcome) = Pin::new(&mut **queued).poll(cx) {
                         let waited = queued.waited();
                         let Stage::Queued {
                             forward, refuse, ..
@@ -326,7 +326,18 @@ pub(crate) async fn forward(
 /// ([`problems::record`]).
 pub(crate) fn last_event(routed: &Routed, error: &Error, metrics: &Metrics) -> Bytes {
     problems::record(error, &routed.generation.routes, metrics, &routed.access);
-    sse_event(error.to_problem(), routed.id())
+    ending(routed, error.to_problem())
+}
+
+/// The SSE event that ends `routed`'s stream with `problem`, in the client's dialect (an
+/// Anthropic client gets `event: error`, the only event its SDKs raise on).
+fn ending(routed: &Routed, problem: slotgate_problem::Problem) -> Bytes {
+    last_message(
+        problem,
+        routed.id(),
+        slotgate_problem::Dialect::of_path(routed.endpoint.path),
+        slotgate_problem::Framing::Sse,
+    )
 }
 
 /// The most of an engine's error answer read to explain it.
@@ -355,5 +366,5 @@ async fn engine_refused(routed: &Routed, target: &Target, answer: Response<Strea
         ))
         .with_extension("upstream_status", status)
         .with_extension("upstream_error", engine);
-    sse_event(problem, routed.id())
+    ending(routed, problem)
 }
