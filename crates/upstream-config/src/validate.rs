@@ -126,13 +126,9 @@ pub(crate) fn build(r: &mut Reader<'_>, root: &Value) -> Option<Config> {
         table.get("aliases"),
         &upstreams.models,
     );
+    // Every admission setting is kept by the shared store under `[cluster]`
+    // (`docs/scale-out.md`): nothing of the upstreams is checked against it.
     let cluster = cluster::cluster(r, &path.key("cluster"), table.get("cluster"));
-    if let (Some(Some(_)), Some(built)) = (&cluster, &upstreams.built) {
-        cluster::per_replica_settings(r, built);
-        if r.has_issues() {
-            return None;
-        }
-    }
     Some(Config {
         server: server?,
         upstreams: upstreams.built?,
