@@ -198,7 +198,7 @@ impl PrefixBuilder {
 ///
 /// The previous element is rotated before it is combined, so that the mix is not symmetric
 /// (block order matters), and the sum goes through a bijective 64-bit finalizer (the one of
-/// SplitMix64 / Murmur3's `fmix64` family): for a given previous element, two different block
+/// `SplitMix64` / Murmur3's `fmix64` family): for a given previous element, two different block
 /// hashes always give two different elements, and for a given block hash two different
 /// previous elements do too. So two chains agree on element `k` only if they agreed on
 /// element `k - 1` and the blocks' hashes agree (barring a 64-bit collision of the mix across
