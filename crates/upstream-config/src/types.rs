@@ -799,6 +799,23 @@ impl Kind {
         }
     }
 
+    /// The longest a pooled connection to this kind may sit idle before the gateway closes it,
+    /// whatever `[server] idle_timeout` says: below the engine's own keep-alive timeout, so that
+    /// the gateway never hands a request to a connection the engine is closing at that moment
+    /// (the request would be lost with `502 upstream-bad-response`, "connection closed before message
+    /// completed", issue #30's affinity benchmark).
+    ///
+    /// - `llama-server`: 4 s. Its HTTP server, cpp-httplib, closes a keep-alive connection idle
+    ///   for `CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND` = 5 s (`vendor/cpp-httplib/httplib.h`;
+    ///   llama-server does not change it); one second of margin for a loaded machine.
+    /// - others: no bound of their own (`idle_timeout` alone).
+    pub const fn max_pool_idle(self) -> Option<Duration> {
+        match self {
+            Kind::LlamaServer => Some(Duration::from_secs(4)),
+            Kind::Vllm | Kind::Ollama | Kind::OpenAi => None,
+        }
+    }
+
     /// The kind with configuration name `name`, exactly as [`Kind::as_str`] spells it.
     pub fn from_name(name: &str) -> Option<Kind> {
         Kind::ALL.into_iter().find(|kind| kind.as_str() == name)

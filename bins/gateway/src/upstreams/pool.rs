@@ -28,10 +28,11 @@
 //! - **A stale connection.** An idle connection the upstream closed just as a request was given
 //!   to it: hyper hands the unsent request back, and it goes once more on a new connection. If
 //!   the request was already written when the close arrived, it is not sent again (the engine
-//!   may have started it): the client gets `502 upstream-failed`, as from any proxy. The driver
+//!   may have started it): the client gets `502 upstream-bad-response`, as from any proxy. The driver
 //!   notices an upstream's idle close at once, so this needs the close and the reuse to meet
 //!   within the same instant; an `idle_timeout` below the engine's own keep-alive timeout rules
-//!   it out.
+//!   it out, which is why a llama-server upstream's pool keeps connections idle for at most 4 s
+//!   (`Kind::max_pool_idle`: cpp-httplib closes them at 5 s).
 //!
 //! Only HTTP/1.1: the upstream connector offers no other protocol (see [`tls`](crate::tls)).
 //! The probes ([`probe`](crate::upstreams::probe)) keep hyper-util's client: they make a new
@@ -52,6 +53,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use parking_lot::Mutex;
 use pin_project_lite::pin_project;
+use slotgate_config::Kind;
 use tower_service::Service;
 use tracing::debug;
 
@@ -71,6 +73,20 @@ pub(crate) struct PoolSettings {
     pub(crate) idle_timeout: Duration,
     /// Most connections kept idle at once.
     pub(crate) max_idle: usize,
+}
+
+impl PoolSettings {
+    /// These settings with `idle_timeout` cut below the engine's own keep-alive timeout
+    /// ([`Kind::max_pool_idle`]): a connection the engine is about to close is never reused.
+    pub(crate) fn for_kind(self, kind: Kind) -> Self {
+        let idle_timeout = kind
+            .max_pool_idle()
+            .map_or(self.idle_timeout, |bound| bound.min(self.idle_timeout));
+        Self {
+            idle_timeout,
+            ..self
+        }
+    }
 }
 
 /// Why [`Pool::send`] got no response head.

@@ -142,7 +142,8 @@ impl UpstreamState {
                 idle_timeout: server.idle_timeout,
                 // No more idle connections than there can be client connections.
                 max_idle: server.max_connections,
-            },
+            }
+            .for_kind(upstream.kind),
         );
         // No connect timeout of its own: the probe's timeout covers the whole exchange. No
         // idle connections: a probe also proves that the engine still accepts connections.

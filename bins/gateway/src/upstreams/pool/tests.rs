@@ -1,6 +1,7 @@
 //! Unit tests against a scripted HTTP/1.1 upstream on loopback: connections are reused, an
 //! answer dropped mid-way never comes back to the pool, an answer read to its end does, the
-//! idle bounds hold, and a refused or silent upstream is a connect error.
+//! idle bounds hold, a llama-server's keep-alive close never meets a reused connection, and a
+//! refused or silent upstream is a connect error.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt as _, Full};
-use slotgate_config::Config;
+use slotgate_config::{Config, Kind};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -102,6 +103,41 @@ async fn serve(mut stream: TcpStream) {
             other => panic!("unexpected path {other}"),
         }
     }
+}
+
+/// An upstream that closes a keep-alive connection idle for `keep_alive` the way llama-server
+/// (cpp-httplib, 5 s) does, at the worst moment: the close crosses the gateway's next request,
+/// so a request that arrives on a connection idle past `keep_alive` is read and the connection
+/// closed without any answer ("connection closed before message completed"). A request within
+/// `keep_alive` of the last answer gets `ok`. Counts connections accepted and requests lost.
+async fn keep_alive_upstream(keep_alive: Duration) -> (String, Arc<Seen>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(Seen::default());
+    let counts = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            counts.accepted.fetch_add(1, Ordering::SeqCst);
+            let counts = Arc::clone(&counts);
+            tokio::spawn(async move {
+                let mut buf = [0_u8; 4096];
+                let mut answered = None::<std::time::Instant>;
+                while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {
+                    if answered.is_some_and(|at| at.elapsed() >= keep_alive) {
+                        // Lost: the request met the engine's idle close.
+                        counts.closed.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    if stream.write_all(answer).await.is_err() {
+                        return;
+                    }
+                    answered = Some(std::time::Instant::now());
+                }
+            });
+        }
+    });
+    (url, seen)
 }
 
 fn settings() -> PoolSettings {
@@ -210,6 +246,27 @@ async fn idle_connections_close_after_the_idle_timeout() {
     assert_eq!(pool.idle_count(), 0);
     // And the pool still works afterwards, on a new connection.
     assert_eq!(fetch(&pool, "/ok").await, "ok");
+    assert_eq!(seen.accepted.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_llama_server_connection_is_not_reused_past_the_engines_keep_alive() {
+    // cpp-httplib's CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND; the gateway's default idle_timeout.
+    let (url, seen) = keep_alive_upstream(Duration::from_secs(5)).await;
+    let settings = PoolSettings {
+        idle_timeout: Duration::from_secs(90),
+        ..settings()
+    }
+    .for_kind(Kind::LlamaServer);
+    let pool = pool(&url, settings);
+    assert_eq!(fetch(&pool, "/ok").await, "ok");
+    // Idle just past the engine's keep-alive: the connection must not be handed the request.
+    tokio::time::sleep(Duration::from_millis(5_100)).await;
+    let response = pool.send(get("/ok")).await;
+    let response = response.expect("the request went on a fresh connection");
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "ok");
+    assert_eq!(seen.closed.load(Ordering::SeqCst), 0, "no request lost");
     assert_eq!(seen.accepted.load(Ordering::SeqCst), 2);
 }
 
