@@ -190,7 +190,7 @@ pub(crate) fn join(
 }
 
 /// A request waiting at the upstream's gate, then in its model's queue: one [`Queued`], bounded
-/// by the same [`Wait`] from now.
+/// by the same [`Wait`] from now, that tells where it stands in either.
 fn wait_for_place(
     target: &Arc<Target>,
     ticket: &Ticket,
@@ -202,24 +202,20 @@ fn wait_for_place(
     let wait = target
         .queue_timeout
         .map(|timeout| deadlines.wait(now, timeout, target.queueing.honor_sdk_timeout));
-    let slot = {
+    let line = waiting.ticket();
+    let then: JoinSlot = {
         let target = Arc::clone(target);
         let (ticket, deadlines, stop) = (ticket.clone(), *deadlines, stop.clone());
-        async move {
-            let pass = waiting.admitted().await;
-            match join_slot(&target, &ticket, &deadlines, &stop)? {
-                Admission::Granted(slot) => Ok(slot.with_place(Some(pass))),
-                Admission::Queued(mut queued) => {
-                    // The outer wait counts a client that leaves; this one must not again.
-                    queued.armed = false;
-                    queued.await.map(|slot| slot.with_place(Some(pass)))
-                }
-            }
-        }
+        Box::new(move || join_slot(&target, &ticket, &deadlines, &stop))
     };
     let mut stop = stop.clone();
     Queued {
-        acquire: Waiting::Place(Box::pin(slot)),
+        acquire: Waiting::Place(Box::new(AtGate {
+            admitted: Box::pin(waiting.admitted()),
+            gate: Arc::clone(&target.upstream.places),
+            line,
+            then: Some(then),
+        })),
         wait,
         timer: wait.map(|wait| Box::pin(tokio::time::sleep_until(wait.until))),
         stop: Box::pin(async move { stop.fired().await }),
@@ -229,6 +225,18 @@ fn wait_for_place(
         metrics: Arc::clone(&target.metrics),
         place: None,
     }
+}
+
+/// The model's slot queue, joined once the gate admits the request.
+type JoinSlot = Box<dyn FnOnce() -> Result<Admission, Refused> + Send>;
+
+/// A request at its upstream's gate.
+struct AtGate {
+    admitted: BoxFuture<'static, Pass>,
+    gate: Arc<crate::upstreams::places::gate::Gate>,
+    line: crate::upstreams::places::Ticket,
+    /// `None` once called.
+    then: Option<JoinSlot>,
 }
 
 /// [`join`] once the upstream's gate let the request go: the model's slot queue.
@@ -319,13 +327,28 @@ pub(crate) struct Queued {
     place: Option<Pass>,
 }
 
+/// Where a [`Queued`] request stands, for the keepalive comments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// In its model's slot queue.
+    Slot(QueuePosition),
+    /// At the upstream's gate, behind the loads of `models_ahead` other models.
+    Place {
+        /// Other models, not loaded, with a waiter before it.
+        models_ahead: usize,
+    },
+}
+
 /// What a [`Queued`] waits on: the target's local key, or (under `[cluster]`) the shared
 /// store and then the local key ([`shared`]).
 enum Waiting {
     Local(Acquire),
     Shared(BoxFuture<'static, Result<Slot, Refused>>),
-    /// The upstream's gate, then the model's queue.
-    Place(BoxFuture<'static, Result<Slot, Refused>>),
+    /// The upstream's gate, then ([`Waiting::Slot`]) the model's queue.
+    Place(Box<AtGate>),
+    /// Past the gate: the model's queue, whose wait is bounded by the outer one (it started
+    /// later, with the same bounds), and whose drop is not counted again.
+    Slot(Box<Queued>),
 }
 
 impl std::fmt::Debug for Waiting {
@@ -334,6 +357,7 @@ impl std::fmt::Debug for Waiting {
             Waiting::Local(acquire) => acquire.fmt(f),
             Waiting::Shared(_) => f.write_str("Shared"),
             Waiting::Place(_) => f.write_str("Place"),
+            Waiting::Slot(queued) => queued.fmt(f),
         }
     }
 }
@@ -348,13 +372,47 @@ impl std::fmt::Debug for Queued {
 }
 
 impl Queued {
-    /// Where the request stands in the queue now; `None` once it has an outcome.
-    pub(crate) fn position(&self) -> Option<QueuePosition> {
+    /// Where the request stands now; `None` once it has an outcome.
+    pub(crate) fn standing(&self) -> Option<Standing> {
         match &self.acquire {
-            Waiting::Local(acquire) => acquire.position(),
-            // The shared queue's place is not known here (only its length, `Target::global`);
-            // nor is one in the gate's line, which is not the slot queue.
-            Waiting::Shared(_) | Waiting::Place(_) => None,
+            Waiting::Local(acquire) => acquire.position().map(Standing::Slot),
+            // The shared queue's place is not known here (only its length, `Target::global`).
+            Waiting::Shared(_) => None,
+            Waiting::Place(at) => at
+                .gate
+                .models_ahead(at.line)
+                .map(|models_ahead| Standing::Place { models_ahead }),
+            Waiting::Slot(queued) => queued.standing(),
+        }
+    }
+
+    /// Polls what it waits on; past the gate, joins the model's slot queue.
+    fn poll_acquire(&mut self, cx: &mut Context<'_>) -> Poll<Result<Slot, Refused>> {
+        loop {
+            match &mut self.acquire {
+                Waiting::Local(acquire) => {
+                    return Pin::new(acquire)
+                        .poll(cx)
+                        .map(|outcome| granted(outcome, &self.hold, &self.metrics));
+                }
+                Waiting::Shared(slot) => return slot.as_mut().poll(cx),
+                Waiting::Slot(queued) => return Pin::new(&mut **queued).poll(cx),
+                Waiting::Place(at) => {
+                    let pass = std::task::ready!(at.admitted.as_mut().poll(cx));
+                    self.place = Some(pass);
+                    let Some(then) = at.then.take() else {
+                        unreachable!("the gate admits once, and then is taken only here");
+                    };
+                    match then()? {
+                        Admission::Granted(slot) => return Poll::Ready(Ok(slot)),
+                        Admission::Queued(mut queued) => {
+                            // The outer wait counts a client that leaves; this one must not.
+                            queued.armed = false;
+                            self.acquire = Waiting::Slot(Box::new(queued));
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -374,13 +432,7 @@ impl Future for Queued {
             this.armed = false;
             return Poll::Ready(Err(Refused::ShuttingDown));
         }
-        let outcome = match &mut this.acquire {
-            Waiting::Local(acquire) => Pin::new(acquire)
-                .poll(cx)
-                .map(|outcome| granted(outcome, &this.hold, &this.metrics)),
-            Waiting::Shared(slot) | Waiting::Place(slot) => slot.as_mut().poll(cx),
-        };
-        if let Poll::Ready(outcome) = outcome {
+        if let Poll::Ready(outcome) = this.poll_acquire(cx) {
             this.armed = false;
             let place = this.place.take();
             return Poll::Ready(outcome.map(|slot| slot.with_place(place)));

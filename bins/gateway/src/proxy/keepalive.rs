@@ -11,7 +11,11 @@
 //! `position` is the request's place in line (1 is next), `ahead` the waiters expected to be
 //! served before it ([`QueuePosition::ahead`](slotgate_limiter::QueuePosition)), `eta_s` the
 //! wait expected from recent slot hold times, in whole seconds (the estimate behind
-//! `Retry-After`; before any hold was observed, a typical answer's length stands in). SSE
+//! `Retry-After`; before any hold was observed, a typical answer's length stands in; plus the
+//! model's measured load time while it is not loaded). Before that, while the request waits
+//! at its upstream's gate for its model to get a place ([`places`](crate::upstreams::places)),
+//! the comment is `: waiting for a model place models_ahead=M eta_s=E`
+//! ([`HoldStats::eta_behind_loads`](crate::upstreams::hold::HoldStats::eta_behind_loads)). SSE
 //! clients ignore comments, and a proxy between them sees bytes often enough not to cut an idle
 //! connection. When the slot comes, one more comment (`: granted waited_ms=N`) precedes the
 //! engine's events; the `x-slotgate-queue-wait-ms` header cannot carry the wait, since the head
@@ -46,7 +50,7 @@ use http::header::{self, HeaderValue};
 
 use crate::error::BoxError;
 use crate::metrics::Metrics;
-use crate::proxy::admit::{Queued, Refused, Slot};
+use crate::proxy::admit::{Queued, Refused, Slot, Standing};
 use crate::proxy::answer::{Answerer, Streamed, mark_upstream};
 use crate::proxy::body::sse_event;
 use crate::proxy::choose::Routed;
@@ -143,17 +147,34 @@ impl KeepaliveBody {
 
     /// The comment that tells the client where it stands.
     fn position_comment(&self, queued: &Queued) -> Option<Bytes> {
-        let position = queued.position()?;
-        let reading = self.target.reading();
-        let slots = self.target.slots(&reading).unwrap_or(usize::MAX);
-        let eta = self.target.hold.eta(position.ahead, slots);
-        let eta_s = eta.as_secs() + u64::from(eta.subsec_nanos() > 0);
-        Some(Bytes::from(format!(
-            ": queued position={} ahead={} eta_s={eta_s}\n\n",
-            position.ahead.saturating_add(1),
-            position.ahead,
-        )))
+        let load = self.target.load_cost();
+        let comment = match queued.standing()? {
+            Standing::Slot(position) => {
+                let reading = self.target.reading();
+                let slots = self.target.slots(&reading).unwrap_or(usize::MAX);
+                let eta = self.target.hold.eta(position.ahead, slots, load);
+                format!(
+                    ": queued position={} ahead={} eta_s={}\n\n",
+                    position.ahead.saturating_add(1),
+                    position.ahead,
+                    whole_seconds(eta),
+                )
+            }
+            Standing::Place { models_ahead } => {
+                let eta = self.target.hold.eta_behind_loads(models_ahead, load);
+                format!(
+                    ": waiting for a model place models_ahead={models_ahead} eta_s={}\n\n",
+                    whole_seconds(eta),
+                )
+            }
+        };
+        Some(Bytes::from(comment))
     }
+}
+
+/// `duration` rounded up to whole seconds.
+fn whole_seconds(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }
 
 impl Body for KeepaliveBody {

@@ -205,6 +205,22 @@ impl Places {
         out
     }
 
+    /// The models a waiting `ticket` is behind: other models, not resident, with a waiter before
+    /// its model's first (all of a model's waiters go with its first, and each of those models
+    /// needs a load first); `None` once it is no longer waiting.
+    pub(crate) fn models_ahead(&self, ticket: Ticket) -> Option<usize> {
+        let own = &self.waiters.iter().find(|w| w.ticket == ticket)?.model;
+        let first = self.waiters.iter().position(|w| w.model == *own)?;
+        let mut ahead: Vec<&str> = Vec::new();
+        for waiter in self.waiters.iter().take(first) {
+            let model = &*waiter.model;
+            if model != &**own && !self.is_resident(model) && !ahead.contains(&model) {
+                ahead.push(model);
+            }
+        }
+        Some(ahead.len())
+    }
+
     /// Requests waiting for `model`.
     pub(crate) fn waiting(&self, model: &str) -> usize {
         self.waiters.iter().filter(|w| &*w.model == model).count()

@@ -203,8 +203,23 @@ impl Target {
             .global()
             .map_or_else(|| self.key.position_for(ticket).ahead, |g| g.queued);
         let reading = self.reading();
-        self.hold
-            .retry_after(ahead, self.slots(&reading).unwrap_or(usize::MAX))
+        self.hold.retry_after(
+            ahead,
+            self.slots(&reading).unwrap_or(usize::MAX),
+            self.load_cost(),
+        )
+    }
+
+    /// What loading the model would add to a wait: its measured load time on this upstream
+    /// when it is not resident (as last discovered), zero when it is or no load was timed yet.
+    pub(crate) fn load_cost(&self) -> Duration {
+        if self.is_loaded() {
+            return Duration::ZERO;
+        }
+        self.upstream
+            .residency
+            .load_time_as(&self.engine_model, self.tagged_name.as_deref())
+            .unwrap_or_default()
     }
 
     /// The wait expected for a request with `ahead` waiters before it, from observed hold
