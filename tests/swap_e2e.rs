@@ -329,3 +329,57 @@ async fn a_stream_waiting_for_its_models_place_gets_keepalive_comments() {
     assert_eq!(busy.await.unwrap().status, 200);
     assert!(fake.observer().request("kept").expect("served").is_done());
 }
+
+/// Placement across hosts: two routers serve "a" and "b", one place each, "a" loaded on both.
+/// While the first listed is busy with "a", a request for "b" goes to the second, whose place
+/// can be taken at once, instead of waiting behind the first's work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_not_loaded_anywhere_goes_where_its_load_can_start_now() {
+    let (one, two) = (router().await, router().await);
+    let model = |up: &str, name: &str| {
+        format!(
+            "[upstreams.{up}.models.{name}]\nparallel = 2\nqueue = 16\nqueue_timeout = \"30s\"\n"
+        )
+    };
+    let toml = format!(
+        "{}[upstreams.r]\nurl = \"{}\"\nkind = \"llama-server\"\n{}{}\
+         [upstreams.s]\nurl = \"{}\"\nkind = \"llama-server\"\n{}{}",
+        server("health_check_interval = \"100ms\""),
+        one.url(),
+        model("r", "a"),
+        model("r", "b"),
+        two.url(),
+        model("s", "a"),
+        model("s", "b"),
+    );
+    let gw = gateway(&toml).await;
+    let (addr, admin) = (gw.api_addr(), gw.admin_addr().unwrap());
+    for name in ["r", "s"] {
+        let deadline = tokio::time::Instant::now() + PATIENT;
+        while upstream_status(admin, name).await["residency"]["max_loaded_models"] != 1 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name}'s bound read"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // "a" runs on the first listed ("r") until its client goes.
+    let busy = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("a", false),
+            &[("x-fake-fail", "hang"), ("x-request-id", "busy")],
+        ),
+    )
+    .await;
+    one.observer().wait_for_in_flight(1, PATIENT).await.unwrap();
+    let reply = chat(addr, "b", false, &[("x-request-id", "placed")]).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert!(two.observer().request("placed").is_some(), "served by s");
+    assert!(one.observer().request("placed").is_none());
+    assert_eq!(one.model_loads("b"), Some(0), "r never swapped");
+    busy.disconnect();
+}

@@ -129,6 +129,13 @@ impl Places {
         Arrival::Wait(ticket)
     }
 
+    /// Whether a request for `model` arriving now would go at once (rules 1 and 2, and no
+    /// earlier waiter of its model), without changing anything.
+    pub(crate) fn would_go(&self, model: &str, now: Instant) -> bool {
+        self.capacity.is_none()
+            || (!self.waiters.iter().any(|w| &*w.model == model) && self.may_go(model, now))
+    }
+
     /// An admitted request for `model` ended. Returns the tickets granted by it.
     pub(crate) fn leave(&mut self, model: &str, now: Instant) -> Vec<Ticket> {
         if let Some(entry) = self.models.get_mut(model) {

@@ -210,6 +210,20 @@ impl Target {
         )
     }
 
+    /// What serving the model costs on this upstream now, for placement across hosts: loaded
+    /// (as last discovered, or holding a place in the gate), a load that can start at once, or
+    /// one that waits for other models' work to drain.
+    pub(crate) fn serve_cost(&self) -> slotgate_choose::LoadCost {
+        let places = &self.upstream.places;
+        if self.is_loaded() {
+            slotgate_choose::LoadCost::Loaded
+        } else if places.would_go(&self.place_name) {
+            slotgate_choose::LoadCost::PlaceFree
+        } else {
+            slotgate_choose::LoadCost::Busy
+        }
+    }
+
     /// What loading the model would add to a wait: its measured load time on this upstream
     /// when it is not resident (as last discovered), zero when it is or no load was timed yet.
     pub(crate) fn load_cost(&self) -> Duration {

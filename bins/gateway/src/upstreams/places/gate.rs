@@ -145,6 +145,11 @@ impl Gate {
         self.inner.lock().places.view()
     }
 
+    /// Whether a request for `model` arriving now would go at once ([`Places::would_go`]).
+    pub(crate) fn would_go(&self, model: &str) -> bool {
+        self.inner.lock().places.would_go(model, Instant::now())
+    }
+
     /// The models a waiting `ticket` is behind ([`Places::models_ahead`]).
     pub(crate) fn models_ahead(&self, ticket: Ticket) -> Option<usize> {
         self.inner.lock().places.models_ahead(ticket)

@@ -142,6 +142,22 @@ fn a_waiter_is_behind_the_loads_of_the_other_models_waiting_before_it() {
 }
 
 #[test]
+fn would_go_says_whether_a_load_can_start_now_without_changing_anything() {
+    let now = Instant::now();
+    let mut unbounded = Places::new(None, LONG);
+    assert!(unbounded.would_go("a", now));
+    go(&mut unbounded, "a", now);
+    let mut places = Places::new(Some(1), LONG);
+    assert!(places.would_go("b", now), "a free place");
+    go(&mut places, "a", now);
+    assert!(places.would_go("a", now), "resident");
+    assert!(!places.would_go("b", now), "a's request runs");
+    assert!(!places.would_go("b", now), "asking changed nothing");
+    assert_eq!(places.leave("a", now), vec![]);
+    assert!(places.would_go("b", now), "a is idle: its place can be given up");
+}
+
+#[test]
 fn probes_correct_what_the_gateway_believes() {
     let now = Instant::now();
     let mut places = Places::new(Some(1), LONG);
