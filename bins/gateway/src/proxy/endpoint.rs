@@ -1,12 +1,14 @@
-//! The route table, read by steps 3 to 5: which of the engines' APIs a request is for, and what that route needs: where the
-//! model is named, whether it takes a slot, which kinds of upstream serve it.
+//! The endpoint table, read by steps 3 to 5: which of the engines' APIs (endpoints) a request is
+//! for, and what that endpoint needs: where the model is named, whether it takes a slot, which
+//! kinds of upstream serve it. (The *routing* table, from a model to its upstreams, is
+//! [`route`](crate::proxy::route).)
 //!
 //! The table follows what each engine really serves (the team's `PROTOCOLS.md`, §7, with
-//! sources): a route is sent only to upstreams whose [`Kind`] serves it, so an Ollama-native
+//! sources): an endpoint is sent only to upstreams whose [`Kind`] serves it, so an Ollama-native
 //! request never reaches a `llama-server`. `kind = "openai"` (a server the gateway knows nothing
-//! else about) gets the routes of OpenAI's own API.
+//! else about) gets the endpoints of OpenAI's own API.
 //!
-//! | routes | model | slot | kinds |
+//! | endpoints | model | slot | kinds |
 //! |---|---|---|---|
 //! | `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/responses`, `/v1/messages` | JSON | yes | all |
 //! | `/v1/messages/count_tokens` | JSON | no | llama-server, vLLM |
@@ -27,7 +29,7 @@
 //! `/v1/chat/completions`, `max(n, best_of)` on `/v1/completions`, one everywhere else
 //! (embeddings count one whatever their number of inputs).
 //!
-//! A request that names no model on an "optional" route goes to the only model the serving
+//! A request that names no model on an "optional" endpoint goes to the only model the serving
 //! kinds have (a single-model `llama-server` ignores `model`); with several, it is a 400.
 
 use slotgate_config::Kind;
@@ -42,10 +44,10 @@ const OLLAMA: &[Kind] = &[Kind::Ollama];
 /// Served by none of the three engines; vLLM-Omni speaks the same API under `kind = "vllm"`.
 const VLLM_OPENAI: &[Kind] = &[Kind::Vllm, Kind::OpenAi];
 
-/// Which members carry a route's prompt (see [`request::prompt`](crate::proxy::request::prompt)).
+/// Which members carry an endpoint's prompt (see [`request::prompt`](crate::proxy::request::prompt)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Carries {
-    /// No prompt worth routing by (embeddings, rerank, audio, metadata routes).
+    /// No prompt worth routing by (embeddings, rerank, audio, metadata endpoints).
     Nothing,
     /// `messages`.
     Messages,
@@ -59,7 +61,7 @@ pub(crate) enum Carries {
     SystemAndPrompt,
 }
 
-/// Where a route's body names the model.
+/// Where an endpoint's body names the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ModelIn {
     /// The JSON body's `model` member, required.
@@ -71,7 +73,7 @@ pub(crate) enum ModelIn {
     Form,
 }
 
-/// One route of the engines' APIs.
+/// One endpoint of the engines' APIs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Endpoint {
     /// The path, exactly.
@@ -84,7 +86,7 @@ pub(crate) struct Endpoint {
     pub(crate) kinds: &'static [Kind],
     /// What `stream` means when the body does not say (`true` on Ollama's chat and generate).
     pub(crate) stream_default: bool,
-    /// Whether the route changes an engine's disk (sent only where `allow_model_management`).
+    /// Whether the endpoint changes an engine's disk (sent only where `allow_model_management`).
     pub(crate) manages_models: bool,
     /// How many engine slots (sequences) one request takes.
     pub(crate) weighed: Weighed,
@@ -92,14 +94,14 @@ pub(crate) struct Endpoint {
     pub(crate) carries: Carries,
 }
 
-/// How many engine slots one request on a route takes: its weight at the limiter.
+/// How many engine slots one request on an endpoint takes: its weight at the limiter.
 ///
 /// An engine runs each generated choice as its own sequence, in its own slot
 /// (`docs/real-engine-notes.md`: llama-server showed `requests_processing 2` for one `"n": 2`
 /// request), so a request with `n` choices holds `n` slots, not one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Weighed {
-    /// One slot, whatever the body says (embeddings, rerank, Ollama's native routes, ...).
+    /// One slot, whatever the body says (embeddings, rerank, Ollama's native endpoints, ...).
     One,
     /// `n` slots: the number of choices (chat completions).
     Choices,
@@ -147,9 +149,9 @@ impl Endpoint {
         ENDPOINTS.iter().find(|endpoint| endpoint.path == path)
     }
 
-    /// Whether a streamed answer on this route is Server-Sent Events, which can carry a
+    /// Whether a streamed answer on this endpoint is Server-Sent Events, which can carry a
     /// queued client's keepalive comments (`queue_keepalive`) and a late `error` event. Ollama's
-    /// native routes stream NDJSON, which has no comments: keepalive is off there.
+    /// native endpoints stream NDJSON, which has no comments: keepalive is off there.
     pub(crate) fn streams_sse(&self) -> bool {
         matches!(
             self.path,
@@ -168,7 +170,7 @@ impl Endpoint {
         self.path == "/v1/responses"
     }
 
-    /// Whether an upstream of `kind` serves this route.
+    /// Whether an upstream of `kind` serves this endpoint.
     pub(crate) fn is_served_by(&self, kind: Kind) -> bool {
         self.kinds.contains(&kind)
     }
@@ -176,7 +178,7 @@ impl Endpoint {
 
 use ModelIn::{Form, Json, JsonOptional};
 
-/// The model-routed routes (see the module documentation).
+/// The model-routed endpoints (see the module documentation).
 static ENDPOINTS: &[Endpoint] = &[
     Endpoint::new("/v1/chat/completions", Json, true, ALL)
         .weighed(Weighed::Choices)
@@ -237,7 +239,7 @@ mod tests {
     }
 
     #[test]
-    fn native_routes_go_only_to_their_engine() {
+    fn native_endpoints_go_only_to_their_engine() {
         let chat = Endpoint::find("/api/chat").unwrap();
         assert!(chat.slot && chat.stream_default);
         assert!(chat.is_served_by(Kind::Ollama));
@@ -251,7 +253,7 @@ mod tests {
     }
 
     #[test]
-    fn metadata_routes_take_no_slot_and_inference_routes_do() {
+    fn metadata_endpoints_take_no_slot_and_inference_endpoints_do() {
         for path in ["/tokenize", "/detokenize", "/apply-template", "/api/show"] {
             assert!(!Endpoint::find(path).unwrap().slot, "{path}");
         }
@@ -267,7 +269,7 @@ mod tests {
     }
 
     #[test]
-    fn only_ollamas_disk_routes_manage_models() {
+    fn only_ollamas_disk_endpoints_manage_models() {
         let managing: Vec<&str> = ENDPOINTS
             .iter()
             .filter(|e| e.manages_models)
@@ -286,7 +288,7 @@ mod tests {
     }
 
     #[test]
-    fn unknown_paths_are_not_routes() {
+    fn unknown_paths_are_not_endpoints() {
         assert!(Endpoint::find("/v1/nope").is_none());
         assert!(
             Endpoint::find("/api/tags").is_none(),
