@@ -154,7 +154,10 @@ fn would_go_says_whether_a_load_can_start_now_without_changing_anything() {
     assert!(!places.would_go("b", now), "a's request runs");
     assert!(!places.would_go("b", now), "asking changed nothing");
     assert_eq!(places.leave("a", now), vec![]);
-    assert!(places.would_go("b", now), "a is idle: its place can be given up");
+    assert!(
+        places.would_go("b", now),
+        "a is idle: its place can be given up"
+    );
 }
 
 #[test]
