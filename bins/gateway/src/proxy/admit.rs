@@ -50,7 +50,8 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use slotgate_admission::Slot as SharedSlot;
-use slotgate_limiter::{Acquire, AcquireError, Permit, QueuePosition, Ticket};
+use slotgate_limiter::{Acquire, AcquireError, Permit, Ticket};
+use slotgate_limiter_redis::{Place, Standing};
 use tokio::time::Sleep;
 use tracing::debug;
 
@@ -329,9 +330,13 @@ pub(crate) struct Queued {
 
 /// Where a [`Queued`] request stands, for the keepalive comments.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Standing {
-    /// In its model's slot queue.
-    Slot(QueuePosition),
+pub(crate) enum InLine {
+    /// In its model's slot queue (under `[cluster]`, the shared one), with `ahead` waiters
+    /// expected to be granted before it.
+    Slot {
+        /// [`QueuePosition::ahead`](slotgate_limiter::QueuePosition::ahead).
+        ahead: usize,
+    },
     /// At the upstream's gate, behind the loads of `models_ahead` other models.
     Place {
         /// Other models, not loaded, with a waiter before it.
@@ -343,7 +348,8 @@ pub(crate) enum Standing {
 /// store and then the local key ([`shared`]).
 enum Waiting {
     Local(Acquire),
-    Shared(BoxFuture<'static, Result<Slot, Refused>>),
+    /// The slot, and where its acquire stands in the shared queue.
+    Shared(BoxFuture<'static, Result<Slot, Refused>>, Place),
     /// The upstream's gate, then ([`Waiting::Slot`]) the model's queue.
     Place(Box<AtGate>),
     /// Past the gate: the model's queue, whose wait is bounded by the outer one (it started
@@ -355,7 +361,7 @@ impl std::fmt::Debug for Waiting {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Waiting::Local(acquire) => acquire.fmt(f),
-            Waiting::Shared(_) => f.write_str("Shared"),
+            Waiting::Shared(_, place) => f.debug_tuple("Shared").field(place).finish(),
             Waiting::Place(_) => f.write_str("Place"),
             Waiting::Slot(queued) => queued.fmt(f),
         }
@@ -372,17 +378,58 @@ impl std::fmt::Debug for Queued {
 }
 
 impl Queued {
-    /// Where the request stands now; `None` once it has an outcome.
-    pub(crate) fn standing(&self) -> Option<Standing> {
+    /// Where the request stands now; `None` once it has an outcome, and under `[cluster]`
+    /// before the shared queue has taken it in. Under `[cluster]` the count is the one last
+    /// read from the store ([`Queued::place`]).
+    pub(crate) fn standing(&self) -> Option<InLine> {
         match &self.acquire {
-            Waiting::Local(acquire) => acquire.position().map(Standing::Slot),
-            // The shared queue's place is not known here (only its length, `Target::global`).
-            Waiting::Shared(_) => None,
+            Waiting::Local(acquire) => acquire.position().map(|position| InLine::Slot {
+                ahead: position.ahead,
+            }),
+            Waiting::Shared(_, place) => match place.standing() {
+                Standing::Queued { ahead } => Some(InLine::Slot { ahead }),
+                _ => None,
+            },
             Waiting::Place(at) => at
                 .gate
                 .models_ahead(at.line)
-                .map(|models_ahead| Standing::Place { models_ahead }),
+                .map(|models_ahead| InLine::Place { models_ahead }),
             Waiting::Slot(queued) => queued.standing(),
+        }
+    }
+
+    /// Under `[cluster]`: the request's place in the shared queue.
+    pub(crate) fn place(&self) -> Option<&Place> {
+        match &self.acquire {
+            Waiting::Local(_) | Waiting::Place(_) => None,
+            Waiting::Shared(_, place) => Some(place),
+            Waiting::Slot(queued) => queued.place(),
+        }
+    }
+
+    /// Waits until a queue has accepted the request: at once for the local limiter (it
+    /// queues at call time); under `[cluster]`, until the shared store has answered the
+    /// acquire. The store may grant the slot at once or refuse the request, which ends here
+    /// as for an ordinary wait; otherwise the request is still queued, and `queue_keepalive`
+    /// may answer `200`. The wait's bounds (`queue_timeout`, the client's deadline, shutdown)
+    /// apply meanwhile.
+    pub(crate) async fn joined(mut self) -> Result<Admission, Refused> {
+        let Some(place) = self.place().cloned() else {
+            return Ok(Admission::Queued(self));
+        };
+        let settled = place.settled();
+        let mut settled = std::pin::pin!(settled);
+        let outcome = std::future::poll_fn(|cx| {
+            // The outcome first: granted at once or refused is not "queued".
+            if let Poll::Ready(outcome) = Pin::new(&mut self).poll(cx) {
+                return Poll::Ready(Some(outcome));
+            }
+            settled.as_mut().poll(cx).map(|_| None)
+        })
+        .await;
+        match outcome {
+            Some(outcome) => outcome.map(Admission::Granted),
+            None => Ok(Admission::Queued(self)),
         }
     }
 
@@ -395,7 +442,7 @@ impl Queued {
                         .poll(cx)
                         .map(|outcome| granted(outcome, &self.hold, &self.metrics));
                 }
-                Waiting::Shared(slot) => return slot.as_mut().poll(cx),
+                Waiting::Shared(slot, _) => return slot.as_mut().poll(cx),
                 Waiting::Slot(queued) => return Pin::new(&mut **queued).poll(cx),
                 Waiting::Place(at) => {
                     let pass = std::task::ready!(at.admitted.as_mut().poll(cx));
@@ -702,7 +749,12 @@ pub(crate) async fn admit(
     match join(target, ticket, deadlines, stop)? {
         Admission::Granted(slot) => Ok(Admitted::Go(Some(slot))),
         Admission::Queued(queued) => match keepalive {
-            Some(every) => Ok(Admitted::KeepAlive(queued, every)),
+            // Under `[cluster]`, `200` only once the shared queue has taken the request in:
+            // the store may still grant it at once or refuse it.
+            Some(every) => match queued.joined().await? {
+                Admission::Granted(slot) => Ok(Admitted::Go(Some(slot))),
+                Admission::Queued(queued) => Ok(Admitted::KeepAlive(queued, every)),
+            },
             None => queued.await.map(|slot| Admitted::Go(Some(slot))),
         },
     }

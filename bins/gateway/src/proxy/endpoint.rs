@@ -20,7 +20,8 @@
 //! | `/v1/audio/speech`, `/v1/images/generations` | JSON | yes | vLLM, openai |
 //! | `/api/chat`, `/api/generate`, `/api/embed`, `/api/embeddings` | JSON | yes | Ollama |
 //! | `/api/show` | JSON | no | Ollama |
-//! | `/api/pull`, `/api/push`, `/api/create`, `/api/delete`, `/api/copy` | JSON | no | Ollama, with `allow_model_management` |
+//! | `/api/pull`, `/api/push`, `/api/create`, `DELETE /api/delete` | JSON | no | Ollama, with `allow_model_management` |
+//! | `/api/copy` | JSON `source` | no | Ollama, with `allow_model_management` |
 //! | `/completion`, `/infill`, `/embedding`, `/embeddings` | JSON, optional | yes | llama-server |
 //! | `/tokenize`, `/detokenize` | JSON, optional | no | llama-server, vLLM |
 //! | `/apply-template` | JSON, optional | no | llama-server |
@@ -32,6 +33,7 @@
 //! A request that names no model on an "optional" endpoint goes to the only model the serving
 //! kinds have (a single-model `llama-server` ignores `model`); with several, it is a 400.
 
+use http::Method;
 use slotgate_config::Kind;
 
 /// Every kind.
@@ -71,6 +73,9 @@ pub(crate) enum ModelIn {
     /// The `model` field of a `multipart/form-data` body (an upload), required; the body limit
     /// is `max_upload_bytes`.
     Form,
+    /// The JSON body's `source` member, required: Ollama's `/api/copy`
+    /// (`{"source": …, "destination": …}`) acts on the model it copies from.
+    JsonSource,
 }
 
 /// One endpoint of the engines' APIs.
@@ -90,6 +95,8 @@ pub(crate) struct Endpoint {
     pub(crate) manages_models: bool,
     /// How many engine slots (sequences) one request takes.
     pub(crate) weighed: Weighed,
+    /// The methods the route takes: `POST`, except Ollama's `DELETE /api/delete`.
+    pub(crate) methods: &'static [Method],
     /// Which members carry the prompt that cache-aware routing hashes.
     pub(crate) carries: Carries,
 }
@@ -121,7 +128,13 @@ impl Endpoint {
             manages_models: false,
             weighed: Weighed::One,
             carries: Carries::Nothing,
+            methods: POST_ONLY,
         }
+    }
+
+    const fn taking(mut self, methods: &'static [Method]) -> Self {
+        self.methods = methods;
+        self
     }
 
     const fn carrying(mut self, carries: Carries) -> Self {
@@ -164,6 +177,12 @@ impl Endpoint {
         )
     }
 
+    /// Whether the route takes a JSON body whatever its `Content-Type` says, as Ollama does on
+    /// its native routes (`/api/…`); every other JSON route wants `application/json`.
+    pub(crate) fn takes_any_content_type(&self) -> bool {
+        self.path.starts_with("/api/")
+    }
+
     /// Whether this is the Responses API (`/v1/responses`), whose answers are recorded for
     /// their follow-ups ([`responses`](crate::proxy::responses)).
     pub(crate) fn is_responses(&self) -> bool {
@@ -176,7 +195,19 @@ impl Endpoint {
     }
 }
 
-use ModelIn::{Form, Json, JsonOptional};
+/// A path segment that carries an id (`/v1/models/{id}`, `/v1/responses/{id}`),
+/// percent-decoded: both OpenAI SDKs encode the `/` of `Qwen/Qwen2.5-7B-Instruct` as `%2F`.
+/// `None` when the decoded bytes are not UTF-8 (no model or response has such an id).
+pub(crate) fn id_segment(raw: &str) -> Option<std::borrow::Cow<'_, str>> {
+    percent_encoding::percent_decode_str(raw).decode_utf8().ok()
+}
+
+use ModelIn::{Form, Json, JsonOptional, JsonSource};
+
+/// `POST`, the method of every route but one.
+const POST_ONLY: &[Method] = &[Method::POST];
+/// Ollama deletes a model with `DELETE /api/delete` and a JSON body (api/client.go `Delete`).
+const DELETE_ONLY: &[Method] = &[Method::DELETE];
 
 /// The model-routed endpoints (see the module documentation).
 static ENDPOINTS: &[Endpoint] = &[
@@ -213,8 +244,10 @@ static ENDPOINTS: &[Endpoint] = &[
     Endpoint::new("/api/pull", Json, false, OLLAMA).managing_models(),
     Endpoint::new("/api/push", Json, false, OLLAMA).managing_models(),
     Endpoint::new("/api/create", Json, false, OLLAMA).managing_models(),
-    Endpoint::new("/api/delete", Json, false, OLLAMA).managing_models(),
-    Endpoint::new("/api/copy", Json, false, OLLAMA).managing_models(),
+    Endpoint::new("/api/delete", Json, false, OLLAMA)
+        .managing_models()
+        .taking(DELETE_ONLY),
+    Endpoint::new("/api/copy", JsonSource, false, OLLAMA).managing_models(),
     Endpoint::new("/completion", JsonOptional, true, LLAMA).carrying(Carries::Prompt),
     Endpoint::new("/infill", JsonOptional, true, LLAMA),
     Endpoint::new("/embedding", JsonOptional, true, LLAMA),
@@ -285,6 +318,27 @@ mod tests {
                 "/api/copy"
             ]
         );
+    }
+
+    #[test]
+    fn id_segments_are_percent_decoded() {
+        use super::id_segment;
+        assert_eq!(
+            id_segment("Qwen%2FQwen2.5-7B-Instruct").as_deref(),
+            Some("Qwen/Qwen2.5-7B-Instruct")
+        );
+        assert_eq!(id_segment("plain:7b").as_deref(), Some("plain:7b"));
+        assert_eq!(id_segment("a%3Ab%20c").as_deref(), Some("a:b c"));
+        assert_eq!(id_segment("bad%FF"), None);
+    }
+
+    #[test]
+    fn ollamas_management_routes_take_their_real_methods_and_members() {
+        let delete = Endpoint::find("/api/delete").unwrap();
+        assert_eq!(delete.methods, &[http::Method::DELETE]);
+        let copy = Endpoint::find("/api/copy").unwrap();
+        assert_eq!(copy.model, ModelIn::JsonSource);
+        assert_eq!(copy.methods, &[http::Method::POST]);
     }
 
     #[test]

@@ -328,8 +328,17 @@ fn configure_key(
             queue,
             queue_timeout,
         } => {
-            // Configures the key with the count found so far (0 while none).
-            let auto = AutoSlots::new(state, model, (queue, prefetch), limiter, carried_auto);
+            // Configures the key with the count found so far (0 while none); under
+            // `[cluster]` the count is written to the store once known.
+            let order = order_of(upstream.queueing(model).order);
+            let auto = AutoSlots::new(
+                state,
+                model,
+                (queue, prefetch),
+                (limiter, cluster.map(|cluster| (cluster.clone(), order))),
+                carried_auto,
+            );
+            shared = cluster.map(|cluster| SharedKey::attach(cluster, authority, model));
             (Sizing::Auto(Arc::new(auto)), Some(queue_timeout))
         }
     };

@@ -451,6 +451,40 @@ fn the_body_buffer_must_hold_one_body_of_each_limit() {
 }
 
 #[test]
+fn cors_origins_are_exact_origins_or_a_lone_star() {
+    const LISTEN: &str = "listen = \"127.0.0.1:8080\"";
+    assert!(
+        ok(&with_server(LISTEN)).server.cors_origins.is_empty(),
+        "off by default"
+    );
+    let config = ok(&with_server(&format!(
+        "{LISTEN}\ncors_origins = [\"https://app.example.com\", \"http://localhost:3000\"]"
+    )));
+    assert_eq!(
+        config.server.cors_origins,
+        ["https://app.example.com", "http://localhost:3000"]
+    );
+    let any = ok(&with_server(&format!("{LISTEN}\ncors_origins = [\"*\"]")));
+    assert_eq!(any.server.cors_origins, ["*"]);
+    for (bad, why) in [
+        ("[\"app.example.com\"]", "scheme://host"),
+        ("[\"ftp://x\"]", "http or https"),
+        ("[\"https://app.example.com/\"]", "no trailing slash"),
+        ("[\"https://*.example.com\"]", "no wildcard"),
+        ("[\"*\", \"https://a.example\"]", "write it alone"),
+        ("\"*\"", "array"),
+    ] {
+        let text = with_server(&format!("{LISTEN}\ncors_origins = {bad}"));
+        let key = if bad.starts_with("[\"*\",") || !bad.starts_with('[') {
+            "server.cors_origins"
+        } else {
+            "server.cors_origins[0]"
+        };
+        assert_only_issue(&text, key, why);
+    }
+}
+
+#[test]
 fn cache_affinity_is_on_by_default_and_every_setting_is_checked() {
     let affinity = ok(VALID).server.cache_affinity;
     assert_eq!(affinity, slotgate_config::CacheAffinity::default());

@@ -147,13 +147,23 @@ impl Meter {
 /// parameters, blanks around it ignored, any case) is `text/event-stream`. Compared as bytes:
 /// it runs for every answer.
 pub(crate) fn is_sse(headers: &HeaderMap) -> bool {
-    const SSE: &[u8] = b"text/event-stream";
+    is_media_type(headers, b"text/event-stream")
+}
+
+/// Whether an answer with `headers` is newline-delimited JSON (`application/x-ndjson`, what
+/// Ollama streams), compared as [`is_sse`] does.
+pub(crate) fn is_ndjson(headers: &HeaderMap) -> bool {
+    is_media_type(headers, b"application/x-ndjson")
+}
+
+/// Whether the media type of `headers` is `media`.
+fn is_media_type(headers: &HeaderMap, media: &[u8]) -> bool {
     headers.get(header::CONTENT_TYPE).is_some_and(|value| {
         let value = value.as_bytes().trim_ascii_start();
-        value.len() >= SSE.len()
-            && value[..SSE.len()].eq_ignore_ascii_case(SSE)
+        value.len() >= media.len()
+            && value[..media.len()].eq_ignore_ascii_case(media)
             && matches!(
-                value[SSE.len()..].trim_ascii_start().first(),
+                value[media.len()..].trim_ascii_start().first(),
                 None | Some(b';')
             )
     })
