@@ -262,3 +262,124 @@ async fn ollama_with_max_loaded_models_holds_the_other_model_in_the_gateway() {
     }
     assert!(fake.model_loads("b").unwrap() <= 1);
 }
+
+/// While a streamed request waits at the gate for its model's place, `queue_keepalive` keeps it
+/// told where it stands (the models whose loads come first, the wait expected), and the
+/// engine's tokens follow once its model is loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_waiting_for_its_models_place_gets_keepalive_comments() {
+    let fake = router().await;
+    let toml = config("llama-server", &fake.url(), "").replace(
+        "[upstreams.r.models.b]\n",
+        "[upstreams.r.models.b]\nqueue_keepalive = \"1s\"\n",
+    );
+    let gw = gateway(&toml).await;
+    let (addr, admin) = (gw.api_addr(), gw.admin_addr().unwrap());
+    wait_for(admin, "max_instances read", |d| {
+        d["residency"]["max_loaded_models"] == 1
+    })
+    .await;
+    // "a" is busy for 2.5s: "b" waits for its place meanwhile.
+    let busy = tokio::spawn(chat(addr, "a", false, &[("x-fake-hold-ms", "2500")]));
+    fake.observer()
+        .wait_for_in_flight(1, PATIENT)
+        .await
+        .unwrap();
+    let mut stream = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("b", true),
+            &[("x-request-id", "kept")],
+        ),
+    )
+    .await
+    .head()
+    .await;
+    assert_eq!(stream.status.as_u16(), 200);
+    let text = String::from_utf8(stream.rest().await.expect("a clean end").to_vec()).unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with(':') || l.starts_with("data:"))
+        .collect();
+    let waiting = lines
+        .iter()
+        .take_while(|l| l.starts_with(": waiting for a model place"))
+        .count();
+    assert!(
+        waiting >= 2,
+        "a comment at once and one a second: {lines:?}"
+    );
+    assert!(
+        lines[0].starts_with(": waiting for a model place models_ahead=0 eta_s="),
+        "{lines:?}"
+    );
+    let granted = lines
+        .iter()
+        .position(|l| l.starts_with(": granted waited_ms="))
+        .unwrap_or_else(|| panic!("granted: {lines:?}"));
+    assert!(
+        lines[waiting..granted]
+            .iter()
+            .all(|l| l.starts_with(": queued position=")),
+        "{lines:?}"
+    );
+    assert_eq!(lines.last().copied(), Some("data: [DONE]"), "{lines:?}");
+    assert_eq!(busy.await.unwrap().status, 200);
+    assert!(fake.observer().request("kept").expect("served").is_done());
+}
+
+/// Placement across hosts: two routers serve "a" and "b", one place each, "a" loaded on both.
+/// While the first listed is busy with "a", a request for "b" goes to the second, whose place
+/// can be taken at once, instead of waiting behind the first's work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_not_loaded_anywhere_goes_where_its_load_can_start_now() {
+    let (one, two) = (router().await, router().await);
+    let model = |up: &str, name: &str| {
+        format!(
+            "[upstreams.{up}.models.{name}]\nparallel = 2\nqueue = 16\nqueue_timeout = \"30s\"\n"
+        )
+    };
+    let toml = format!(
+        "{}[upstreams.r]\nurl = \"{}\"\nkind = \"llama-server\"\n{}{}\
+         [upstreams.s]\nurl = \"{}\"\nkind = \"llama-server\"\n{}{}",
+        server("health_check_interval = \"100ms\""),
+        one.url(),
+        model("r", "a"),
+        model("r", "b"),
+        two.url(),
+        model("s", "a"),
+        model("s", "b"),
+    );
+    let gw = gateway(&toml).await;
+    let (addr, admin) = (gw.api_addr(), gw.admin_addr().unwrap());
+    for name in ["r", "s"] {
+        let deadline = tokio::time::Instant::now() + PATIENT;
+        while upstream_status(admin, name).await["residency"]["max_loaded_models"] != 1 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name}'s bound read"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // "a" runs on the first listed ("r") until its client goes.
+    let busy = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("a", false),
+            &[("x-fake-fail", "hang"), ("x-request-id", "busy")],
+        ),
+    )
+    .await;
+    one.observer().wait_for_in_flight(1, PATIENT).await.unwrap();
+    let reply = chat(addr, "b", false, &[("x-request-id", "placed")]).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert!(two.observer().request("placed").is_some(), "served by s");
+    assert!(one.observer().request("placed").is_none());
+    assert_eq!(one.model_loads("b"), Some(0), "r never swapped");
+    busy.disconnect();
+}

@@ -25,6 +25,10 @@
 //!
 //! [`best`] always equals `ranked(..).first()`.
 //!
+//! On top of that order, [`by_load_cost`] puts the hosts that must load the model in the order
+//! of what the load costs there (a free place first, an engine busy with other models last),
+//! keeping the order above within each cost.
+//!
 //! ## Odd weights
 //!
 //! Weights come from configuration, which should only allow finite positive numbers, but this
@@ -89,12 +93,14 @@
 mod affinity;
 mod holdings;
 mod info;
+mod placement;
 mod prefix;
 mod rank;
 
 pub use affinity::{Standing, Verdict, is_useful, prefer};
 pub use holdings::{Holdings, HostId, HostSet, Limits, Longest, MAX_HOSTS, Prior, Stamp};
 pub use info::Info;
+pub use placement::{LoadCost, by_load_cost};
 pub use prefix::{DEFAULT_BLOCK_BYTES, Prefix, PrefixBuilder};
 pub use rank::{best, ranked};
 

@@ -191,7 +191,7 @@ pub(crate) fn join(
 }
 
 /// A request waiting at the upstream's gate, then in its model's queue: one [`Queued`], bounded
-/// by the same [`Wait`] from now.
+/// by the same [`Wait`] from now, that tells where it stands in either.
 fn wait_for_place(
     target: &Arc<Target>,
     ticket: &Ticket,
@@ -203,24 +203,20 @@ fn wait_for_place(
     let wait = target
         .queue_timeout
         .map(|timeout| deadlines.wait(now, timeout, target.queueing.honor_sdk_timeout));
-    let slot = {
+    let line = waiting.ticket();
+    let then: JoinSlot = {
         let target = Arc::clone(target);
         let (ticket, deadlines, stop) = (ticket.clone(), *deadlines, stop.clone());
-        async move {
-            let pass = waiting.admitted().await;
-            match join_slot(&target, &ticket, &deadlines, &stop)? {
-                Admission::Granted(slot) => Ok(slot.with_place(Some(pass))),
-                Admission::Queued(mut queued) => {
-                    // The outer wait counts a client that leaves; this one must not again.
-                    queued.armed = false;
-                    queued.await.map(|slot| slot.with_place(Some(pass)))
-                }
-            }
-        }
+        Box::new(move || join_slot(&target, &ticket, &deadlines, &stop))
     };
     let mut stop = stop.clone();
     Queued {
-        acquire: Waiting::Place(Box::pin(slot)),
+        acquire: Waiting::Place(Box::new(AtGate {
+            admitted: Box::pin(waiting.admitted()),
+            gate: Arc::clone(&target.upstream.places),
+            line,
+            then: Some(then),
+        })),
         wait,
         timer: wait.map(|wait| Box::pin(tokio::time::sleep_until(wait.until))),
         stop: Box::pin(async move { stop.fired().await }),
@@ -230,6 +226,18 @@ fn wait_for_place(
         metrics: Arc::clone(&target.metrics),
         place: None,
     }
+}
+
+/// The model's slot queue, joined once the gate admits the request.
+type JoinSlot = Box<dyn FnOnce() -> Result<Admission, Refused> + Send>;
+
+/// A request at its upstream's gate.
+struct AtGate {
+    admitted: BoxFuture<'static, Pass>,
+    gate: Arc<crate::upstreams::places::gate::Gate>,
+    line: crate::upstreams::places::Ticket,
+    /// `None` once called.
+    then: Option<JoinSlot>,
 }
 
 /// [`join`] once the upstream's gate let the request go: the model's slot queue.
@@ -320,14 +328,33 @@ pub(crate) struct Queued {
     place: Option<Pass>,
 }
 
+/// Where a [`Queued`] request stands, for the keepalive comments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InLine {
+    /// In its model's slot queue (under `[cluster]`, the shared one), with `ahead` waiters
+    /// expected to be granted before it.
+    Slot {
+        /// [`QueuePosition::ahead`](slotgate_limiter::QueuePosition::ahead).
+        ahead: usize,
+    },
+    /// At the upstream's gate, behind the loads of `models_ahead` other models.
+    Place {
+        /// Other models, not loaded, with a waiter before it.
+        models_ahead: usize,
+    },
+}
+
 /// What a [`Queued`] waits on: the target's local key, or (under `[cluster]`) the shared
 /// store and then the local key ([`shared`]).
 enum Waiting {
     Local(Acquire),
     /// The slot, and where its acquire stands in the shared queue.
     Shared(BoxFuture<'static, Result<Slot, Refused>>, Place),
-    /// The upstream's gate, then the model's queue.
-    Place(BoxFuture<'static, Result<Slot, Refused>>),
+    /// The upstream's gate, then ([`Waiting::Slot`]) the model's queue.
+    Place(Box<AtGate>),
+    /// Past the gate: the model's queue, whose wait is bounded by the outer one (it started
+    /// later, with the same bounds), and whose drop is not counted again.
+    Slot(Box<Queued>),
 }
 
 impl std::fmt::Debug for Waiting {
@@ -336,6 +363,7 @@ impl std::fmt::Debug for Waiting {
             Waiting::Local(acquire) => acquire.fmt(f),
             Waiting::Shared(_, place) => f.debug_tuple("Shared").field(place).finish(),
             Waiting::Place(_) => f.write_str("Place"),
+            Waiting::Slot(queued) => queued.fmt(f),
         }
     }
 }
@@ -350,19 +378,23 @@ impl std::fmt::Debug for Queued {
 }
 
 impl Queued {
-    /// How many waiters are expected to be granted before the request
-    /// ([`QueuePosition::ahead`](slotgate_limiter::QueuePosition::ahead)); `None` once it has an outcome, and under `[cluster]` before
-    /// the shared queue has taken it in. Under `[cluster]` it is the count last read from the
-    /// store ([`Queued::place`]).
-    pub(crate) fn ahead(&self) -> Option<usize> {
+    /// Where the request stands now; `None` once it has an outcome, and under `[cluster]`
+    /// before the shared queue has taken it in. Under `[cluster]` the count is the one last
+    /// read from the store ([`Queued::place`]).
+    pub(crate) fn standing(&self) -> Option<InLine> {
         match &self.acquire {
-            Waiting::Local(acquire) => acquire.position().map(|position| position.ahead),
+            Waiting::Local(acquire) => acquire.position().map(|position| InLine::Slot {
+                ahead: position.ahead,
+            }),
             Waiting::Shared(_, place) => match place.standing() {
-                Standing::Queued { ahead } => Some(ahead),
+                Standing::Queued { ahead } => Some(InLine::Slot { ahead }),
                 _ => None,
             },
-            // A place in the gate's line is not one in the slot queue.
-            Waiting::Place(_) => None,
+            Waiting::Place(at) => at
+                .gate
+                .models_ahead(at.line)
+                .map(|models_ahead| InLine::Place { models_ahead }),
+            Waiting::Slot(queued) => queued.standing(),
         }
     }
 
@@ -371,6 +403,7 @@ impl Queued {
         match &self.acquire {
             Waiting::Local(_) | Waiting::Place(_) => None,
             Waiting::Shared(_, place) => Some(place),
+            Waiting::Slot(queued) => queued.place(),
         }
     }
 
@@ -400,6 +433,36 @@ impl Queued {
         }
     }
 
+    /// Polls what it waits on; past the gate, joins the model's slot queue.
+    fn poll_acquire(&mut self, cx: &mut Context<'_>) -> Poll<Result<Slot, Refused>> {
+        loop {
+            match &mut self.acquire {
+                Waiting::Local(acquire) => {
+                    return Pin::new(acquire)
+                        .poll(cx)
+                        .map(|outcome| granted(outcome, &self.hold, &self.metrics));
+                }
+                Waiting::Shared(slot, _) => return slot.as_mut().poll(cx),
+                Waiting::Slot(queued) => return Pin::new(&mut **queued).poll(cx),
+                Waiting::Place(at) => {
+                    let pass = std::task::ready!(at.admitted.as_mut().poll(cx));
+                    self.place = Some(pass);
+                    let Some(then) = at.then.take() else {
+                        unreachable!("the gate admits once, and then is taken only here");
+                    };
+                    match then()? {
+                        Admission::Granted(slot) => return Poll::Ready(Ok(slot)),
+                        Admission::Queued(mut queued) => {
+                            // The outer wait counts a client that leaves; this one must not.
+                            queued.armed = false;
+                            self.acquire = Waiting::Slot(Box::new(queued));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// How long it has waited so far.
     pub(crate) fn waited(&self) -> Duration {
         self.since.elapsed()
@@ -416,13 +479,7 @@ impl Future for Queued {
             this.armed = false;
             return Poll::Ready(Err(Refused::ShuttingDown));
         }
-        let outcome = match &mut this.acquire {
-            Waiting::Local(acquire) => Pin::new(acquire)
-                .poll(cx)
-                .map(|outcome| granted(outcome, &this.hold, &this.metrics)),
-            Waiting::Shared(slot, _) | Waiting::Place(slot) => slot.as_mut().poll(cx),
-        };
-        if let Poll::Ready(outcome) = outcome {
+        if let Poll::Ready(outcome) = this.poll_acquire(cx) {
             this.armed = false;
             let place = this.place.take();
             return Poll::Ready(outcome.map(|slot| slot.with_place(place)));

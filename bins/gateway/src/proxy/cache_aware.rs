@@ -334,7 +334,7 @@ fn standing(target: &Target) -> Standing {
         free: info.free,
         queued: info.queued,
         loaded: info.loaded,
-        wait: target.hold.eta(info.queued, slots),
+        wait: target.hold.eta(info.queued, slots, target.load_cost()),
     }
 }
 

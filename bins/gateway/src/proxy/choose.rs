@@ -13,6 +13,11 @@
 //! in [`Routed::api`]) and the ranked targets, and moves the host it prefers first; nothing else
 //! in the request path changes.
 //!
+//! Before the steers, the hosts that must load the model are ordered by what the load costs
+//! there ([`slotgate_choose::by_load_cost`]): a host with a free place for it before one whose
+//! engine is full of models with work running (the upstream's
+//! [`places`](crate::upstreams::places)); hosts where it is loaded stay first.
+//!
 //! Last, cache-aware placement ([`CacheAware::place`]) may move the host that holds the prompt's
 //! prefix to the front. It is not a [`Steer`] because it leaves something with the request: the
 //! [`Placement`](crate::proxy::request::prompt::Placement) in [`ApiRequest::placement`], which
@@ -124,6 +129,9 @@ impl Chooser {
         route: &'r Route,
     ) -> Result<Vec<&'r Arc<Target>>, Error> {
         let mut ranked = eligible(route, routed.endpoint)?;
+        // Placement across hosts: among the hosts that must load the model, the cheapest load
+        // first (before the steers, which may pin a host, and the cache, which weighs waits).
+        slotgate_choose::by_load_cost(&mut ranked, |target| target.serve_cost());
         for steer in &self.steers {
             steer.steer(routed, &mut ranked)?;
         }

@@ -13,7 +13,11 @@
 //! `[cluster]` the same count for the shared queue, read again from the store before each
 //! comment after the first (one round trip each), `eta_s` the
 //! wait expected from recent slot hold times, in whole seconds (the estimate behind
-//! `Retry-After`; before any hold was observed, a typical answer's length stands in). SSE
+//! `Retry-After`; before any hold was observed, a typical answer's length stands in; plus the
+//! model's measured load time while it is not loaded). Before that, while the request waits
+//! at its upstream's gate for its model to get a place ([`places`](crate::upstreams::places)),
+//! the comment is `: waiting for a model place models_ahead=M eta_s=E`
+//! ([`HoldStats::eta_behind_loads`](crate::upstreams::hold::HoldStats::eta_behind_loads)). SSE
 //! clients ignore comments, and a proxy between them sees bytes often enough not to cut an idle
 //! connection. When the slot comes, one more comment (`: granted waited_ms=N`) precedes the
 //! engine's events; the `x-slotgate-queue-wait-ms` header cannot carry the wait, since the head
@@ -49,7 +53,7 @@ use http::header::{self, HeaderValue};
 
 use crate::error::BoxError;
 use crate::metrics::Metrics;
-use crate::proxy::admit::{Queued, Refused, Slot};
+use crate::proxy::admit::{InLine, Queued, Refused, Slot};
 use crate::proxy::answer::{Answerer, Streamed, mark_upstream};
 use crate::proxy::body::last_message;
 use crate::proxy::choose::Routed;
@@ -155,15 +159,27 @@ impl KeepaliveBody {
 
     /// The comment that tells the client where it stands.
     fn position_comment(target: &Target, queued: &Queued) -> Option<Bytes> {
-        let ahead = queued.ahead()?;
-        let reading = target.reading();
-        let slots = target.slots(&reading).unwrap_or(usize::MAX);
-        let eta = target.hold.eta(ahead, slots);
-        let eta_s = eta.as_secs() + u64::from(eta.subsec_nanos() > 0);
-        Some(Bytes::from(format!(
-            ": queued position={} ahead={ahead} eta_s={eta_s}\n\n",
-            ahead.saturating_add(1),
-        )))
+        let load = target.load_cost();
+        let comment = match queued.standing()? {
+            InLine::Slot { ahead } => {
+                let reading = target.reading();
+                let slots = target.slots(&reading).unwrap_or(usize::MAX);
+                let eta = target.hold.eta(ahead, slots, load);
+                format!(
+                    ": queued position={} ahead={ahead} eta_s={}\n\n",
+                    ahead.saturating_add(1),
+                    whole_seconds(eta),
+                )
+            }
+            InLine::Place { models_ahead } => {
+                let eta = target.hold.eta_behind_loads(models_ahead, load);
+                format!(
+                    ": waiting for a model place models_ahead={models_ahead} eta_s={}\n\n",
+                    whole_seconds(eta),
+                )
+            }
+        };
+        Some(Bytes::from(comment))
     }
 
     /// The comment due after a tick, once the count it shows is known: under `[cluster]`
@@ -188,6 +204,11 @@ impl KeepaliveBody {
         }
         Poll::Ready(Self::position_comment(target, queued))
     }
+}
+
+/// `duration` rounded up to whole seconds.
+fn whole_seconds(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }
 
 impl Body for KeepaliveBody {

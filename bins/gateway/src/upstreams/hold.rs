@@ -20,6 +20,10 @@
 //!
 //! Before the first release on a key there is no observation; [`ASSUMED_HOLD`] stands in.
 //!
+//! On an engine that loads models on demand, a model that is not loaded must be loaded first:
+//! its measured load time (`Target::load_cost`) is added before rounding and clamping, and to
+//! the keepalive comments' estimate.
+//!
 //! The same estimate, unrounded, tells whether a client's deadline can be kept at all
 //! ([`HoldStats::expected_wait`]); there, without an observation there is no estimate, and the
 //! request queues.
@@ -69,17 +73,34 @@ impl HoldStats {
         (bits != 0).then(|| Duration::from_secs_f64(f64::from_bits(bits)))
     }
 
-    /// The `Retry-After` for a request behind `ahead` others on a key with `parallel` slots.
-    pub(crate) fn retry_after(&self, ahead: usize, parallel: usize) -> Duration {
-        retry_after(self.typical().unwrap_or(ASSUMED_HOLD), ahead, parallel)
+    /// The `Retry-After` for a request behind `ahead` others on a key with `parallel` slots,
+    /// when its model must first be loaded for `load` (zero when it is loaded).
+    pub(crate) fn retry_after(&self, ahead: usize, parallel: usize, load: Duration) -> Duration {
+        retry_after(
+            self.typical().unwrap_or(ASSUMED_HOLD),
+            ahead,
+            parallel,
+            load,
+        )
     }
 
     /// The wait expected for a request behind `ahead` others on a key with `parallel` slots,
     /// unrounded and unclamped, [`ASSUMED_HOLD`] standing in before the first observation: what
     /// a queued client is told.
-    pub(crate) fn eta(&self, ahead: usize, parallel: usize) -> Duration {
+    /// `load` is added as in [`HoldStats::retry_after`].
+    pub(crate) fn eta(&self, ahead: usize, parallel: usize, load: Duration) -> Duration {
         let hold = self.typical().unwrap_or(ASSUMED_HOLD);
-        Duration::from_secs_f64(expected_secs(hold, ahead, parallel))
+        Duration::from_secs_f64(expected_secs(hold, ahead, parallel)).saturating_add(load)
+    }
+
+    /// The wait expected for a request at its upstream's gate behind the loads of
+    /// `models_ahead` other models: for each of them and then its own model, the resident
+    /// model's requests drain (about one hold) and a model loads (`load`, the request's own
+    /// model's measured load time standing in for the others'). Unrounded, unclamped.
+    pub(crate) fn eta_behind_loads(&self, models_ahead: usize, load: Duration) -> Duration {
+        let turn = self.typical().unwrap_or(ASSUMED_HOLD).saturating_add(load);
+        let turns = u32::try_from(models_ahead.saturating_add(1)).unwrap_or(u32::MAX);
+        turn.saturating_mul(turns).min(MAX_EXPECTED)
     }
 
     /// The wait expected for a request behind `ahead` others on a key with `parallel` slots,
@@ -103,10 +124,16 @@ fn expected_secs(hold: Duration, ahead: usize, parallel: usize) -> f64 {
 /// Far beyond any queue wait, and small enough for a `Duration`.
 const MAX_EXPECTED: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// `hold × (ahead + 1) / parallel`, rounded up to whole seconds, clamped to
+/// `hold × (ahead + 1) / parallel` plus a model's `load` time (its measured average, when it is
+/// not loaded), rounded up to whole seconds, clamped to
 /// [`MIN_RETRY_AFTER`]..=[`MAX_RETRY_AFTER`]. See the [module docs](self).
-pub(crate) fn retry_after(hold: Duration, ahead: usize, parallel: usize) -> Duration {
-    let seconds = expected_secs(hold, ahead, parallel).ceil();
+pub(crate) fn retry_after(
+    hold: Duration,
+    ahead: usize,
+    parallel: usize,
+    load: Duration,
+) -> Duration {
+    let seconds = (expected_secs(hold, ahead, parallel) + load.as_secs_f64()).ceil();
     let min = MIN_RETRY_AFTER.as_secs_f64();
     let max = MAX_RETRY_AFTER.as_secs_f64();
     // `f64::max` returns the other operand for a NaN, so even a NaN would land in range.
@@ -120,37 +147,66 @@ mod tests {
     use super::{ASSUMED_HOLD, HoldStats, MAX_RETRY_AFTER, MIN_RETRY_AFTER, retry_after};
 
     #[test]
+    fn a_models_load_time_adds_to_the_estimate_before_the_clamp() {
+        let hold = Duration::from_secs(2);
+        let load = Duration::from_millis(4500);
+        assert_eq!(super::retry_after(hold, 1, 2, load), Duration::from_secs(7));
+        assert_eq!(
+            super::retry_after(hold, 0, 1, Duration::from_secs(600)),
+            MAX_RETRY_AFTER
+        );
+        let stats = HoldStats::default();
+        assert_eq!(stats.eta(0, 1, load), ASSUMED_HOLD + load);
+        assert_eq!(stats.eta_behind_loads(1, load), (ASSUMED_HOLD + load) * 2);
+    }
+
+    #[test]
     fn scales_with_the_queue_ahead_and_the_slots() {
         let hold = Duration::from_secs(2);
         // 6 slots, 8 waiting: 9 releases needed at one per 1/3 s → 3 s.
-        assert_eq!(retry_after(hold, 8, 6), Duration::from_secs(3));
+        assert_eq!(
+            retry_after(hold, 8, 6, Duration::ZERO),
+            Duration::from_secs(3)
+        );
         // Nobody ahead, one slot: one hold.
-        assert_eq!(retry_after(hold, 0, 1), Duration::from_secs(2));
+        assert_eq!(
+            retry_after(hold, 0, 1, Duration::ZERO),
+            Duration::from_secs(2)
+        );
         // Rounded up, never zero.
         assert_eq!(
-            retry_after(Duration::from_millis(10), 0, 8),
+            retry_after(Duration::from_millis(10), 0, 8, Duration::ZERO),
             MIN_RETRY_AFTER
         );
         assert_eq!(
-            retry_after(Duration::from_millis(1500), 0, 1),
+            retry_after(Duration::from_millis(1500), 0, 1, Duration::ZERO),
             Duration::from_secs(2)
         );
         // Clamped above.
         assert_eq!(
-            retry_after(Duration::from_secs(30), 100, 1),
+            retry_after(Duration::from_secs(30), 100, 1, Duration::ZERO),
             MAX_RETRY_AFTER
         );
         // Degenerate inputs do not panic.
-        assert_eq!(retry_after(Duration::ZERO, 0, 0), MIN_RETRY_AFTER);
-        assert_eq!(retry_after(Duration::MAX, usize::MAX, 1), MAX_RETRY_AFTER);
-        assert_eq!(retry_after(hold, 3, usize::MAX), MIN_RETRY_AFTER);
+        assert_eq!(
+            retry_after(Duration::ZERO, 0, 0, Duration::ZERO),
+            MIN_RETRY_AFTER
+        );
+        assert_eq!(
+            retry_after(Duration::MAX, usize::MAX, 1, Duration::ZERO),
+            MAX_RETRY_AFTER
+        );
+        assert_eq!(
+            retry_after(hold, 3, usize::MAX, Duration::ZERO),
+            MIN_RETRY_AFTER
+        );
     }
 
     #[test]
     fn averages_observations() {
         let stats = HoldStats::default();
         assert_eq!(stats.typical(), None);
-        assert_eq!(stats.retry_after(0, 1), ASSUMED_HOLD);
+        assert_eq!(stats.retry_after(0, 1, Duration::ZERO), ASSUMED_HOLD);
         stats.record(Duration::from_secs(4));
         assert_eq!(stats.typical(), Some(Duration::from_secs(4)));
         stats.record(Duration::from_secs(14));

@@ -129,6 +129,13 @@ impl Places {
         Arrival::Wait(ticket)
     }
 
+    /// Whether a request for `model` arriving now would go at once (rules 1 and 2, and no
+    /// earlier waiter of its model), without changing anything.
+    pub(crate) fn would_go(&self, model: &str, now: Instant) -> bool {
+        self.capacity.is_none()
+            || (!self.waiters.iter().any(|w| &*w.model == model) && self.may_go(model, now))
+    }
+
     /// An admitted request for `model` ended. Returns the tickets granted by it.
     pub(crate) fn leave(&mut self, model: &str, now: Instant) -> Vec<Ticket> {
         if let Some(entry) = self.models.get_mut(model) {
@@ -203,6 +210,22 @@ impl Places {
                 .waiting += 1;
         }
         out
+    }
+
+    /// The models a waiting `ticket` is behind: other models, not resident, with a waiter before
+    /// its model's first (all of a model's waiters go with its first, and each of those models
+    /// needs a load first); `None` once it is no longer waiting.
+    pub(crate) fn models_ahead(&self, ticket: Ticket) -> Option<usize> {
+        let own = &self.waiters.iter().find(|w| w.ticket == ticket)?.model;
+        let first = self.waiters.iter().position(|w| w.model == *own)?;
+        let mut ahead: Vec<&str> = Vec::new();
+        for waiter in self.waiters.iter().take(first) {
+            let model = &*waiter.model;
+            if model != &**own && !self.is_resident(model) && !ahead.contains(&model) {
+                ahead.push(model);
+            }
+        }
+        Some(ahead.len())
     }
 
     /// Requests waiting for `model`.

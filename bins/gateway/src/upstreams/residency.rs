@@ -257,6 +257,24 @@ impl Residency {
         }
     }
 
+    /// The measured time to load `model` (or its [`tagged_name`]): the average of its timed
+    /// loads; `None` before one was timed.
+    pub(crate) fn load_time_as(&self, model: &str, tagged: Option<&str>) -> Option<Duration> {
+        let state = self.state.read();
+        let loads = state
+            .loads
+            .get(model)
+            .filter(|loads| loads.timed > 0)
+            .or_else(|| tagged.and_then(|tagged| state.loads.get(tagged)))
+            .filter(|loads| loads.timed > 0)?;
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "a count of loads is far below 2^53"
+        )]
+        let average = loads.seconds / loads.timed as f64;
+        Duration::try_from_secs_f64(average).ok()
+    }
+
     /// A copy of what is known.
     pub(crate) fn view(&self) -> ResidencyView {
         self.state.read().clone()
@@ -505,6 +523,17 @@ mod tests {
         assert_eq!(view.loads["b"].count, 1);
         assert_eq!(view.loads["b"].timed, 1, "seen loading, then loaded");
         assert!(view.loads["b"].last.is_some());
+        assert_eq!(
+            residency.load_time_as("b", None),
+            view.loads["b"].last,
+            "one timed load: its time"
+        );
+        assert_eq!(
+            residency.load_time_as("b:latest", Some("b")),
+            view.loads["b"].last,
+            "by the tagged name"
+        );
+        assert_eq!(residency.load_time_as("a", None), None, "never timed");
         assert_eq!(
             view.loads["a"].count, 1,
             "seen loaded without loading: counted"

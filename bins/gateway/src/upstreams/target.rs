@@ -203,8 +203,37 @@ impl Target {
             .global()
             .map_or_else(|| self.key.position_for(ticket).ahead, |g| g.queued);
         let reading = self.reading();
-        self.hold
-            .retry_after(ahead, self.slots(&reading).unwrap_or(usize::MAX))
+        self.hold.retry_after(
+            ahead,
+            self.slots(&reading).unwrap_or(usize::MAX),
+            self.load_cost(),
+        )
+    }
+
+    /// What serving the model costs on this upstream now, for placement across hosts: loaded
+    /// (as last discovered, or holding a place in the gate), a load that can start at once, or
+    /// one that waits for other models' work to drain.
+    pub(crate) fn serve_cost(&self) -> slotgate_choose::LoadCost {
+        let places = &self.upstream.places;
+        if self.is_loaded() {
+            slotgate_choose::LoadCost::Loaded
+        } else if places.would_go(&self.place_name) {
+            slotgate_choose::LoadCost::PlaceFree
+        } else {
+            slotgate_choose::LoadCost::Busy
+        }
+    }
+
+    /// What loading the model would add to a wait: its measured load time on this upstream
+    /// when it is not resident (as last discovered), zero when it is or no load was timed yet.
+    pub(crate) fn load_cost(&self) -> Duration {
+        if self.is_loaded() {
+            return Duration::ZERO;
+        }
+        self.upstream
+            .residency
+            .load_time_as(&self.engine_model, self.tagged_name.as_deref())
+            .unwrap_or_default()
     }
 
     /// The wait expected for a request with `ahead` waiters before it, from observed hold

@@ -145,6 +145,16 @@ impl Gate {
         self.inner.lock().places.view()
     }
 
+    /// Whether a request for `model` arriving now would go at once ([`Places::would_go`]).
+    pub(crate) fn would_go(&self, model: &str) -> bool {
+        self.inner.lock().places.would_go(model, Instant::now())
+    }
+
+    /// The models a waiting `ticket` is behind ([`Places::models_ahead`]).
+    pub(crate) fn models_ahead(&self, ticket: Ticket) -> Option<usize> {
+        self.inner.lock().places.models_ahead(ticket)
+    }
+
     fn leave(&self, model: &str) {
         let mut inner = self.inner.lock();
         let granted = inner.places.leave(model, Instant::now());
@@ -179,6 +189,11 @@ pub(crate) struct Waiting {
 }
 
 impl Waiting {
+    /// Its turn in the gate's line, for [`Gate::models_ahead`].
+    pub(crate) fn ticket(&self) -> Ticket {
+        self.ticket
+    }
+
     /// Waits until admitted. Cancel-safe: dropping the future drops the `Waiting`.
     pub(crate) async fn admitted(mut self) -> Pass {
         // The sender lives in the gate until it is used: an error means it was dropped with the

@@ -124,6 +124,43 @@ fn first_come_first_served_across_models() {
 }
 
 #[test]
+fn a_waiter_is_behind_the_loads_of_the_other_models_waiting_before_it() {
+    let now = Instant::now();
+    let mut places = Places::new(Some(1), LONG);
+    go(&mut places, "a", now);
+    let c = wait(&mut places, "c", now);
+    let b = wait(&mut places, "b", now);
+    let c2 = wait(&mut places, "c", now);
+    let d = wait(&mut places, "d", now);
+    assert_eq!(places.models_ahead(c), Some(0));
+    assert_eq!(places.models_ahead(b), Some(1), "c loads first");
+    assert_eq!(places.models_ahead(c2), Some(0), "goes with the first c");
+    assert_eq!(places.models_ahead(d), Some(2), "c and b load first");
+    assert_eq!(places.leave("a", now), vec![c, c2]);
+    assert_eq!(places.models_ahead(c), None, "no longer waiting");
+    assert_eq!(places.models_ahead(d), Some(1), "c is resident now: only b");
+}
+
+#[test]
+fn would_go_says_whether_a_load_can_start_now_without_changing_anything() {
+    let now = Instant::now();
+    let mut unbounded = Places::new(None, LONG);
+    assert!(unbounded.would_go("a", now));
+    go(&mut unbounded, "a", now);
+    let mut places = Places::new(Some(1), LONG);
+    assert!(places.would_go("b", now), "a free place");
+    go(&mut places, "a", now);
+    assert!(places.would_go("a", now), "resident");
+    assert!(!places.would_go("b", now), "a's request runs");
+    assert!(!places.would_go("b", now), "asking changed nothing");
+    assert_eq!(places.leave("a", now), vec![]);
+    assert!(
+        places.would_go("b", now),
+        "a is idle: its place can be given up"
+    );
+}
+
+#[test]
 fn probes_correct_what_the_gateway_believes() {
     let now = Instant::now();
     let mut places = Places::new(Some(1), LONG);
