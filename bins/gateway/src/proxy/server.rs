@@ -44,8 +44,8 @@
 //!   to finish what it is doing (in-flight responses stream to their end, idle keep-alive
 //!   connections close at once: HTTP/1 with a FIN, HTTP/2 with a `GOAWAY`), and whatever is
 //!   still open after the drain timeout is cut. A connection with nothing in flight that has not
-//!   closed `header_read_timeout` after the signal (an HTTP/2 peer that ignores the `GOAWAY`)
-//!   is cut then.
+//!   closed 1 s after the signal (at most `header_read_timeout`: an HTTP/2 peer that ignores
+//!   the `GOAWAY`) is cut then, so idle peers never hold the drain to `drain_grace`.
 //! - hyper's own answers to a malformed HTTP/1 head (400, 414, 431) go out as problem documents
 //!   ([`Refusals`]).
 //!
@@ -94,6 +94,11 @@ mod shedding;
 /// the goodbye before it is cut: enough to write a `GOAWAY`, too short to keep a new client
 /// waiting for its place.
 const GOODBYE: Duration = Duration::from_millis(100);
+
+/// On shutdown, how long an idle connection gets to finish the goodbye before it is cut (at
+/// most `header_read_timeout`): a well-behaved HTTP/2 client answers the goodbye PING within a
+/// round trip; one that ignores it would otherwise hold the drain.
+const DRAIN_GOODBYE: Duration = Duration::from_secs(1);
 
 /// How often the accept loop, holding a new connection at the limit, looks again for an idle
 /// connection to shed (one that was busy may have gone idle).
@@ -399,9 +404,10 @@ async fn serve_connection<S, B>(
                     // done.
                     conn.as_mut().graceful_shutdown();
                     closing = true;
-                    // A peer that never finishes the goodbye is cut as soon as nothing is in
-                    // flight, rather than holding the drain open.
-                    cut_at = Some(Instant::now() + settings.header_read_timeout);
+                    // A peer that never finishes the goodbye (an HTTP/2 one that ignores the
+                    // `GOAWAY` and its PING) is cut as soon as nothing is in flight, rather
+                    // than holding the drain open for `drain_grace`.
+                    cut_at = Some(Instant::now() + settings.header_read_timeout.max(DRAIN_GOODBYE));
                 }
                 Watch::Idle => {
                     debug!(listener = name, %peer, "closing a connection idle for the client idle timeout");

@@ -160,6 +160,7 @@ impl App {
         B: Body<Data = Bytes>,
         B::Error: Into<BoxError>,
     {
+        request::check_head(&req)?;
         let path = req.uri().path();
         if let Some(endpoint) = Endpoint::find(path) {
             allow(&req, POST_ONLY)?;
