@@ -848,11 +848,9 @@ async fn an_idle_http2_peer_that_ignores_goaway_does_not_hold_the_drain() {
     // The server's SETTINGS: the connection is being served.
     let mut buf = [0_u8; 64];
     assert!(idle.read(&mut buf).await.unwrap() > 0);
-    let started = tokio::time::Instant::now();
     tokio::time::timeout(SOON, gw.shutdown())
         .await
         .expect("the drain ends without waiting for the idle peer");
-    assert!(started.elapsed() < SOON);
     fake.shutdown().await;
 }
 

@@ -95,9 +95,10 @@ mod shedding;
 /// waiting for its place.
 const GOODBYE: Duration = Duration::from_millis(100);
 
-/// On shutdown, how long an idle connection gets to finish the goodbye before it is cut (at
-/// most `header_read_timeout`): a well-behaved HTTP/2 client answers the goodbye PING within a
-/// round trip; one that ignores it would otherwise hold the drain.
+/// On shutdown, how long a connection with nothing in flight gets to finish the goodbye before
+/// it is cut, and how often a busy one is looked at again (at most `header_read_timeout`): a
+/// well-behaved HTTP/2 client answers the goodbye PING within a round trip and closes; one that
+/// ignores the `GOAWAY` would otherwise hold the drain to `drain_grace`.
 const DRAIN_GOODBYE: Duration = Duration::from_secs(1);
 
 /// How often the accept loop, holding a new connection at the limit, looks again for an idle
@@ -386,6 +387,8 @@ async fn serve_connection<S, B>(
     // After an idle close, how long the peer gets to finish the goodbye: an HTTP/2 graceful
     // shutdown waits for the peer's PING answer, which a hostile peer never sends.
     let mut cut_at: Option<Instant> = None;
+    // While requests still run at `cut_at`, how long until it looks again.
+    let mut look_again = settings.header_read_timeout;
     let mut watchers = watchers(&mut stopping, &activity, &member, &settings);
     loop {
         tokio::select! {
@@ -407,7 +410,8 @@ async fn serve_connection<S, B>(
                     // A peer that never finishes the goodbye (an HTTP/2 one that ignores the
                     // `GOAWAY` and its PING) is cut as soon as nothing is in flight, rather
                     // than holding the drain open for `drain_grace`.
-                    cut_at = Some(Instant::now() + settings.header_read_timeout.max(DRAIN_GOODBYE));
+                    look_again = settings.header_read_timeout.min(DRAIN_GOODBYE);
+                    cut_at = Some(Instant::now() + look_again);
                 }
                 Watch::Idle => {
                     debug!(listener = name, %peer, "closing a connection idle for the client idle timeout");
@@ -446,7 +450,7 @@ async fn serve_connection<S, B>(
                 }
                 // Requests are still running (or one slipped in as the idle close began): let
                 // them finish, and look again a while later.
-                cut_at = Some(Instant::now() + settings.header_read_timeout);
+                cut_at = Some(Instant::now() + look_again);
             }
         }
     }
