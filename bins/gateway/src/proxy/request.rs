@@ -347,7 +347,7 @@ where
             } else {
                 needed.max(out.capacity().saturating_mul(2)).min(limit)
             };
-            budget.take(grown.saturating_sub(charged(held)), held)?;
+            budget.take(grown.saturating_sub(charged(held.as_ref())), held)?;
             out.reserve_exact(grown - out.len());
         }
         while data.has_remaining() {
@@ -358,7 +358,7 @@ where
         }
     }
     out.shrink_to_fit();
-    let spare = charged(held).saturating_sub(out.capacity().max(prepaid));
+    let spare = charged(held.as_ref()).saturating_sub(out.capacity().max(prepaid));
     if let (Some(permit), true) = (held.as_mut(), spare > 0) {
         drop(permit.split(spare));
     }
@@ -366,8 +366,8 @@ where
 }
 
 /// The bytes of the budget `held` holds.
-fn charged(held: &Option<OwnedSemaphorePermit>) -> usize {
-    held.as_ref().map_or(0, OwnedSemaphorePermit::num_permits)
+fn charged(held: Option<&OwnedSemaphorePermit>) -> usize {
+    held.map_or(0, OwnedSemaphorePermit::num_permits)
 }
 
 /// The error for a body that failed part-way: [`Error::BodyIncomplete`] when the client's side

@@ -316,6 +316,10 @@ async fn make_room(
     clippy::too_many_arguments,
     reason = "one connection's parts, handed over once from the accept loop"
 )]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one connection's life in order: the first byte, TLS, then the watch loop"
+)]
 async fn serve_connection<S, B>(
     name: &'static str,
     builder: Arc<auto::Builder<TokioExecutor>>,
@@ -384,11 +388,11 @@ async fn serve_connection<S, B>(
             .into_owned()
     );
     let mut closing = false;
-    // After an idle close, how long the peer gets to finish the goodbye: an HTTP/2 graceful
-    // shutdown waits for the peer's PING answer, which a hostile peer never sends.
-    let mut cut_at: Option<Instant> = None;
-    // While requests still run at `cut_at`, how long until it looks again.
-    let mut look_again = settings.header_read_timeout;
+    // After an idle close, how long the peer gets to finish the goodbye (an HTTP/2 graceful
+    // shutdown waits for the peer's PING answer, which a hostile peer never sends), and while
+    // requests still run then, how long until it looks again.
+    let (mut cut_at, mut look_again) = (None, settings.header_read_timeout);
+    let mut permit = Some(permit);
     let mut watchers = watchers(&mut stopping, &activity, &member, &settings);
     loop {
         tokio::select! {
@@ -407,9 +411,8 @@ async fn serve_connection<S, B>(
                     // done.
                     conn.as_mut().graceful_shutdown();
                     closing = true;
-                    // A peer that never finishes the goodbye (an HTTP/2 one that ignores the
-                    // `GOAWAY` and its PING) is cut as soon as nothing is in flight, rather
-                    // than holding the drain open for `drain_grace`.
+                    // A peer that ignores the `GOAWAY` is cut once nothing is in flight, rather
+                    // than holding the drain open for `drain_grace` ([`DRAIN_GOODBYE`]).
                     look_again = settings.header_read_timeout.min(DRAIN_GOODBYE);
                     cut_at = Some(Instant::now() + look_again);
                 }
@@ -424,6 +427,11 @@ async fn serve_connection<S, B>(
                     if matches!(watch, Watch::NoRequest) {
                         debug!(listener = name, %peer, "no request within the header-read timeout; closing");
                         counters.header_timeout.inc();
+                    } else {
+                        // Its place goes to the new connection now, not after the goodbye: an
+                        // idle HTTP/2 flood never answers the PING, and the accept loop would
+                        // wait out a `GOODBYE` per shed, one after the other.
+                        permit.take();
                     }
                     // Nothing in flight: `GOAWAY` (HTTP/2) or a close, and a cut soon after.
                     conn.as_mut().graceful_shutdown();

@@ -522,7 +522,7 @@ fn chunked(
     frames: usize,
     each: usize,
 ) -> Request<impl http_body::Body<Data = Bytes, Error = std::convert::Infallible>> {
-    let mut text = format!(r#"{{"model":"m","pad":""#).into_bytes();
+    let mut text = br#"{"model":"m","pad":""#.to_vec();
     text.resize(frames * each - 2, b'x');
     text.extend_from_slice(br#""}"#);
     let parts: Vec<_> = text
