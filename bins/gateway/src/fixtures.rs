@@ -54,6 +54,14 @@ pub(crate) fn config(toml: &str) -> Config {
     Config::from_toml_str(toml).expect("a valid test configuration")
 }
 
+/// An empty cache-aware router with `generation`'s `[server]` affinity settings.
+pub(crate) fn cache(generation: &Generation) -> Arc<crate::proxy::cache_aware::CacheAware> {
+    Arc::new(crate::proxy::cache_aware::CacheAware::new(
+        &generation.config.server.cache_affinity,
+        std::time::Instant::now(),
+    ))
+}
+
 /// The target of `model` on `upstream` in `generation`.
 pub(crate) fn target(generation: &Generation, model: &str, upstream: &str) -> Arc<Target> {
     let route = generation
@@ -66,4 +74,47 @@ pub(crate) fn target(generation: &Generation, model: &str, upstream: &str) -> Ar
         .find(|t| t.upstream.name == upstream)
         .expect("the model is configured on the upstream");
     Arc::clone(target)
+}
+
+/// A request to `path` with the JSON `body`, read and routed in `generation` as the request
+/// path does it (an anonymous client, no deadlines, no access log).
+pub(crate) async fn routed(
+    generation: Arc<Generation>,
+    path: &str,
+    body: &str,
+) -> crate::proxy::choose::Routed {
+    use crate::proxy::access::Access;
+    use crate::proxy::choose::Routed;
+    use crate::proxy::client::{Client, Deadlines};
+    use crate::proxy::endpoint::Endpoint;
+    use crate::proxy::request::{self, BodyBudget, BodyLimits};
+
+    let endpoint = Endpoint::find(path).expect("a model-routed endpoint");
+    let req = http::Request::post(path)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_owned(),
+        )))
+        .expect("a valid request");
+    let budget = BodyBudget::new(1 << 20, &Metrics::new());
+    let limits = BodyLimits {
+        max_bytes: 1 << 20,
+        timeout: std::time::Duration::from_secs(5),
+        budget: &budget,
+    };
+    let api = request::read(req, limits, endpoint)
+        .await
+        .expect("a valid body");
+    let route = Routed::resolve(&generation, endpoint, &api).expect("a routed model");
+    Routed {
+        generation,
+        route,
+        endpoint,
+        api,
+        client: Client::anonymous(),
+        deadlines: Deadlines::read(&http::HeaderMap::new(), tokio::time::Instant::now())
+            .expect("no deadline headers"),
+        request_id: http::HeaderValue::from_static("req-1"),
+        access: Access::default(),
+    }
 }

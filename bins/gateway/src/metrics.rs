@@ -379,6 +379,23 @@ pub(crate) struct RejectionMetrics {
     pub(crate) model_unavailable: Counter,
 }
 
+impl RejectionMetrics {
+    /// Counts one refusal for `reason` if it is one of the pre-resolved ones; `false` when it
+    /// is not (the caller counts it by its labels, [`Metrics::refused`]).
+    pub(crate) fn count(&self, reason: &str) -> bool {
+        let counter = match reason {
+            "queue_full" => &self.queue_full,
+            "queue_timeout" => &self.queue_timeout,
+            "store_unavailable" => &self.store_unavailable,
+            "upstream_unavailable" => &self.upstream_unavailable,
+            "model_unavailable" => &self.model_unavailable,
+            _ => return false,
+        };
+        counter.inc();
+        true
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()

@@ -36,9 +36,12 @@ use crate::ops::status::history::History;
 use crate::ops::status::page::{self, Asset, CONTENT_SECURITY_POLICY};
 use crate::ops::upstream_doc::{UpstreamDoc, rfc3339, upstream_status};
 use crate::proxy::live::{Generation, Live};
-use crate::proxy::problems::{self, Error, GET_ONLY, POST_ONLY, allow, not_found};
+use crate::proxy::problems::{Error, GET_ONLY, POST_ONLY, allow, not_found};
 use crate::request_id::{REQUEST_ID, request_id};
 use crate::shutdown::ShutdownSignal;
+
+mod error;
+pub(crate) use error::AdminError;
 
 /// The admin endpoints' state.
 #[derive(Debug)]
@@ -67,13 +70,13 @@ impl Admin {
         let request_id = request_id(req.headers());
         let mut response = match self.dispatch(&req).await {
             Ok(response) => response,
-            Err(error) => problems::respond::<Full<Bytes>>(&error, &request_id).map(Either::Left),
+            Err(error) => error.respond::<Full<Bytes>>(&request_id).map(Either::Left),
         };
         response.headers_mut().insert(REQUEST_ID, request_id);
         response
     }
 
-    async fn dispatch<B>(&self, req: &Request<B>) -> Result<Response<AdminBody>, Error> {
+    async fn dispatch<B>(&self, req: &Request<B>) -> Result<Response<AdminBody>, AdminError> {
         let path = req.uri().path();
         let generation = self.live.current();
         if let Some(asset) = page::asset(path) {
@@ -108,7 +111,7 @@ impl Admin {
                 authorize(&generation, req.headers())?;
                 self.operator(req, path, &generation).await
             }
-            _ => Err(not_found(path)),
+            _ => Err(not_found(path).into()),
         }
     }
 
@@ -118,7 +121,7 @@ impl Admin {
         req: &Request<B>,
         path: &str,
         generation: &Generation,
-    ) -> Result<Response<AdminBody>, Error> {
+    ) -> Result<Response<AdminBody>, AdminError> {
         if path == "/admin/events" {
             allow(req, GET_ONLY)?;
             let body = events::stream(
@@ -172,12 +175,12 @@ impl Admin {
                         restart_required: reloaded.restart_required,
                     },
                 ),
-                // Refusals are problem documents, built where every error becomes one.
-                Err(ReloadError::NoSource) => Err(Error::ReloadUnavailable {
+                // Refusals are problem documents ([`AdminError`]).
+                Err(ReloadError::NoSource) => Err(AdminError::ReloadUnavailable {
                     generation: generation.number,
                     source: Box::new(ReloadError::NoSource),
                 }),
-                Err(refused) => Err(Error::ConfigRefused {
+                Err(refused) => Err(AdminError::ConfigRefused {
                     issues: refused.issues(),
                     generation: generation.number,
                     source: Box::new(refused),
@@ -189,18 +192,18 @@ impl Admin {
             && matches!(action, "drain" | "undrain")
         {
             let Some(upstream) = generation.upstreams.get(name) else {
-                return Err(not_found(path));
+                return Err(not_found(path).into());
             };
             allow(req, POST_ONLY)?;
             upstream.set_draining(action == "drain");
             return json_response(StatusCode::OK, &upstream_status(generation, upstream));
         }
-        Err(not_found(path))
+        Err(not_found(path).into())
     }
 
     /// `/readyz`: ready while configured, not shutting down, and some upstream can take
     /// requests.
-    fn readiness(&self, generation: &Generation) -> Result<Response<AdminBody>, Error> {
+    fn readiness(&self, generation: &Generation) -> Result<Response<AdminBody>, AdminError> {
         let shutting_down = self.shutdown.is_fired();
         let available = generation
             .upstreams
@@ -330,7 +333,10 @@ struct ReloadDoc {
     restart_required: Vec<&'static str>,
 }
 
-fn json_response(status: StatusCode, body: &impl Serialize) -> Result<Response<AdminBody>, Error> {
+fn json_response(
+    status: StatusCode,
+    body: &impl Serialize,
+) -> Result<Response<AdminBody>, AdminError> {
     // The documents are structs of strings, numbers and lists, which always serialize; a failure
     // would be a bug, answered as one.
     let body = serde_json::to_vec(body).map_err(|error| Error::Internal {

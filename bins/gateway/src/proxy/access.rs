@@ -38,7 +38,6 @@ use pin_project_lite::pin_project;
 use tracing::info;
 
 use crate::error::BoxError;
-use crate::proxy::problems::Error;
 use crate::proxy::route::Route;
 use crate::upstreams::state::UpstreamState;
 
@@ -218,29 +217,16 @@ impl Access {
         }
     }
 
-    /// The request ended with `error`: a refusal, an engine that gave no usable answer, or a
-    /// client that left before its body was whole (no reason then: nobody refused it).
-    pub(crate) fn failed(&self, error: &Error) {
+    /// The request ended with an error: a refusal (its `reason`), an engine that gave no
+    /// usable answer, or a client that left before its body was whole (no reason then: nobody
+    /// refused it). [`problems::record`](crate::proxy::problems::record) says which, from the
+    /// error.
+    pub(crate) fn failed(&self, outcome: Outcome, reason: Option<&'static str>) {
         if let Some(record) = &self.0 {
-            let outcome = if error.is_upstream_failure() {
-                Outcome::UpstreamError
-            } else if error.client_left() {
-                Outcome::ClientGone
-            } else {
-                Outcome::Refused
-            };
             record.outcome.store(outcome as u8, Ordering::Relaxed);
-            if outcome != Outcome::ClientGone {
-                let _ = record.reason.set(error.reason());
+            if let Some(reason) = reason {
+                let _ = record.reason.set(reason);
             }
-        }
-    }
-
-    /// The refusal's reason, when the request path knows it better than the error's own
-    /// [`Error::reason`]; the first word counts.
-    pub(crate) fn reason(&self, reason: &'static str) {
-        if let Some(record) = &self.0 {
-            let _ = record.reason.set(reason);
         }
     }
 

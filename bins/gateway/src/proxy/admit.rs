@@ -50,6 +50,7 @@ use tracing::debug;
 use crate::metrics::{TargetMetrics, observe};
 use crate::proxy::body::{Completion, SlotGuard};
 use crate::proxy::client::{Deadlines, Limit, Wait};
+use crate::proxy::problems::{Deadline, Error, Unavailable};
 use crate::shutdown::ShutdownSignal;
 use crate::upstreams::hold::HoldStats;
 use crate::upstreams::target::Target;
@@ -506,6 +507,122 @@ impl SlotGuard for Slot {
         }
         drop(self.permit);
     }
+}
+
+/// What the admission step gave a request on one target.
+#[derive(Debug)]
+pub(crate) enum Admitted {
+    /// Go ahead: with a slot, or without one on an endpoint that takes none.
+    Go(Option<Slot>),
+    /// The request queues in its response body, which tells it where it stands `every` so
+    /// often (`queue_keepalive`).
+    KeepAlive(Queued, Duration),
+}
+
+/// Steps 5 and 6 on one target: `ticket`'s slots (none when the endpoint takes no `slot`), at
+/// once or after waiting in the queue; with `keepalive`, a request that has to queue waits in
+/// its response body instead ([`Admitted::KeepAlive`]). A shutdown ends the wait: only
+/// requests already running get the grace period.
+pub(crate) async fn admit(
+    target: &Target,
+    slot: bool,
+    ticket: &Ticket,
+    deadlines: &Deadlines,
+    stop: &ShutdownSignal,
+    keepalive: Option<Duration>,
+) -> Result<Admitted, Refused> {
+    if !slot {
+        return Ok(Admitted::Go(None));
+    }
+    match join(target, ticket, deadlines, stop)? {
+        Admission::Granted(slot) => Ok(Admitted::Go(Some(slot))),
+        Admission::Queued(queued) => match keepalive {
+            Some(every) => Ok(Admitted::KeepAlive(queued, every)),
+            None => queued.await.map(|slot| Admitted::Go(Some(slot))),
+        },
+    }
+}
+
+/// The `Retry-After` of refusals that have no estimate of their own.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fallback {
+    /// While shutting down: when a restart is likely done.
+    pub(crate) shutting_down: Duration,
+    /// When no upstream can take the model: the next health check.
+    pub(crate) unavailable: Duration,
+}
+
+impl Refused {
+    /// The error for a request refused on `target` (for `ticket`, a request for `model`):
+    /// every refusal of the admission step becomes its [`Error`] here.
+    pub(crate) fn into_error(
+        self,
+        target: &Target,
+        ticket: &Ticket,
+        model: &str,
+        fallback: Fallback,
+    ) -> Error {
+        let upstream = target.upstream.name.clone();
+        let model = model.to_owned();
+        match self {
+            Refused::ShuttingDown => Error::ShuttingDown {
+                retry_after: fallback.shutting_down,
+            },
+            // A reload removed this model from this upstream while the request waited.
+            Refused::Closed => {
+                let why = format!(
+                    "model {model:?} was removed from upstream {upstream} by a configuration \
+                     reload while the request waited"
+                );
+                Error::UpstreamUnavailable {
+                    model,
+                    retry_after: fallback.unavailable,
+                    why: Unavailable::Down,
+                    source: Some(why.into()),
+                }
+            }
+            Refused::Full => Error::QueueFull {
+                upstream,
+                model,
+                retry_after: target.retry_after_for(ticket),
+            },
+            Refused::TooHeavy { weight, parallel } => Error::TooHeavy {
+                upstream,
+                model,
+                weight,
+                parallel,
+            },
+            Refused::Timeout { waited, wait } => Error::QueueTimeout {
+                upstream,
+                model,
+                waited,
+                retry_after: target.retry_after_for(ticket),
+                deadline: client_deadline(wait, None),
+            },
+            Refused::StoreUnavailable { retry_after } => {
+                Error::StoreUnavailable { model, retry_after }
+            }
+            Refused::Hopeless { expected, wait } => Error::QueueTimeout {
+                upstream,
+                model,
+                waited: Duration::ZERO,
+                retry_after: target.retry_after_for(ticket),
+                deadline: client_deadline(wait, Some(expected)),
+            },
+        }
+    }
+}
+
+/// The client's deadline that set `wait`, if one did (rather than `queue_timeout`), with the
+/// `expected` wait that it could not cover when the request was refused before queueing.
+fn client_deadline(wait: Wait, expected: Option<Duration>) -> Option<Box<Deadline>> {
+    (wait.limit != Limit::QueueTimeout).then(|| {
+        Box::new(Deadline {
+            header: wait.limit.as_str(),
+            bound: wait.bound,
+            expected,
+        })
+    })
 }
 
 /// Takes `weight` slots on `target` as an anonymous client without deadlines, waiting in the

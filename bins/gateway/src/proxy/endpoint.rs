@@ -162,6 +162,12 @@ impl Endpoint {
         )
     }
 
+    /// Whether this is the Responses API (`/v1/responses`), whose answers are recorded for
+    /// their follow-ups ([`responses`](crate::proxy::responses)).
+    pub(crate) fn is_responses(&self) -> bool {
+        self.path == "/v1/responses"
+    }
+
     /// Whether an upstream of `kind` serves this route.
     pub(crate) fn is_served_by(&self, kind: Kind) -> bool {
         self.kinds.contains(&kind)

@@ -41,18 +41,18 @@ use futures::future::BoxFuture;
 use http_body::{Body, Frame};
 use tokio::time::{Interval, MissedTickBehavior};
 
-use hyper::body::Incoming;
+use http::Response;
+use http::header::{self, HeaderValue};
 
 use crate::error::BoxError;
+use crate::metrics::Metrics;
 use crate::proxy::admit::{Queued, Refused, Slot};
-use crate::proxy::affinity::Sniff;
-use crate::proxy::body::SlotBody;
-use crate::proxy::rename::Rename;
+use crate::proxy::answer::{Answerer, Streamed, mark_upstream};
+use crate::proxy::body::sse_event;
+use crate::proxy::choose::Routed;
+use crate::proxy::problems::{self, Error, Unavailable};
+use crate::proxy::send::{Sender, Sent};
 use crate::upstreams::target::Target;
-
-/// An engine's answer streaming through with its slot (and, for the Responses API, searched
-/// for its id): what both the ordinary path and [`KeepaliveBody`] pass on.
-pub(crate) type Streamed = SlotBody<Sniff<Rename<Incoming>>, Option<Slot>>;
 
 /// What the body does with the slot once granted: send the request and start the engine's
 /// stream, or give the last event to end with.
@@ -125,6 +125,20 @@ impl KeepaliveBody {
             ticker,
             target,
         }
+    }
+
+    /// The `200 text/event-stream` response whose body this is.
+    pub(crate) fn respond(self) -> Response<Self> {
+        let target = Arc::clone(&self.target);
+        let mut response = Response::new(self);
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        mark_upstream(headers, &target);
+        response
     }
 
     /// The comment that tells the client where it stands.
@@ -206,4 +220,90 @@ impl Body for KeepaliveBody {
     fn is_end_stream(&self) -> bool {
         matches!(self.stage, Stage::Done)
     }
+}
+
+/// The keepalive interval for `routed` on `target`: `queue_keepalive`, for a streamed request
+/// on an SSE endpoint; `None` otherwise (the request queues as usual).
+pub(crate) fn interval(routed: &Routed, target: &Target) -> Option<Duration> {
+    let every = target.queueing.keepalive?;
+    (routed.api.stream && routed.endpoint.streams_sse()).then_some(every)
+}
+
+/// What the request path's own steps 7 and 8 need, lent to a queued request's body.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Steps<'a> {
+    /// Step 7.
+    pub(crate) sender: &'a Sender,
+    /// Step 8.
+    pub(crate) answerer: &'a Answerer,
+    /// Where a refusal is counted.
+    pub(crate) metrics: &'a Metrics,
+}
+
+/// Steps 7 and 8 for a request granted its `slot` on `target` under `queue_keepalive`: the
+/// same [`Sender::send`] and [`Answerer::answer`] as on the ordinary path, except that the
+/// client already has its `200`, so anything but the engine's stream becomes the stream's
+/// last event (`Err`).
+pub(crate) async fn forward(
+    steps: Steps<'_>,
+    routed: &Routed,
+    target: &Target,
+    slot: Slot,
+) -> Result<Streamed, Bytes> {
+    routed.access.queue_wait(slot.waited());
+    let error = match steps.sender.send(routed, target, Some(slot)).await {
+        Sent::Answered(head) => {
+            // The client already has its `200`: an error answer is not retried here, it ends
+            // the stream (`engine_refused`).
+            let answer = steps.answerer.answer(routed, target, head, &routed.access);
+            if answer.status().is_success() {
+                return Ok(answer.into_body());
+            }
+            return Err(engine_refused(routed, target, answer).await);
+        }
+        Sent::Unreachable(error) => Error::UpstreamUnavailable {
+            model: routed.route.model.clone(),
+            retry_after: routed.generation.config.server.health_check_interval,
+            why: Unavailable::Unreachable,
+            source: Some(error),
+        },
+        Sent::Failed(error) => error,
+    };
+    Err(last_event(routed, &error, steps.metrics))
+}
+
+/// The stream's last event for `error`, recorded as every error is
+/// ([`problems::record`]).
+pub(crate) fn last_event(routed: &Routed, error: &Error, metrics: &Metrics) -> Bytes {
+    problems::record(error, &routed.generation.routes, metrics, &routed.access);
+    sse_event(error.to_problem(), routed.id())
+}
+
+/// The most of an engine's error answer read to explain it.
+const ENGINE_ERROR_LIMIT: usize = 64 * 1024;
+
+/// The last event for an engine that answered with an error status instead of a stream:
+/// an `upstream-bad-response` problem with the engine's status and, when it sent one, its
+/// own error document. The answer is read to its end (at most [`ENGINE_ERROR_LIMIT`]
+/// bytes, under the body's usual bounds), which gives its slot back.
+async fn engine_refused(routed: &Routed, target: &Target, answer: Response<Streamed>) -> Bytes {
+    use http_body_util::BodyExt as _;
+    let status = answer.status().as_u16();
+    let body = http_body_util::Limited::new(answer.into_body(), ENGINE_ERROR_LIMIT);
+    let text = body
+        .collect()
+        .await
+        .map(http_body_util::Collected::to_bytes)
+        .unwrap_or_default();
+    let engine: serde_json::Value =
+        serde_json::from_slice(&text).unwrap_or(serde_json::Value::Null);
+    let upstream = &target.upstream.name;
+    let problem = slotgate_problem::Problem::upstream_bad_response(upstream, &routed.route.model)
+        .with_detail(format!(
+            "Upstream `{upstream}` answered {status} instead of a stream after the request \
+             had queued (the client already had its 200)."
+        ))
+        .with_extension("upstream_status", status)
+        .with_extension("upstream_error", engine);
+    sse_event(problem, routed.id())
 }

@@ -9,11 +9,18 @@
 //! Ollama clients accept (every member of their list entry is optional).
 //!
 //! `GET /api/version` is the engine's version, so it is passed to an Ollama upstream instead
-//! (see `App::ollama_version`).
+//! ([`version`]).
 
+use http::{HeaderValue, Request, Response};
 use slotgate_config::Kind;
 
+use crate::error::BoxError;
+use crate::proxy::answer::{Streamed, passed_through};
+use crate::proxy::forward::ForwardError;
+use crate::proxy::live::Generation;
+use crate::proxy::problems::Error;
 use crate::proxy::route::{Route, Routes};
+use crate::proxy::send::Sender;
 
 /// The path of Ollama's version endpoint, passed through to an Ollama upstream.
 pub(crate) const VERSION: &str = "/api/version";
@@ -60,6 +67,42 @@ fn is_listed(route: &Route, listing: Listing) -> bool {
         target.upstream.kind == Kind::Ollama
             && target.upstream.is_available()
             && (listing == Listing::Tags || target.is_loaded())
+    })
+}
+
+/// `GET /api/version`: passed to the first available Ollama upstream (the version is the
+/// engine's, not the gateway's), without a slot; on to the next one when it refuses the
+/// connection.
+pub(crate) async fn version<B>(
+    req: Request<B>,
+    generation: &Generation,
+    request_id: &HeaderValue,
+    sender: &Sender,
+) -> Result<Response<Streamed>, Error> {
+    let client_keys = generation.api_keys.is_enabled();
+    let (parts, _) = req.into_parts();
+    let mut connect_error: Option<BoxError> = None;
+    let ollamas = generation
+        .upstreams
+        .iter()
+        .filter(|u| u.kind == Kind::Ollama && u.is_available());
+    for upstream in ollamas {
+        let sent = sender.pass(
+            upstream,
+            client_keys,
+            &parts,
+            bytes::Bytes::new(),
+            request_id,
+        );
+        match sent.await {
+            Ok(response) => return Ok(passed_through(response)),
+            Err(ForwardError::Connect(error)) => connect_error = Some(error),
+            Err(failure) => return Err(Error::forwarding(failure, &upstream.name, "")),
+        }
+    }
+    Err(Error::NoOllamaUpstream {
+        retry_after: generation.config.server.health_check_interval,
+        source: connect_error.unwrap_or_else(|| "no Ollama upstream is available".into()),
     })
 }
 

@@ -1,24 +1,34 @@
-//! The last step of every failed request: each error becomes its problem document, here and
-//! nowhere else.
+//! The last step of every failed request: each error is classified, counted and becomes its
+//! problem document, here and nowhere else.
 //!
-//! Errors are first classified (STYLE.md §12) by whose side failed and whether a retry can help:
+//! Every failure of the request path becomes an [`Error`] through one conversion per source
+//! type: a refusal of the admission step
+//! ([`Refused::into_error`](crate::proxy::admit::Refused::into_error)), a forward that got no
+//! response head ([`Error::forwarding`]), a body that could not be read (in
+//! [`request`](crate::proxy::request)), a header the gateway reads (in
+//! [`client`](crate::proxy::client) and [`auth`](crate::proxy::auth)). The admin API's errors
+//! are their own type ([`AdminError`](crate::ops::admin::AdminError)).
+//!
+//! Errors are classified (STYLE.md §12) by whose side failed and whether a retry can help:
 //!
 //! | side     | variants | status |
 //! |----------|----------|--------|
-//! | client   | `NotFound`, `MethodNotAllowed`, `ModelNotFound`, `BadRequest`, `TooHeavy`, `BodyRead`, `BodyIncomplete`, `BodyTooLarge`, `BodyTimeout`, `UnsupportedMediaType`, `Unauthorized`, `HeadersTooLarge` | 404, 405, 404, 400, 400, 400, 400, 413, 408, 415, 401, 431 |
+//! | client   | `NotFound`, `MethodNotAllowed`, `ModelNotFound`, `RouteNotServed`, `RouteDisabled`, `ResponseNotFound`, `BadRequest`, `TooHeavy`, `BodyRead`, `BodyIncomplete`, `BodyTooLarge`, `BodyTimeout`, `UnsupportedMediaType`, `Unauthorized`, `HeadersTooLarge` | 404, 405, 404, 404, 403, 404, 400, 400, 400, 400, 413, 408, 415, 401, 431 |
 //! | capacity | `QueueFull`, `QueueTimeout`, `Overloaded`, `StoreUnavailable` (the request never ran; retry) | 503 + `Retry-After` |
-//! | upstream | `UpstreamUnavailable` (nothing sent; retry), `UpstreamFailed`, `UpstreamTimeout` (maybe ran; the client decides) | 503 + `Retry-After`, 502, 504 |
+//! | upstream | `UpstreamUnavailable`, `NoOllamaUpstream`, `ResponseUpstreamUnavailable` (nothing sent; retry), `UpstreamFailed`, `UpstreamTls`, `UpstreamTimeout` (maybe ran; the client decides) | 503 + `Retry-After`, 502, 502, 504 |
 //! | gateway  | `ShuttingDown` (retry), `Internal` (a bug) | 503 + `Retry-After`, 500 |
-//! | operator (admin API) | `ReloadUnavailable`, `ConfigRefused` (the configuration in force stays) | 409, 422 |
+//!
+//! From the error alone, in one place each: [`record`] counts the refusal
+//! (`slotgate_rejections_total{reason}`, [`Error::rejection`]) and notes the access log's
+//! `outcome` and `reason` ([`Error::outcome`], [`Error::reason`]); [`respond`] turns it into an
+//! `application/problem+json` response carrying the request id, and a request whose stream
+//! already began (`queue_keepalive`) gets the same document as its last event. Nothing else in
+//! the gateway builds an error response, so no path can answer with a bare 500 or an empty body.
 //!
 //! Errors after the response head has gone out (an upstream stalling or dying mid-stream)
 //! cannot become a response any more: the body wrapper ([`body`](crate::proxy::body)) ends an SSE
 //! answer with an `upstream-stalled` problem as its last event and a clean end of stream, and
 //! cuts any other answer (HTTP/1: no final chunk; HTTP/2: a reset stream).
-//!
-//! [`respond`] turns any of them into an `application/problem+json` response carrying the
-//! request id. Nothing else in the gateway builds an error response, so no path can answer with
-//! a bare 500 or an empty body.
 
 use std::time::Duration;
 
@@ -28,6 +38,10 @@ use slotgate_problem::Problem;
 use tracing::{debug, warn};
 
 use crate::error::{BoxError, chain};
+use crate::metrics::Metrics;
+use crate::proxy::access::{Access, Outcome};
+use crate::proxy::forward::ForwardError;
+use crate::proxy::route::Routes;
 
 /// `Retry-After` of 503 `overloaded`: bodies in flight are usually read within a second or so.
 const OVERLOADED_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -205,9 +219,21 @@ pub(crate) enum Error {
         model: String,
         /// When a retry may succeed.
         retry_after: Duration,
+        /// Whether the upstreams refused the connection or could take no requests at all.
+        why: Unavailable,
         /// The last connect error, if any.
         #[source]
         source: Option<BoxError>,
+    },
+    /// `GET /api/version` found no Ollama upstream to pass it to: none is available, or each
+    /// refused the connection.
+    #[error("no Ollama upstream is reachable")]
+    NoOllamaUpstream {
+        /// When a retry may succeed.
+        retry_after: Duration,
+        /// The last connect error, or that none is available.
+        #[source]
+        source: BoxError,
     },
     /// The upstream failed after the request was (maybe partly) sent, before a response head.
     #[error("upstream {upstream} failed")]
@@ -249,28 +275,6 @@ pub(crate) enum Error {
         /// When another try (elsewhere, or after a restart) makes sense.
         retry_after: Duration,
     },
-    // === the operator's side (admin API) ===
-    /// `POST /admin/reload` on a gateway not started from a file.
-    #[error("reload refused")]
-    ReloadUnavailable {
-        /// The generation still in force.
-        generation: u64,
-        /// Why.
-        #[source]
-        source: BoxError,
-    },
-    /// `POST /admin/reload` read a configuration that cannot be put in force.
-    #[error("reload refused")]
-    ConfigRefused {
-        /// Every problem, one line each.
-        issues: Vec<String>,
-        /// The generation still in force.
-        generation: u64,
-        /// Why.
-        #[source]
-        source: BoxError,
-    },
-
     /// A bug: something that should not fail did.
     #[error("internal error: {what}")]
     Internal {
@@ -302,6 +306,16 @@ fn queue_timeout(
             retry_after,
         ),
     }
+}
+
+/// Why no upstream of a model could take a request ([`Error::UpstreamUnavailable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unavailable {
+    /// Every upstream that could take it refused the connection: `upstream_unavailable`.
+    Unreachable,
+    /// None could take requests at all (unhealthy, draining, an unknown `auto` slot count,
+    /// removed by a reload): `model_unavailable`.
+    Down,
 }
 
 /// A client's deadline that bounded a queue wait (see [`Error::QueueTimeout`]).
@@ -427,6 +441,40 @@ impl From<BadRequest> for Error {
 }
 
 impl Error {
+    /// The error for a forward to `upstream` (for `model`, empty when the request names none)
+    /// that got no response head: every [`ForwardError`] becomes its `Error` here. A refused
+    /// connection is the caller's to handle first (it may try another upstream); one that
+    /// reaches this point is counted like a bug.
+    pub(crate) fn forwarding(failure: ForwardError, upstream: &str, model: &str) -> Self {
+        let upstream = upstream.to_owned();
+        let model = model.to_owned();
+        match failure {
+            ForwardError::Timeout(after) => Error::UpstreamTimeout {
+                upstream,
+                model,
+                after,
+            },
+            ForwardError::Failed(source) => Error::UpstreamFailed {
+                upstream,
+                model,
+                source,
+            },
+            ForwardError::Tls(source) => Error::UpstreamTls {
+                upstream,
+                model,
+                source,
+            },
+            ForwardError::Build(error) => Error::Internal {
+                what: "the upstream request could not be built",
+                source: Box::new(error),
+            },
+            ForwardError::Connect(source) => Error::Internal {
+                what: "a connect error was not handled",
+                source,
+            },
+        }
+    }
+
     /// The problem document for this error.
     #[expect(
         clippy::too_many_lines,
@@ -496,6 +544,7 @@ impl Error {
                 model,
                 retry_after,
                 source,
+                ..
             } => {
                 let problem = Problem::upstream_unavailable(model, *retry_after);
                 match source {
@@ -507,6 +556,16 @@ impl Error {
                     )),
                     None => problem,
                 }
+            }
+            Error::NoOllamaUpstream {
+                retry_after,
+                source,
+            } => {
+                let model = "(any Ollama model)";
+                Problem::upstream_unavailable(model, *retry_after).with_detail(format!(
+                    "No upstream for model `{model}` can take the request: {}",
+                    chain(&**source)
+                ))
             }
             Error::UpstreamFailed {
                 upstream,
@@ -532,15 +591,6 @@ impl Error {
                 after,
             } => Problem::upstream_timeout(upstream, model, *after),
             Error::ShuttingDown { retry_after } => Problem::shutting_down(*retry_after),
-            // `reloaded: false` and the generation in force, as in the success document.
-            Error::ReloadUnavailable { generation, .. } => Problem::reload_unavailable()
-                .with_extension("reloaded", false)
-                .with_extension("generation", *generation),
-            Error::ConfigRefused {
-                issues, generation, ..
-            } => Problem::config_refused(issues)
-                .with_extension("reloaded", false)
-                .with_extension("generation", *generation),
             Error::Internal { .. } => Problem::internal(),
         }
     }
@@ -568,14 +618,19 @@ impl Error {
             Error::QueueTimeout { .. } => "queue_timeout",
             Error::StoreUnavailable { .. } => "store_unavailable",
             Error::Overloaded { .. } => "overloaded",
-            // The request path tells `model_unavailable` apart where it knows (no upstream could
-            // take requests at all), and says so first.
-            Error::UpstreamUnavailable { .. } => "upstream_unavailable",
+            Error::UpstreamUnavailable {
+                why: Unavailable::Down,
+                ..
+            } => "model_unavailable",
+            Error::UpstreamUnavailable {
+                why: Unavailable::Unreachable,
+                ..
+            }
+            | Error::NoOllamaUpstream { .. } => "upstream_unavailable",
             Error::UpstreamFailed { .. } => "upstream_failed",
             Error::UpstreamTls { .. } => "upstream_tls",
             Error::UpstreamTimeout { .. } => "upstream_timeout",
             Error::ShuttingDown { .. } => "shutting_down",
-            Error::ReloadUnavailable { .. } | Error::ConfigRefused { .. } => "reload_refused",
             Error::Internal { .. } => "internal",
         }
     }
@@ -598,27 +653,35 @@ impl Error {
     }
 
     /// The refusal to count in `slotgate_rejections_total` when the request ends with this
-    /// error: (the configured model, or `""`, and the reason). `None` for the refusals the
-    /// request path counts where they happen (they also end a `queue_keepalive` stream, which
-    /// never becomes an error response), for engine failures and for the admin API's errors.
+    /// error: (the configured model, or `""`, and the reason). `None` when nobody refused it:
+    /// the client left, or the engine gave no usable answer (counted by the slot as an
+    /// `upstream_error` outcome).
     pub(crate) fn rejection(&self) -> Option<(&str, &'static str)> {
         let model = match self {
-            // `BodyIncomplete`: the client left, nobody refused it.
-            Error::BodyIncomplete(_)
-            | Error::QueueFull { .. }
-            | Error::QueueTimeout { .. }
-            | Error::StoreUnavailable { .. }
-            | Error::UpstreamUnavailable { .. }
-            | Error::ReloadUnavailable { .. }
-            | Error::ConfigRefused { .. } => return None,
+            Error::BodyIncomplete(_) => return None,
             _ if self.is_upstream_failure() => return None,
             // Configured names (a client's unknown name never becomes a label).
             Error::RouteNotServed { model, .. }
             | Error::RouteDisabled { model, .. }
-            | Error::TooHeavy { model, .. } => model.as_str(),
+            | Error::TooHeavy { model, .. }
+            | Error::QueueFull { model, .. }
+            | Error::QueueTimeout { model, .. }
+            | Error::StoreUnavailable { model, .. }
+            | Error::UpstreamUnavailable { model, .. } => model.as_str(),
             _ => "",
         };
         Some((model, self.reason()))
+    }
+
+    /// How the access log says a request that ends with this error ended.
+    pub(crate) fn outcome(&self) -> Outcome {
+        if self.is_upstream_failure() {
+            Outcome::UpstreamError
+        } else if self.client_left() {
+            Outcome::ClientGone
+        } else {
+            Outcome::Refused
+        }
     }
 
     /// Whether the gateway or an upstream is at fault (worth a warning in the log), rather than
@@ -627,6 +690,7 @@ impl Error {
         matches!(
             self,
             Error::UpstreamUnavailable { .. }
+                | Error::NoOllamaUpstream { .. }
                 | Error::UpstreamFailed { .. }
                 | Error::UpstreamTls { .. }
                 | Error::UpstreamTimeout { .. }
@@ -635,17 +699,48 @@ impl Error {
     }
 }
 
+/// Everything a request that ends with `error` leaves behind but its document, derived from the
+/// error here and nowhere else: the refusal counted in `slotgate_rejections_total` (through
+/// the model's pre-resolved counter in `routes` when it has one, so no label is hashed), and
+/// the access log's outcome and reason. The document is [`respond`]'s, or the last event of a
+/// stream that already began.
+pub(crate) fn record(error: &Error, routes: &Routes, metrics: &Metrics, access: &Access) {
+    if let Some((model, reason)) = error.rejection() {
+        let counted = routes
+            .resolve(model)
+            .is_some_and(|route| route.model == model && route.rejections.count(reason));
+        if !counted {
+            metrics.refused(model, reason);
+        }
+    }
+    let outcome = error.outcome();
+    // A client that left was not refused: no reason.
+    let reason = (outcome != Outcome::ClientGone).then(|| error.reason());
+    access.failed(outcome, reason);
+}
+
 /// The response for `error`, carrying the request id: as the `request_id` member, and as
 /// `instance` (`urn:uuid:…`) when it is a UUID. The caller sets the `x-request-id` header on
 /// every response.
 pub(crate) fn respond<B: From<Bytes>>(error: &Error, request_id: &HeaderValue) -> Response<B> {
+    document(error, error.to_problem(), error.is_fault(), request_id)
+}
+
+/// The response carrying `problem`, the document for `error` (logged: as a warning when it is
+/// a `fault` of the gateway or an upstream), with the request id as [`respond`] says.
+pub(crate) fn document<B: From<Bytes>>(
+    error: &(dyn std::error::Error + 'static),
+    problem: Problem,
+    fault: bool,
+    request_id: &HeaderValue,
+) -> Response<B> {
     let id = request_id.to_str().unwrap_or_default();
-    if error.is_fault() {
+    if fault {
         warn!(request_id = id, error = %chain(error), "request failed");
     } else {
         debug!(request_id = id, error = %chain(error), "request refused");
     }
-    let mut problem = error.to_problem().with_extension("request_id", id);
+    let mut problem = problem.with_extension("request_id", id);
     // A generated id is a UUID, which makes a valid `instance` URI; a client's own id may not be.
     if let Ok(uuid) = uuid::Uuid::try_parse(id) {
         problem = problem.with_instance(format!("urn:uuid:{}", uuid.hyphenated()));
@@ -818,6 +913,7 @@ mod tests {
                 Error::UpstreamUnavailable {
                     model: "m".into(),
                     retry_after: Duration::from_secs(5),
+                    why: super::Unavailable::Unreachable,
                     source: Some(io()),
                 },
                 503,
@@ -851,25 +947,6 @@ mod tests {
                 503,
                 "shutting-down",
                 true,
-            ),
-            (
-                Error::ReloadUnavailable {
-                    generation: 1,
-                    source: io(),
-                },
-                409,
-                "reload-unavailable",
-                false,
-            ),
-            (
-                Error::ConfigRefused {
-                    issues: vec!["aliases.chat: no such model".into()],
-                    generation: 1,
-                    source: io(),
-                },
-                422,
-                "config-refused",
-                false,
             ),
             (
                 Error::Internal {
@@ -908,6 +985,97 @@ mod tests {
             assert!(doc.get("instance").is_none(), "not a UUID: no instance");
             assert!(doc["error"]["message"].is_string());
         }
+    }
+
+    /// The rejection series of `metrics` as exposed, one `reason model value` line each.
+    fn rejections(metrics: &crate::metrics::Metrics) -> Vec<String> {
+        let mut registry = prometheus_client::registry::Registry::default();
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text.lines()
+            .filter(|line| line.starts_with("rejections_total{") && !line.ends_with(" 0"))
+            .map(ToOwned::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn every_refusal_is_counted_once_and_nothing_else_is() {
+        let built = crate::fixtures::Built::new(
+            r#"
+            [server]
+            listen = "127.0.0.1:0"
+            [upstreams.a]
+            url = "http://127.0.0.1:9"
+            kind = "vllm"
+            [upstreams.a.models.m]
+            parallel = 1
+            queue = 1
+            queue_timeout = "5s"
+            "#,
+        );
+        let (routes, metrics) = (&built.generation.routes, &built.metrics);
+        let access = crate::proxy::access::Access::default();
+        let io = || Box::new(std::io::Error::other("refused")) as crate::error::BoxError;
+        let errors = [
+            Error::QueueFull {
+                upstream: "a".into(),
+                model: "m".into(),
+                retry_after: Duration::from_secs(1),
+            },
+            Error::UpstreamUnavailable {
+                model: "m".into(),
+                retry_after: Duration::from_secs(1),
+                why: super::Unavailable::Down,
+                source: None,
+            },
+            Error::UpstreamUnavailable {
+                model: "m".into(),
+                retry_after: Duration::from_secs(1),
+                why: super::Unavailable::Unreachable,
+                source: Some(io()),
+            },
+            Error::TooHeavy {
+                upstream: "a".into(),
+                model: "m".into(),
+                weight: 2,
+                parallel: 1,
+            },
+            Error::ModelNotFound {
+                model: "unknown".into(),
+            },
+            Error::ShuttingDown {
+                retry_after: Duration::from_secs(1),
+            },
+            // Not refusals: the client left, the engine failed.
+            Error::BodyIncomplete(io()),
+            Error::UpstreamTimeout {
+                upstream: "a".into(),
+                model: "m".into(),
+                after: Duration::from_secs(1),
+            },
+        ];
+        for error in &errors {
+            super::record(error, routes, metrics, &access);
+        }
+        let route = routes.resolve("m").unwrap();
+        assert_eq!(route.rejections.queue_full.get(), 1);
+        assert_eq!(route.rejections.model_unavailable.get(), 1);
+        assert_eq!(route.rejections.upstream_unavailable.get(), 1);
+        assert_eq!(route.rejections.queue_timeout.get(), 0);
+        let mut lines = rejections(metrics);
+        lines.sort();
+        assert_eq!(
+            lines,
+            [
+                r#"rejections_total{model="",reason="model_not_found"} 1"#,
+                r#"rejections_total{model="",reason="shutting_down"} 1"#,
+                r#"rejections_total{model="m",reason="model_unavailable"} 1"#,
+                r#"rejections_total{model="m",reason="queue_full"} 1"#,
+                r#"rejections_total{model="m",reason="too_heavy"} 1"#,
+                r#"rejections_total{model="m",reason="upstream_unavailable"} 1"#,
+            ]
+        );
     }
 
     #[test]

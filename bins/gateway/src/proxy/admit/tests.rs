@@ -7,8 +7,12 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_test::task;
 
-use super::{Refused, take};
+use slotgate_limiter::Ticket;
+
+use super::{Admitted, Fallback, Refused, admit, take};
 use crate::fixtures::Built;
+use crate::proxy::client::Deadlines;
+use crate::proxy::problems::Error;
 use crate::shutdown::shutdown_pair;
 
 /// One slot and one place in the queue on `a`; the same on `b`, which is there to fall through
@@ -201,4 +205,108 @@ async fn a_request_heavier_than_parallel_is_refused_at_once_and_takes_nothing() 
     let slot = take(&a, 1, &mut stop).await.expect("the free slot");
     assert_eq!(a.key.in_flight(), 1);
     drop(slot);
+}
+
+fn no_deadlines() -> Deadlines {
+    Deadlines::read(&http::HeaderMap::new(), Instant::now()).expect("no deadline headers")
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_admit_step_takes_no_slot_where_the_endpoint_takes_none() {
+    let built = Built::new(TWO_HOSTS);
+    let a = built.target("m", "a");
+    let (_trigger, mut stop) = shutdown_pair();
+    let _held = take(&a, 1, &mut stop).await.expect("a's slot");
+    let ticket = Ticket::new();
+    let admitted = admit(&a, false, &ticket, &no_deadlines(), &stop, None).await;
+    assert!(matches!(admitted, Ok(Admitted::Go(None))), "{admitted:?}");
+    assert_eq!((a.key.in_flight(), a.key.queued()), (1, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_admit_step_hands_a_queued_request_to_its_keepalive_body_or_waits() {
+    let built = Built::new(TWO_HOSTS);
+    let a = built.target("m", "a");
+    let (_trigger, mut stop) = shutdown_pair();
+    let (ticket, deadlines) = (Ticket::new(), no_deadlines());
+    let free = admit(
+        &a,
+        true,
+        &ticket,
+        &deadlines,
+        &stop,
+        Some(Duration::from_secs(1)),
+    )
+    .await;
+    assert!(
+        matches!(free, Ok(Admitted::Go(Some(_)))),
+        "a free slot is taken at once, keepalive or not"
+    );
+    let every = Duration::from_secs(2);
+    let queued = admit(&a, true, &ticket, &deadlines, &stop, Some(every)).await;
+    let Ok(Admitted::KeepAlive(queued, interval)) = queued else {
+        panic!("{queued:?}");
+    };
+    assert_eq!(interval, every);
+    assert_eq!(a.key.queued(), 1, "it waits in the queue, in its body");
+    drop(queued);
+    assert_eq!(a.key.queued(), 0);
+
+    let start = Instant::now();
+    let waited = admit(&a, true, &ticket, &deadlines, &stop, None).await;
+    assert!(matches!(waited, Err(Refused::Timeout { .. })), "{waited:?}");
+    assert_eq!(start.elapsed(), Duration::from_secs(5));
+    drop(free);
+    let _ = &mut stop;
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_refusal_becomes_its_error() {
+    let built = Built::new(TWO_HOSTS);
+    let a = built.target("m", "a");
+    let ticket = Ticket::new();
+    let fallback = Fallback {
+        shutting_down: Duration::from_secs(30),
+        unavailable: Duration::from_secs(7),
+    };
+    let error = |refused: Refused| refused.into_error(&a, &ticket, "m", fallback);
+    assert!(matches!(
+        error(Refused::ShuttingDown),
+        Error::ShuttingDown { retry_after } if retry_after == Duration::from_secs(30)
+    ));
+    assert!(matches!(
+        error(Refused::Closed),
+        Error::UpstreamUnavailable { retry_after, source: Some(why), .. }
+            if retry_after == Duration::from_secs(7) && why.to_string().contains("reload")
+    ));
+    assert!(matches!(
+        error(Refused::Full),
+        Error::QueueFull { upstream, model, .. } if upstream == "a" && model == "m"
+    ));
+    assert!(matches!(
+        error(Refused::TooHeavy {
+            weight: 3,
+            parallel: 1
+        }),
+        Error::TooHeavy {
+            weight: 3,
+            parallel: 1,
+            ..
+        }
+    ));
+    assert!(matches!(
+        error(Refused::StoreUnavailable {
+            retry_after: Duration::from_secs(2)
+        }),
+        Error::StoreUnavailable { .. }
+    ));
+    let deadlines = no_deadlines();
+    let wait = deadlines.wait(Instant::now(), Duration::from_secs(5), true);
+    assert!(matches!(
+        error(Refused::Timeout {
+            waited: Duration::from_secs(5),
+            wait
+        }),
+        Error::QueueTimeout { deadline: None, .. }
+    ));
 }
