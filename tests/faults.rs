@@ -628,8 +628,15 @@ async fn shutdown_closes_idle_connections_at_once_and_drains_the_stream() {
         .unwrap();
     let h1_conn = tokio::spawn(h1_conn);
     let models = |version| {
-        Request::get(format!("http://{addr}/v1/models"))
-            .version(version)
+        let request = Request::get(format!("http://{addr}/v1/models")).version(version);
+        // HTTP/1.1 needs a `Host` (hyper's connection-level client adds none); HTTP/2 has
+        // `:authority` from the URI.
+        let request = if version == http::Version::HTTP_11 {
+            request.header(http::header::HOST, addr.to_string())
+        } else {
+            request
+        };
+        request
             .body(http_body_util::Empty::<Bytes>::new())
             .unwrap()
     };
