@@ -37,7 +37,7 @@ use crate::control::{Overrides, Plan, headers};
 use crate::failure::{Failure, FailurePlan};
 use crate::form;
 use crate::kinds::{self, llama, ollama, vllm};
-use crate::models::Model;
+use crate::models::{LoadFailed, Model, Wanted};
 use crate::observer::{ConnectionState, Fate, Outcome, Tracker};
 use crate::openai::{self, Answer, Endpoint, InferenceRequest};
 use crate::reply::{MAX_BODY, Refusal, finish, json_response, response, stream_response};
@@ -293,7 +293,15 @@ impl App {
             _ => None,
         };
         tracker.queued();
-        self.registry.ensure_loaded(model).await;
+        // Held until the slot is ours, so `--models-max` does not evict the model between its
+        // load and the acquire.
+        let _wanted = Wanted::new(model);
+        self.registry
+            .ensure_loaded(model)
+            .await
+            .map_err(|LoadFailed| {
+                Refusal::new(500, format!("model name={} failed to load", model.name))
+            })?;
         Ok(model.pool.acquire(work).await)
     }
 

@@ -143,6 +143,13 @@ pub struct FakeConfig {
     /// llama-server router: load an unloaded model when a request names it (`--models-autoload`,
     /// the default). Off gives 400 "model is not loaded".
     pub autoload: bool,
+    /// llama-server router `--models-max`, Ollama `OLLAMA_MAX_LOADED_MODELS`: at most this many
+    /// models running (loaded or loading) at once; 0 means no bound (the fake's default, so a
+    /// test states the bound it exercises; the real router's default is 4). A load past it
+    /// first unloads the least recently used model that has no request running or waiting for
+    /// it; when there is none, the request waits inside the engine until one becomes idle
+    /// (server-models.cpp `server_lru_sched`).
+    pub models_max: usize,
     /// llama-server: model an overcommitted unified KV cache. Every request is admitted at once
     /// (no deferral); when more than `parallel` run together, every running request fails with
     /// 500 "Context size has been exceeded." (mid-stream as an error event without `[DONE]`).
@@ -201,6 +208,7 @@ impl FakeConfig {
             models: Vec::new(),
             router: false,
             autoload: true,
+            models_max: 0,
             collapse: false,
             max_queue: 512,
             n_ctx: 4096,
@@ -266,6 +274,13 @@ impl FakeConfig {
     #[must_use]
     pub fn autoload(mut self, on: bool) -> Self {
         self.autoload = on;
+        self
+    }
+
+    /// Sets the bound on models running at once (`--models-max`, `OLLAMA_MAX_LOADED_MODELS`).
+    #[must_use]
+    pub fn models_max(mut self, models_max: usize) -> Self {
+        self.models_max = models_max;
         self
     }
 

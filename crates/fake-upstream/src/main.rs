@@ -45,6 +45,10 @@ struct Args {
     /// llama-server router: refuse requests for unloaded models instead of loading them.
     #[arg(long)]
     no_autoload: bool,
+    /// Router --models-max, or Ollama's max loaded models: models running at once (0: no
+    /// bound); past it the least recently used idle model is unloaded.
+    #[arg(long, default_value_t = 0)]
+    models_max: usize,
     /// llama-server: overcommitted unified KV cache; more than --parallel at once fail together.
     #[arg(long)]
     collapse: bool,
@@ -113,6 +117,7 @@ impl Args {
             .port(self.port)
             .router(self.router)
             .autoload(!self.no_autoload)
+            .models_max(self.models_max)
             .collapse(self.collapse)
             .max_queue(self.max_queue)
             .n_ctx(self.n_ctx)

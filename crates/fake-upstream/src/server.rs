@@ -213,13 +213,34 @@ impl FakeUpstream {
     }
 
     /// Loads a model (taking the configured load delay) and waits until it is resident. False for
-    /// an unknown model.
+    /// an unknown model or a failed load.
     pub async fn load_model(&self, model: &str) -> bool {
         let Some(model) = self.app.registry.get(model).cloned() else {
             return false;
         };
-        self.app.registry.ensure_loaded(&model).await;
-        true
+        self.app.registry.ensure_loaded(&model).await.is_ok()
+    }
+
+    /// How many loads of a model started since the server started (a wake-up from sleep is not
+    /// a load); `None` for an unknown model. What a benchmark of model swaps counts.
+    pub fn model_loads(&self, model: &str) -> Option<u64> {
+        self.app.registry.get(model).map(|m| m.loads())
+    }
+
+    /// Makes the next load of a model fail: it goes back to `unloaded` with `"failed": true`
+    /// and the requests that waited for it get llama-server's 500. False for an unknown model.
+    pub fn fail_next_load(&self, model: &str) -> bool {
+        self.app
+            .registry
+            .get(model)
+            .map(|m| m.fail_next_load())
+            .is_some()
+    }
+
+    /// Puts a loaded model to sleep, as `--sleep-idle-seconds` does: it keeps its place and the
+    /// next request wakes it without a load. False for an unknown or not loaded model.
+    pub fn sleep_model(&self, model: &str) -> bool {
+        self.app.registry.get(model).is_some_and(|m| m.sleep())
     }
 
     /// Unloads a model at once; requests running on it finish normally. False for an unknown

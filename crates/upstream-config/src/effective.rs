@@ -186,6 +186,9 @@ struct UpstreamView<'a> {
     client_key: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     parallel: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_loaded_models: Option<usize>,
+    collate_for: String,
     // Tables last: TOML cannot put a plain key after a sub-table.
     models: BTreeMap<&'a str, ModelEntryView<'a>>,
 }
@@ -351,6 +354,8 @@ impl<'a> From<&'a Upstream> for UpstreamView<'a> {
                 .map(|id| display(&id.cert)),
             client_key: upstream.client_identity.as_ref().map(|id| display(&id.key)),
             parallel: upstream.parallel,
+            max_loaded_models: upstream.max_loaded_models,
+            collate_for: human(upstream.collate_for),
             models: upstream
                 .models
                 .iter()

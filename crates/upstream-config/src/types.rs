@@ -629,6 +629,19 @@ pub struct Upstream {
     /// models draw on one pool of sequences: vLLM's `LoRA` adapters, a llama-server router. A
     /// request then needs its slots free both under its model's `parallel` and under this.
     pub parallel: Option<usize>,
+    /// How many models the engine holds in memory at once (`None`, the default: what the engine
+    /// reports, a llama-server router's `max_instances`, its `--models-max`; an engine that
+    /// reports nothing is not bounded). Set it for engines that load on demand without saying
+    /// how many fit: Ollama (`OLLAMA_MAX_LOADED_MODELS`), llama-swap. A request for a model that
+    /// is not loaded on a full engine then waits in the gateway (bounded by its
+    /// `queue_timeout` and deadline) until a loaded model has no request left, instead of
+    /// waiting inside the engine.
+    pub max_loaded_models: Option<usize>,
+    /// How long a request for a model that is not loaded may wait while the loaded model keeps
+    /// taking new requests (default [`Upstream::DEFAULT_COLLATE_FOR`]). Past it the loaded model
+    /// takes no new request until the swap. Only matters on a bounded engine
+    /// ([`Upstream::max_loaded_models`]).
+    pub collate_for: Duration,
     /// The models served here and their limits, by model name. At least one.
     pub models: BTreeMap<String, ModelLimits>,
     /// The models whose engine knows them by another name (`engine_model`), by model name;
@@ -651,6 +664,12 @@ impl Upstream {
     /// at 20 tokens/s take under 30 minutes), yet an engine that trickles a token now and then
     /// cannot hold a slot forever.
     pub const DEFAULT_STREAM_TIMEOUT: Option<Duration> = Some(Duration::from_secs(3600));
+    /// Default [`Upstream::collate_for`]: 10 s. A swap costs a model load, seconds on a small
+    /// model and up to minutes for a large one on a GPU, and costs it for everyone; serving the
+    /// loaded model's requests for a few seconds more saves loads under interleaved traffic.
+    /// 10 s stays well under the default `queue_timeout` (30 s), so the waiter still has most
+    /// of its queue time left for the swap itself.
+    pub const DEFAULT_COLLATE_FOR: Duration = Duration::from_secs(10);
 
     /// The limiter key: `scheme://host:port`, with the scheme's default port made explicit and
     /// no path (two routes to one engine share its slots). Unique across a [`Config`].

@@ -80,6 +80,8 @@ const UPSTREAM_KEYS: &[&str] = &[
     "client_cert",
     "client_key",
     "parallel",
+    "max_loaded_models",
+    "collate_for",
     "models",
 ];
 const MODEL_KEYS: &[&str] = &[
@@ -491,6 +493,7 @@ struct Timing {
         reason = "the outer `None` is a wrong value (reported), the inner one the value \"none\""
     )]
     stream_timeout: Option<Option<Duration>>,
+    collate_for: Option<Duration>,
 }
 
 fn upstream_timing(r: &mut Reader<'_>, t: &Dict, path: &KeyPath, kind: Option<Kind>) -> Timing {
@@ -519,10 +522,19 @@ fn upstream_timing(r: &mut Reader<'_>, t: &Dict, path: &KeyPath, kind: Option<Ki
             _ => r.duration(p, v, false).map(Some),
         },
     );
+    let collate_for = optional(
+        r,
+        t,
+        path,
+        "collate_for",
+        Upstream::DEFAULT_COLLATE_FOR,
+        |r, p, v| r.duration(p, v, true),
+    );
     Timing {
         cancel_grace,
         stream_idle_timeout,
         stream_timeout,
+        collate_for,
     }
 }
 
@@ -930,11 +942,15 @@ fn upstream<'v>(
         cancel_grace,
         stream_idle_timeout,
         stream_timeout,
+        collate_for,
     } = upstream_timing(r, t, path, kind);
     let allow_model_management =
         optional(r, t, path, "allow_model_management", false, Reader::boolean);
     let tls = upstream_tls(r, t, path, url.as_ref());
     let parallel = optional(r, t, path, "parallel", None, |r, p, v| {
+        r.count(p, v, 1).map(Some)
+    });
+    let max_loaded_models = optional(r, t, path, "max_loaded_models", None, |r, p, v| {
         r.count(p, v, 1).map(Some)
     });
     let models = required(
@@ -966,6 +982,8 @@ fn upstream<'v>(
         Some(allow_model_management),
         Some(tls),
         Some(parallel),
+        Some(max_loaded_models),
+        Some(collate_for),
         Some(models),
         Some(engine_models),
         Some(queueing),
@@ -982,6 +1000,8 @@ fn upstream<'v>(
         allow_model_management,
         tls,
         parallel,
+        max_loaded_models,
+        collate_for,
         models,
         engine_models,
         queueing,
@@ -1000,6 +1020,8 @@ fn upstream<'v>(
             ca_file: tls.ca_file,
             client_identity: tls.client_identity,
             parallel,
+            max_loaded_models,
+            collate_for,
             models,
             engine_models,
             queueing,

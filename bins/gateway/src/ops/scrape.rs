@@ -17,6 +17,7 @@ use crate::proxy::live::{Generation, Live};
 use crate::upstreams::state::UpstreamState;
 
 mod cluster;
+mod places;
 
 /// A registry with every family of `metrics`, plus the gauges read from the configuration in
 /// force at scrape time (all under the `slotgate_` prefix), and the process metrics under their
@@ -160,6 +161,7 @@ impl Collector for LiveGauges {
 
         encode_caps(&generation, &mut encoder)?;
         cluster::encode(&generation, &mut encoder)?;
+        places::encode(&generation, &mut encoder)?;
 
         for (name, help, pick) in per_upstream {
             let mut metric = encoder.encode_descriptor(

@@ -17,6 +17,7 @@ pub(crate) fn upstream_status<'g>(
 ) -> UpstreamDoc<'g> {
     let health = upstream.health.view();
     let residency = upstream.residency.view();
+    let places = upstream.places.view();
     let models: Vec<ModelDoc<'g>> = generation
         .routes
         .routes()
@@ -25,7 +26,26 @@ pub(crate) fn upstream_status<'g>(
                 .targets
                 .iter()
                 .filter(|t| t.upstream.name == upstream.name)
-                .map(|t| model_status(&route.model, t))
+                .map(|t| {
+                    let mut doc = model_status(&route.model, t);
+                    doc.state = residency.states.get(&*t.place_name).map(|s| s.as_str());
+                    doc.waiting_for_place = places.get(&t.place_name).map_or(0, |p| p.waiting);
+                    doc
+                })
+        })
+        .collect();
+    let engine_models = residency
+        .states
+        .iter()
+        .map(|(name, state)| {
+            let loads = residency.loads.get(name).copied().unwrap_or_default();
+            let doc = EngineModelDoc {
+                state: state.as_str(),
+                loads: loads.count,
+                last_load_seconds: loads.last.map(|d| d.as_secs_f64()),
+                expires_at: residency.expires.get(name).cloned(),
+            };
+            (name.clone(), doc)
         })
         .collect();
     let loaded = models.iter().filter(|m| m.loaded).map(|m| m.name).collect();
@@ -50,6 +70,9 @@ pub(crate) fn upstream_status<'g>(
         }),
         loaded,
         residency: ResidencyDoc {
+            max_loaded_models: upstream.places.capacity(),
+            max_instances: residency.max_instances,
+            models: engine_models,
             resident: residency.resident.map(|r| r.names()),
             last_check: residency.checked.map(rfc3339),
             last_error: residency.error,
@@ -102,6 +125,8 @@ fn model_status<'g>(model: &'g str, t: &Target) -> ModelDoc<'g> {
         cluster,
         name: model,
         loaded: t.is_loaded(),
+        state: None,
+        waiting_for_place: 0,
         parallel,
         slots,
         queue: reading.limits.queue,
@@ -155,15 +180,40 @@ struct HealthDoc {
 
 #[derive(Debug, Serialize)]
 struct ResidencyDoc {
+    /// The bound in force on models held at once: the upstream's `max_loaded_models`, else the
+    /// router's `max_instances`; `null`: not bounded.
+    max_loaded_models: Option<usize>,
+    /// What a llama-server router reports (`--models-max`; 0: no bound).
+    max_instances: Option<usize>,
+    /// Each model the engine reports a state for, by its name there (empty for engines that
+    /// do not load on demand).
+    models: std::collections::BTreeMap<String, EngineModelDoc>,
     resident: Option<Vec<String>>,
     last_check: Option<String>,
     last_error: Option<String>,
+}
+
+/// One model as its engine reports it.
+#[derive(Debug, Serialize)]
+struct EngineModelDoc {
+    /// `loaded`, `loading`, `unloaded`, `sleeping`, `failed` or `other`.
+    state: &'static str,
+    /// Loads seen since the gateway started.
+    loads: u64,
+    /// The last load's time, when a discovery saw it loading (to within one check interval).
+    last_load_seconds: Option<f64>,
+    /// Ollama: when its `keep_alive` ends.
+    expires_at: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
 struct ModelDoc<'g> {
     name: &'g str,
     loaded: bool,
+    /// The engine's state of the model (`null` for engines that do not report one).
+    state: Option<&'static str>,
+    /// Requests waiting in the gateway for the model to get a place in the engine's memory.
+    waiting_for_place: usize,
     parallel: Parallel,
     /// The count in force: `parallel`, or the one read for "auto" (null while unknown, and for
     /// unlimited models).

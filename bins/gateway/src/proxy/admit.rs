@@ -28,6 +28,13 @@
 //! answer is done; ending it records how long the slot was held (for `Retry-After`) and counts a
 //! client that left mid-stream.
 //!
+//! On an upstream that holds a bounded number of models
+//! ([`places`](crate::upstreams::places)), [`join`] first asks its gate: a request for a model
+//! that is not loaded, on a full engine, waits there, in the gateway, before its model's queue
+//! (a [`Queued`] like any other: same bounds, cancelled the same way), and its slot carries the
+//! [`Pass`] that keeps the model's place until the answer ends. More waiters for one model than
+//! its `parallel + queue` are [`Refused::Full`].
+//!
 //! Between the grant and the response head the slot is held by a [`Sending`] guard, for the
 //! case the body cannot cover: the client leaving while the engine works on a request that has
 //! not answered yet. The upstream connection is closed at once (hyper drops the request), but
@@ -53,6 +60,7 @@ use crate::proxy::client::{Deadlines, Limit, Wait};
 use crate::proxy::problems::{Deadline, Error, Unavailable};
 use crate::shutdown::ShutdownSignal;
 use crate::upstreams::hold::HoldStats;
+use crate::upstreams::places::gate::{Entered, Pass};
 use crate::upstreams::target::Target;
 
 /// Why no slot was had on a target.
@@ -119,6 +127,10 @@ pub(crate) struct Slot {
     /// The engine answered with a 5xx status: an answer that ends cleanly is still not
     /// `completed`.
     engine_error: bool,
+    /// The upstream gate's pass: the model keeps its place in the engine while the slot is
+    /// held, and gives it up with the slot. Boxed: only bounded upstreams have one, and the
+    /// slot rides in every answer.
+    place: Option<Box<Pass>>,
 }
 
 /// What [`join`] gave: a slot at once, or a place in the queue.
@@ -130,11 +142,24 @@ pub(crate) enum Admission {
     Queued(Queued),
 }
 
+impl Admission {
+    /// Hands the gate's pass to the slot, now or when it is granted.
+    fn with_place(self, pass: Option<Pass>) -> Self {
+        match self {
+            Admission::Granted(slot) => Admission::Granted(slot.with_place(pass)),
+            Admission::Queued(mut queued) => {
+                queued.place = pass;
+                Admission::Queued(queued)
+            }
+        }
+    }
+}
+
 /// Joins `target`'s queue for `ticket`'s slots: a slot at once, a place in the queue (bounded
 /// by the target's `queue_timeout` and the client's `deadlines`, and ended early by `stop`), or
 /// a refusal that needed no waiting.
 pub(crate) fn join(
-    target: &Target,
+    target: &Arc<Target>,
     ticket: &Ticket,
     deadlines: &Deadlines,
     stop: &ShutdownSignal,
@@ -142,6 +167,77 @@ pub(crate) fn join(
     if stop.is_fired() {
         return Err(Refused::ShuttingDown);
     }
+    let limits = target.key.limits();
+    let max_waiting = limits.parallel.saturating_add(limits.queue);
+    match target
+        .upstream
+        .places
+        .enter(&target.place_name, max_waiting)
+    {
+        Entered::Open => join_slot(target, ticket, deadlines, stop),
+        Entered::Go(pass) => Ok(join_slot(target, ticket, deadlines, stop)?.with_place(Some(pass))),
+        Entered::Full => Err(Refused::Full),
+        // A model without a queue (`parallel = "unlimited"`) never waits in the gateway: it
+        // goes on as before, and the engine holds it.
+        Entered::Wait(waiting) if target.queue_timeout.is_none() => {
+            drop(waiting);
+            join_slot(target, ticket, deadlines, stop)
+        }
+        Entered::Wait(waiting) => Ok(Admission::Queued(wait_for_place(
+            target, ticket, deadlines, stop, waiting,
+        ))),
+    }
+}
+
+/// A request waiting at the upstream's gate, then in its model's queue: one [`Queued`], bounded
+/// by the same [`Wait`] from now.
+fn wait_for_place(
+    target: &Arc<Target>,
+    ticket: &Ticket,
+    deadlines: &Deadlines,
+    stop: &ShutdownSignal,
+    waiting: crate::upstreams::places::gate::Waiting,
+) -> Queued {
+    let now = tokio::time::Instant::now();
+    let wait = target
+        .queue_timeout
+        .map(|timeout| deadlines.wait(now, timeout, target.queueing.honor_sdk_timeout));
+    let slot = {
+        let target = Arc::clone(target);
+        let (ticket, deadlines, stop) = (ticket.clone(), *deadlines, stop.clone());
+        async move {
+            let pass = waiting.admitted().await;
+            match join_slot(&target, &ticket, &deadlines, &stop)? {
+                Admission::Granted(slot) => Ok(slot.with_place(Some(pass))),
+                Admission::Queued(mut queued) => {
+                    // The outer wait counts a client that leaves; this one must not again.
+                    queued.armed = false;
+                    queued.await.map(|slot| slot.with_place(Some(pass)))
+                }
+            }
+        }
+    };
+    let mut stop = stop.clone();
+    Queued {
+        acquire: Waiting::Place(Box::pin(slot)),
+        wait,
+        timer: wait.map(|wait| Box::pin(tokio::time::sleep_until(wait.until))),
+        stop: Box::pin(async move { stop.fired().await }),
+        since: now,
+        armed: true,
+        hold: Arc::clone(&target.hold),
+        metrics: Arc::clone(&target.metrics),
+        place: None,
+    }
+}
+
+/// [`join`] once the upstream's gate let the request go: the model's slot queue.
+fn join_slot(
+    target: &Target,
+    ticket: &Ticket,
+    deadlines: &Deadlines,
+    stop: &ShutdownSignal,
+) -> Result<Admission, Refused> {
     if let Some(key) = &target.shared {
         return Ok(shared::join(target, key, ticket, deadlines, stop));
     }
@@ -176,6 +272,7 @@ pub(crate) fn join(
         armed: true,
         hold: Arc::clone(&target.hold),
         metrics: Arc::clone(&target.metrics),
+        place: None,
     }))
 }
 
@@ -218,6 +315,8 @@ pub(crate) struct Queued {
     armed: bool,
     hold: Arc<HoldStats>,
     metrics: Arc<TargetMetrics>,
+    /// The upstream gate's pass, handed to the slot when granted.
+    place: Option<Pass>,
 }
 
 /// What a [`Queued`] waits on: the target's local key, or (under `[cluster]`) the shared
@@ -225,6 +324,8 @@ pub(crate) struct Queued {
 enum Waiting {
     Local(Acquire),
     Shared(BoxFuture<'static, Result<Slot, Refused>>),
+    /// The upstream's gate, then the model's queue.
+    Place(BoxFuture<'static, Result<Slot, Refused>>),
 }
 
 impl std::fmt::Debug for Waiting {
@@ -232,6 +333,7 @@ impl std::fmt::Debug for Waiting {
         match self {
             Waiting::Local(acquire) => acquire.fmt(f),
             Waiting::Shared(_) => f.write_str("Shared"),
+            Waiting::Place(_) => f.write_str("Place"),
         }
     }
 }
@@ -250,8 +352,9 @@ impl Queued {
     pub(crate) fn position(&self) -> Option<QueuePosition> {
         match &self.acquire {
             Waiting::Local(acquire) => acquire.position(),
-            // The shared queue's place is not known here (only its length, `Target::global`).
-            Waiting::Shared(_) => None,
+            // The shared queue's place is not known here (only its length, `Target::global`);
+            // nor is one in the gate's line, which is not the slot queue.
+            Waiting::Shared(_) | Waiting::Place(_) => None,
         }
     }
 
@@ -275,11 +378,12 @@ impl Future for Queued {
             Waiting::Local(acquire) => Pin::new(acquire)
                 .poll(cx)
                 .map(|outcome| granted(outcome, &this.hold, &this.metrics)),
-            Waiting::Shared(slot) => slot.as_mut().poll(cx),
+            Waiting::Shared(slot) | Waiting::Place(slot) => slot.as_mut().poll(cx),
         };
         if let Poll::Ready(outcome) = outcome {
             this.armed = false;
-            return Poll::Ready(outcome);
+            let place = this.place.take();
+            return Poll::Ready(outcome.map(|slot| slot.with_place(place)));
         }
         if let (Some(timer), Some(wait)) = (this.timer.as_mut(), this.wait)
             && timer.as_mut().poll(cx).is_ready()
@@ -370,7 +474,16 @@ impl Slot {
             hold,
             metrics,
             engine_error: false,
+            place: None,
         }
+    }
+
+    /// Carries the gate's pass (kept when `pass` is `None`).
+    fn with_place(mut self, pass: Option<Pass>) -> Self {
+        if let Some(pass) = pass {
+            self.place = Some(Box::new(pass));
+        }
+        self
     }
 
     /// Gives the slot back without recording a hold time: the request never reached the
@@ -524,7 +637,7 @@ pub(crate) enum Admitted {
 /// its response body instead ([`Admitted::KeepAlive`]). A shutdown ends the wait: only
 /// requests already running get the grace period.
 pub(crate) async fn admit(
-    target: &Target,
+    target: &Arc<Target>,
     slot: bool,
     ticket: &Ticket,
     deadlines: &Deadlines,
@@ -629,7 +742,7 @@ fn client_deadline(wait: Wait, expected: Option<Duration>) -> Option<Box<Deadlin
 /// queue as [`join`] says: the admission step of the tests.
 #[cfg(test)]
 pub(crate) async fn take(
-    target: &Target,
+    target: &Arc<Target>,
     weight: usize,
     stop: &mut ShutdownSignal,
 ) -> Result<Slot, Refused> {

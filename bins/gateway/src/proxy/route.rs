@@ -170,6 +170,11 @@ impl Routes {
                     key: limiter.handle(authority, model.as_str()),
                     shared,
                     tagged_name: residency::tagged_name(state.kind, engine_model),
+                    place_name: Arc::from(
+                        residency::tagged_name(state.kind, engine_model)
+                            .as_deref()
+                            .unwrap_or(engine_model),
+                    ),
                     sizing,
                     queue_timeout,
                     queueing,

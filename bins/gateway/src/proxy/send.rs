@@ -36,6 +36,11 @@ pub(crate) struct Sender {
 
 /// What sending a request to one target came to.
 #[derive(Debug)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "an answer is what almost every request comes to, on the hot path: boxing it would \
+              cost an allocation per request for the sake of the two rare variants"
+)]
 pub(crate) enum Sent {
     /// The engine answered, with any status.
     Answered(Answered),

@@ -23,6 +23,7 @@ pub(crate) mod fan_out;
 pub(crate) mod health;
 pub(crate) mod hold;
 pub(crate) mod monitor;
+pub(crate) mod places;
 pub(crate) mod pool;
 pub(crate) mod probe;
 pub(crate) mod reconcile;

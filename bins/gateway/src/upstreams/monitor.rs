@@ -59,15 +59,24 @@ pub(crate) async fn check_upstream(
         return;
     }
     match residency::discover(prober, upstream.kind, target).await {
-        Ok(resident) => {
-            let names = resident.names();
-            if upstream.residency.record(Ok(resident)) {
+        Ok(discovery) => {
+            let names = discovery.resident.names();
+            // Engines that load on demand: a router (it reports states) and Ollama (its
+            // `/api/ps` may list nothing).
+            if !discovery.states.is_empty() || upstream.kind == slotgate_config::Kind::Ollama {
+                upstream
+                    .places
+                    .observe(discovery.running(), discovery.max_instances);
+            }
+            if upstream.residency.record(Ok(discovery)) {
                 info!(upstream = %upstream.name, resident = ?names, "resident models changed");
             }
         }
         Err(error) => {
             debug!(upstream = %upstream.name, error = %chain(&error), "residency discovery failed");
-            upstream.residency.record(Err(&error));
+            upstream
+                .residency
+                .record::<residency::Resident>(Err(&error));
         }
     }
 }

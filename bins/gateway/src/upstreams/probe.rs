@@ -266,6 +266,15 @@ impl Prober {
         self.get_json(target, &model_query("/props", model)).await
     }
 
+    /// llama-server router's own `GET /props` (no `?model=`: it loads nothing): its role and
+    /// `max_instances` (`--models-max`).
+    pub(crate) async fn llama_router_props(
+        &self,
+        target: ProbeTarget<'_>,
+    ) -> Result<RouterProps, ProbeError> {
+        self.get_json(target, "/props").await
+    }
+
     /// llama-server `GET /slots` for `model` (see [`Prober::llama_props`] for the query): one
     /// entry per slot. 501 when the server runs with `--no-slots`.
     pub(crate) async fn llama_slots(
@@ -365,6 +374,19 @@ impl ModelCard {
 pub(crate) struct ModelStatus {
     /// `unloaded`, `loading`, `loaded`, `sleeping`, `downloading` or `downloaded`.
     pub(crate) value: String,
+    /// Set on an `unloaded` model whose last load failed (with its `exit_code`).
+    #[serde(default)]
+    pub(crate) failed: bool,
+}
+
+/// A llama-server router's own `/props` (server-models.cpp `get_router_props`).
+#[derive(Debug, Clone, Deserialize)]
+#[non_exhaustive]
+pub(crate) struct RouterProps {
+    /// `--models-max`: models running at once; 0 means no bound. Absent on a single-model
+    /// server.
+    #[serde(default)]
+    pub(crate) max_instances: Option<usize>,
 }
 
 /// Ollama's `/api/ps`.
@@ -385,6 +407,9 @@ pub(crate) struct OllamaModel {
     /// Usually the same as `name`.
     #[serde(default)]
     pub(crate) model: Option<String>,
+    /// When its `keep_alive` ends and Ollama unloads it (RFC 3339).
+    #[serde(default)]
+    pub(crate) expires_at: Option<String>,
 }
 
 /// llama-server's `/props`, the part the gateway reads.
@@ -472,7 +497,7 @@ mod tests {
     /// nothing of it is kept), while a bad byte in a member it keeps is refused.
     #[test]
     fn skipped_members_are_not_checked_for_utf8() {
-        let skipped = b"{\"models\":[{\"name\":\"m:latest\",\"expires_at\":\"14:3\xf8\"}]}";
+        let skipped = b"{\"models\":[{\"name\":\"m:latest\",\"digest\":\"14:3\xf8\"}]}";
         let ps: OllamaPs = decode_json("/api/ps", skipped).expect("read");
         assert_eq!(ps.models[0].name, "m:latest");
         let kept = b"{\"models\":[{\"name\":\"m\xf8\"}]}";

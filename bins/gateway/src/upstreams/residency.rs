@@ -13,6 +13,23 @@
 //! An entry's `aliases` count as names of the same model. Discovery runs after each successful
 //! health check (`server.health_check_interval`).
 //!
+//! # Each model's state
+//!
+//! Besides what is resident, a discovery keeps where each model is in its life, as the engine
+//! says it ([`ModelState`]): a router's `status.value` (`loaded`, `loading`, `unloaded`,
+//! `sleeping`; an `unloaded` entry with `"failed": true` is `failed`), and every model in
+//! Ollama's `/api/ps` as `loaded` (with its `expires_at`, when the `keep_alive` ends). Engines
+//! that cannot load on demand report none: what they serve is loaded. A router's own `/props`
+//! (no `?model=`, which never loads anything) gives its `max_instances`: how many models it
+//! holds at once ([`places`](crate::upstreams::places)).
+//!
+//! A model seen going from not running to `loading` or `loaded` counts a load
+//! (`slotgate_model_loads_total`); when a discovery saw it `loading` first, the time from that
+//! discovery to the one that saw it `loaded` is its load time, to within one health-check
+//! interval (`slotgate_model_load_seconds_total` / `slotgate_model_loads_timed_total`, and the
+//! last one per model on the admin API). A load shorter than the interval is counted, not
+//! timed.
+//!
 //! # What the chooser is told
 //!
 //! Every configured model of an upstream `can_serve` (the operator configured it there; an
@@ -23,8 +40,8 @@
 //! without residency information. A failed discovery keeps the last known answer: models do not
 //! change residency because one probe was lost.
 
-use std::collections::BTreeSet;
-use std::time::SystemTime;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, SystemTime};
 
 use parking_lot::RwLock;
 use slotgate_config::Kind;
@@ -55,6 +72,102 @@ impl Resident {
     }
 }
 
+/// Where a model is in its life on an engine that loads models on demand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ModelState {
+    /// In memory, serving.
+    Loaded,
+    /// Being loaded.
+    Loading,
+    /// Known, not in memory.
+    Unloaded,
+    /// Running but asleep (`--sleep-idle-seconds`): the next request wakes it without a load.
+    Sleeping,
+    /// Its last load failed (router: `unloaded` with `"failed": true`).
+    Failed,
+    /// A state this gateway does not know (`downloading`, …): not running.
+    Other,
+}
+
+impl ModelState {
+    /// The name on the admin API and the status page.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Loaded => "loaded",
+            Self::Loading => "loading",
+            Self::Unloaded => "unloaded",
+            Self::Sleeping => "sleeping",
+            Self::Failed => "failed",
+            Self::Other => "other",
+        }
+    }
+
+    /// Holds one of the engine's places (llama.cpp's `is_running`).
+    pub(crate) fn is_running(self) -> bool {
+        matches!(self, Self::Loaded | Self::Loading | Self::Sleeping)
+    }
+
+    fn from_router(value: &str, failed: bool) -> Self {
+        match value {
+            "loaded" => Self::Loaded,
+            "loading" => Self::Loading,
+            "sleeping" => Self::Sleeping,
+            "unloaded" if failed => Self::Failed,
+            "unloaded" => Self::Unloaded,
+            _ => Self::Other,
+        }
+    }
+}
+
+/// What a discovery found: the resident names, each model's state where the engine reports
+/// one, and how many models it holds at once where it says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Discovery {
+    /// What is resident (the chooser's view).
+    pub(crate) resident: Resident,
+    /// Each reported model's state, by the engine's id for it (empty for engines that do not
+    /// load on demand).
+    pub(crate) states: BTreeMap<String, ModelState>,
+    /// Ollama's `expires_at` of each loaded model: when its `keep_alive` ends.
+    pub(crate) expires: BTreeMap<String, String>,
+    /// A llama-server router's `max_instances` (0: no bound).
+    pub(crate) max_instances: Option<usize>,
+}
+
+impl From<Resident> for Discovery {
+    fn from(resident: Resident) -> Self {
+        Self {
+            resident,
+            states: BTreeMap::new(),
+            expires: BTreeMap::new(),
+            max_instances: None,
+        }
+    }
+}
+
+impl Discovery {
+    /// The models holding one of the engine's places.
+    pub(crate) fn running(&self) -> impl Iterator<Item = &str> {
+        self.states
+            .iter()
+            .filter(|(_, state)| state.is_running())
+            .map(|(name, _)| name.as_str())
+    }
+}
+
+/// Loads seen by the discoveries of one model.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub(crate) struct Loads {
+    /// Loads seen starting.
+    pub(crate) count: u64,
+    /// Loads timed (seen `loading`, then `loaded`).
+    pub(crate) timed: u64,
+    /// Their total time.
+    pub(crate) seconds: f64,
+    /// The last one's time.
+    pub(crate) last: Option<Duration>,
+}
+
 /// One upstream's resident models, as last discovered.
 #[derive(Debug, Default)]
 pub(crate) struct Residency {
@@ -66,10 +179,56 @@ pub(crate) struct Residency {
 pub(crate) struct ResidencyView {
     /// The last successful discovery's answer; `None` before the first.
     pub(crate) resident: Option<Resident>,
+    /// Each model's state, as last discovered (empty for engines that do not load on demand).
+    pub(crate) states: BTreeMap<String, ModelState>,
+    /// Ollama's `expires_at` per loaded model.
+    pub(crate) expires: BTreeMap<String, String>,
+    /// The router's `max_instances`, when it reports one.
+    pub(crate) max_instances: Option<usize>,
+    /// Loads seen per model.
+    pub(crate) loads: BTreeMap<String, Loads>,
+    /// When each model loading now was first seen loading.
+    loading_since: BTreeMap<String, std::time::Instant>,
     /// When the last discovery ended.
     pub(crate) checked: Option<SystemTime>,
     /// Why the last discovery failed, until one succeeds.
     pub(crate) error: Option<String>,
+}
+
+impl ResidencyView {
+    /// Counts the loads between the states known and `states`, and times those seen loading.
+    fn count_loads(&mut self, states: &BTreeMap<String, ModelState>) {
+        let now = std::time::Instant::now();
+        for (name, &state) in states {
+            let before = self.states.get(name).copied();
+            let started = state.is_running()
+                && !before.is_some_and(ModelState::is_running)
+                // The first discovery finds models already loaded: not loads it saw.
+                && self.resident.is_some();
+            let loads = self.loads.entry(name.clone()).or_default();
+            if started {
+                loads.count += 1;
+            }
+            match state {
+                ModelState::Loading => {
+                    if started || before == Some(ModelState::Loading) {
+                        self.loading_since.entry(name.clone()).or_insert(now);
+                    }
+                }
+                ModelState::Loaded => {
+                    if let Some(since) = self.loading_since.remove(name) {
+                        let took = now.duration_since(since);
+                        loads.timed += 1;
+                        loads.seconds += took.as_secs_f64();
+                        loads.last = Some(took);
+                    }
+                }
+                _ => {
+                    self.loading_since.remove(name);
+                }
+            }
+        }
+    }
 }
 
 impl Residency {
@@ -104,14 +263,18 @@ impl Residency {
     }
 
     /// Records a discovery's result; returns whether the resident set changed.
-    pub(crate) fn record(&self, result: Result<Resident, &ProbeError>) -> bool {
+    pub(crate) fn record<D: Into<Discovery>>(&self, result: Result<D, &ProbeError>) -> bool {
         let mut state = self.state.write();
         state.checked = Some(SystemTime::now());
-        match result {
-            Ok(resident) => {
+        match result.map(Into::into) {
+            Ok(discovery) => {
                 state.error = None;
-                let changed = state.resident.as_ref() != Some(&resident);
-                state.resident = Some(resident);
+                state.count_loads(&discovery.states);
+                let changed = state.resident.as_ref() != Some(&discovery.resident);
+                state.resident = Some(discovery.resident);
+                state.states = discovery.states;
+                state.expires = discovery.expires;
+                state.max_instances = discovery.max_instances;
                 changed
             }
             Err(error) => {
@@ -127,26 +290,57 @@ pub(crate) async fn discover(
     prober: &Prober,
     kind: Kind,
     target: ProbeTarget<'_>,
-) -> Result<Resident, ProbeError> {
+) -> Result<Discovery, ProbeError> {
     match kind {
-        Kind::LlamaServer => prober
-            .llama_models(target)
-            .await
-            .map(|list| from_llama(&list)),
+        Kind::LlamaServer => {
+            let list = prober.llama_models(target).await?;
+            let mut discovery = Discovery::from(from_llama(&list));
+            discovery.states = router_states(&list);
+            if !discovery.states.is_empty() {
+                // A router: its own `/props` says how many models it holds. Not having it only
+                // leaves the bound unknown; the residency stands.
+                discovery.max_instances = prober
+                    .llama_router_props(target)
+                    .await
+                    .ok()
+                    .and_then(|props| props.max_instances);
+            }
+            Ok(discovery)
+        }
         Kind::Vllm | Kind::OpenAi => prober
             .openai_models(target)
             .await
-            .map(|list| Resident::Names(all_names(&list))),
+            .map(|list| Resident::Names(all_names(&list)).into()),
         Kind::Ollama => prober.ollama_ps(target).await.map(|ps| {
-            Resident::Names(
+            let mut discovery = Discovery::from(Resident::Names(
                 ps.models
                     .iter()
                     .flat_map(|m| std::iter::once(&m.name).chain(m.model.as_ref()))
                     .map(|name| ollama_name(name))
                     .collect(),
-            )
+            ));
+            for model in &ps.models {
+                let name = ollama_name(&model.name);
+                if let Some(expires) = &model.expires_at {
+                    discovery.expires.insert(name.clone(), expires.clone());
+                }
+                discovery.states.insert(name, ModelState::Loaded);
+            }
+            discovery
         }),
     }
+}
+
+/// A router's states by model id; empty for a single-model server (no `status`).
+fn router_states(list: &ModelList) -> BTreeMap<String, ModelState> {
+    list.data
+        .iter()
+        .filter_map(|card| {
+            let status = card.status.as_ref()?;
+            let state = ModelState::from_router(&status.value, status.failed);
+            Some((card.id.clone(), state))
+        })
+        .collect()
 }
 
 /// llama-server's `/models`: a router marks each entry with a `status`; a single-model server
@@ -200,7 +394,7 @@ mod tests {
 
     use std::time::Duration;
 
-    use super::{Residency, Resident, from_llama};
+    use super::{Discovery, ModelState, Residency, Resident, from_llama, router_states};
     use crate::upstreams::probe::{ModelList, ProbeError};
 
     fn list(json: &str) -> ModelList {
@@ -273,7 +467,7 @@ mod tests {
         let residency = Residency::new();
         residency.record(Ok(Resident::Names(["a".to_owned()].into())));
         let timeout = ProbeError::Timeout(Duration::from_secs(2));
-        assert!(!residency.record(Err(&timeout)));
+        assert!(!residency.record::<Resident>(Err(&timeout)));
         assert!(residency.is_loaded(Kind::Vllm, "a"));
         assert_eq!(
             residency.view().error.as_deref(),
@@ -281,5 +475,41 @@ mod tests {
         );
         assert!(!residency.record(Ok(Resident::Names(["a".to_owned()].into()))));
         assert_eq!(residency.view().error, None);
+    }
+
+    #[test]
+    fn router_states_and_the_loads_seen() {
+        let listing = |a: &str, b: &str| {
+            let list = list(&format!(
+                r#"{{"data":[{{"id":"a","status":{{"value":"{a}"}}}},
+                   {{"id":"b","status":{{"value":"{b}","failed":{}}}}}]}}"#,
+                b == "unloaded"
+            ));
+            let mut discovery = Discovery::from(from_llama(&list));
+            discovery.states = router_states(&list);
+            discovery
+        };
+        let residency = Residency::new();
+        residency.record(Ok(listing("loaded", "unloaded")));
+        let view = residency.view();
+        assert_eq!(view.states["a"], ModelState::Loaded);
+        assert_eq!(view.states["b"], ModelState::Failed);
+        assert_eq!(
+            view.loads["a"].count, 0,
+            "loaded before the first discovery"
+        );
+        residency.record(Ok(listing("unloaded", "loading")));
+        residency.record(Ok(listing("unloaded", "loaded")));
+        residency.record(Ok(listing("loaded", "unloaded")));
+        let view = residency.view();
+        assert_eq!(view.loads["b"].count, 1);
+        assert_eq!(view.loads["b"].timed, 1, "seen loading, then loaded");
+        assert!(view.loads["b"].last.is_some());
+        assert_eq!(
+            view.loads["a"].count, 1,
+            "seen loaded without loading: counted"
+        );
+        assert_eq!(view.loads["a"].timed, 0, "not timed");
+        assert_eq!(view.states["b"], ModelState::Failed);
     }
 }

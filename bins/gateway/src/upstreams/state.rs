@@ -25,6 +25,7 @@ use crate::base::{Base, BaseError};
 use crate::error::chain;
 use crate::tls::{self, Connector, TlsError, UpstreamTls};
 use crate::upstreams::health::{Health, HealthPolicy, Status};
+use crate::upstreams::places::gate::Gate;
 use crate::upstreams::pool::{Pool, PoolSettings};
 use crate::upstreams::probe::{ProbeError, ProbeTarget};
 use crate::upstreams::residency::Residency;
@@ -96,6 +97,9 @@ pub(crate) struct UpstreamState {
     pub(crate) health: Health,
     /// Which models are resident.
     pub(crate) residency: Residency,
+    /// How many models the engine may hold at once, and who waits for a place
+    /// ([`places`](crate::upstreams::places)).
+    pub(crate) places: Arc<Gate>,
     /// Set by the admin API: no new requests, in-flight ones finish.
     draining: AtomicBool,
 }
@@ -160,6 +164,7 @@ impl UpstreamState {
             probe_client,
             health: Health::new(),
             residency: Residency::new(),
+            places: Arc::new(Gate::new(upstream.max_loaded_models, upstream.collate_for)),
             draining: AtomicBool::new(false),
         })
     }
@@ -269,6 +274,9 @@ impl Upstreams {
         for upstream in config.upstreams.values() {
             let old = previous.and_then(|p| p.get(&upstream.name));
             if let Some(old) = old.filter(|old| old.is_same_engine(upstream)) {
+                // The same engine keeps what is loaded and who waits; the settings may change.
+                old.places
+                    .configure(upstream.max_loaded_models, upstream.collate_for);
                 by_name.insert(upstream.name.clone(), Arc::clone(old));
                 continue;
             }

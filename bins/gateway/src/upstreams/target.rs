@@ -54,6 +54,9 @@ pub(crate) struct Target {
     /// The model's other resident name on this upstream ([`tagged_name`](crate::upstreams::residency::tagged_name): Ollama's
     /// `name:latest`), worked out once.
     pub(crate) tagged_name: Option<String>,
+    /// The name the upstream's [`places`](crate::upstreams::places) know the model by: what the
+    /// engine reports it as (the tagged name on Ollama, else `engine_model`).
+    pub(crate) place_name: Arc<str>,
     /// The longest wait for a slot (its one home); `None` when unlimited (never waits).
     pub(crate) queue_timeout: Option<Duration>,
     /// How the queue serves its waiters (the order itself is applied to the limiter key) and

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::api::llama as llama_api;
 use crate::body::ResponseBody;
-use crate::models::{Model, Residency};
+use crate::models::{LoadFailed, Model, Residency};
 use crate::observer::Outcome;
 use crate::openai::Endpoint;
 use crate::reply::{Refusal, json_response, query_param, read_json, response, success};
@@ -92,6 +92,9 @@ pub(crate) async fn route(app: &App, req: Request<Incoming>) -> Reply {
             },
         ),
         (Method::GET, "/slots") => return slots(app, &req).await,
+        (Method::GET, "/props") if router && query_param(&req, "model").is_none() => {
+            json_response(200, &router_props(app))
+        }
         (Method::GET, "/props") => match instance(app, &req).await {
             Ok(model) => json_response(200, &props(app, &model)),
             Err(refusal) => return refused(&refusal),
@@ -120,8 +123,9 @@ pub(crate) async fn route(app: &App, req: Request<Incoming>) -> Reply {
     (reply, Outcome::Completed)
 }
 
-/// The model instance a GET probe is about: the only one, or the router's `?model=` (loaded on
-/// demand like an inference request).
+/// The model instance a GET probe is about: the only one, or the router's `?model=`, loaded on
+/// demand like an inference request unless `?autoload=false` (then 400 "model is not loaded"
+/// when it is not running: server-models.cpp `is_autoload`, `router_validate_model`).
 async fn instance(app: &App, req: &Request<Incoming>) -> Result<Arc<Model>, Refusal> {
     if !app.config.router {
         return Ok(Arc::clone(app.registry.primary()));
@@ -129,9 +133,36 @@ async fn instance(app: &App, req: &Request<Incoming>) -> Result<Arc<Model>, Refu
     let name = query_param(req, "model")
         .filter(|n| !n.is_empty())
         .ok_or_else(|| Refusal::new(400, "model name is missing from the request"))?;
+    let autoload = query_param(req, "autoload")
+        .map_or(app.config.autoload, |value| value == "true" || value == "1");
     let model = app.router_model(&name)?;
-    app.registry.ensure_loaded(&model).await;
+    if !autoload {
+        if !model.residency().is_running() {
+            return Err(Refusal::new(400, "model is not loaded"));
+        }
+        return Ok(model);
+    }
+    app.registry
+        .ensure_loaded(&model)
+        .await
+        .map_err(|LoadFailed| {
+            Refusal::new(500, format!("model name={} failed to load", model.name))
+        })?;
     Ok(model)
+}
+
+/// The router's own `/props` (no `?model=`): its role, `--models-max` as `max_instances` and
+/// whether it autoloads (server-models.cpp `get_router_props`).
+fn router_props(app: &App) -> Value {
+    json!({
+        "role": "router",
+        "max_instances": app.registry.models_max(),
+        "models_autoload": app.config.autoload,
+        "model_alias": "llama-server",
+        "model_path": "none",
+        "default_generation_settings": {"params": {}, "n_ctx": 0},
+        "build_info": "b0000-fake",
+    })
 }
 
 async fn slots(app: &App, req: &Request<Incoming>) -> Reply {
@@ -265,6 +296,10 @@ fn router_models(app: &App) -> Value {
             if residency != Residency::Unloaded {
                 status["args"] = json!(["llama-server", "-ctx", app.config.n_ctx.to_string()]);
             }
+            if residency == Residency::Unloaded && m.failed() {
+                status["failed"] = json!(true);
+                status["exit_code"] = json!(1);
+            }
             json!({
                 "id": m.name,
                 "aliases": [],
@@ -288,8 +323,13 @@ async fn load(app: &App, req: Request<Incoming>) -> Reply {
         Ok(model) => model,
         Err(reply) => return reply,
     };
-    if !app.registry.start_load(&model) {
+    if model.residency().is_running() {
         return refused(&Refusal::new(400, "model is already running"));
+    }
+    // Every `--models-max` place held by a busy model: the router refuses rather than queue
+    // (server-models.cpp `load`: "model limit reached, try again later").
+    if !app.registry.start_load(&model) {
+        return refused(&Refusal::new(500, "model limit reached, try again later"));
     }
     (json_response(200, &success()), Outcome::Completed)
 }

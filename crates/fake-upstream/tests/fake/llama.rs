@@ -409,3 +409,128 @@ async fn router_without_autoload_refuses_unloaded_models() {
     let (status, _, _) = post(fake.addr(), "/v1/chat/completions", &chat("a", false), &[]).await;
     assert_eq!(status, 200);
 }
+
+#[tokio::test]
+async fn router_models_max_evicts_the_least_recently_used_idle_model() {
+    let fake = FakeUpstream::start(
+        FakeConfig::llama_server(1)
+            .router(true)
+            .model("a")
+            .model("b")
+            .unloaded_model("c")
+            .models_max(2),
+    )
+    .await
+    .unwrap();
+    let addr = fake.addr();
+    let (status, props) = get_json(addr, "/props").await;
+    assert_eq!(status, 200);
+    assert_eq!(props["role"], "router");
+    assert_eq!(props["max_instances"], 2);
+    assert_eq!(props["models_autoload"], true);
+
+    // a served last, so b is the least recently used.
+    let (status, _, _) = post(addr, "/v1/chat/completions", &chat("a", false), &[]).await;
+    assert_eq!(status, 200);
+    let (status, _, _) = post(addr, "/v1/chat/completions", &chat("c", false), &[]).await;
+    assert_eq!(status, 200);
+    let (_, models) = get_json(addr, "/models").await;
+    assert_eq!(status_of(&models, "a"), "loaded");
+    assert_eq!(status_of(&models, "b"), "unloaded");
+    assert_eq!(status_of(&models, "c"), "loaded");
+    assert_eq!(fake.model_loads("c"), Some(1));
+    assert_eq!(
+        fake.model_loads("b"),
+        Some(0),
+        "loaded at start is not a load"
+    );
+}
+
+#[tokio::test]
+async fn router_models_max_never_evicts_a_busy_model_the_request_waits_inside() {
+    let fake = FakeUpstream::start(
+        FakeConfig::llama_server(1)
+            .router(true)
+            .model("a")
+            .unloaded_model("b")
+            .models_max(1),
+    )
+    .await
+    .unwrap();
+    let addr = fake.addr();
+    let observer = fake.observer().clone();
+    let busy = spawn_post(
+        addr,
+        "/v1/chat/completions",
+        chat("a", false),
+        &[("x-fake-fail", "hang")],
+    );
+    within("a runs", observer.wait_for_in_flight(1, SOON))
+        .await
+        .unwrap();
+    let waiting = spawn_post(
+        addr,
+        "/v1/chat/completions",
+        chat("b", false),
+        &[("x-request-id", "b")],
+    );
+    within("b waits", observer.wait_for_queued(1, SOON))
+        .await
+        .unwrap();
+    // A probe never loads: with autoload=false an unloaded model is refused.
+    let (status, refused) = get_json(addr, "/props?model=b&autoload=false").await;
+    assert_eq!(status, 400);
+    assert_eq!(refused["error"]["message"], "model is not loaded");
+    let (_, models) = get_json(addr, "/models").await;
+    assert_eq!(status_of(&models, "a"), "loaded", "a is busy: not evicted");
+    assert_eq!(status_of(&models, "b"), "unloaded");
+    let (status, _, limit) = post(addr, "/models/load", &json!({"model": "b"}), &[]).await;
+    assert_eq!(status, 500);
+    assert_eq!(
+        limit["error"]["message"],
+        "model limit reached, try again later"
+    );
+
+    busy.abort();
+    let (status, _, body) = within("b answers", waiting).await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(fake.is_loaded("a"), Some(false), "evicted once idle");
+    assert_eq!(fake.model_loads("b"), Some(1));
+}
+
+#[tokio::test]
+async fn router_reports_failed_loads_and_sleeping_models() {
+    let fake = FakeUpstream::start(
+        FakeConfig::llama_server(1)
+            .router(true)
+            .model("a")
+            .unloaded_model("b"),
+    )
+    .await
+    .unwrap();
+    let addr = fake.addr();
+    assert!(fake.fail_next_load("b"));
+    let (status, _, body) = post(addr, "/v1/chat/completions", &chat("b", false), &[]).await;
+    assert_eq!(status, 500);
+    assert_eq!(body["error"]["message"], "model name=b failed to load");
+    let (_, models) = get_json(addr, "/models").await;
+    let b = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == "b")
+        .unwrap();
+    assert_eq!(b["status"]["value"], "unloaded");
+    assert_eq!(b["status"]["failed"], true);
+    assert_eq!(b["status"]["exit_code"], 1);
+
+    assert!(fake.sleep_model("a"));
+    let (_, models) = get_json(addr, "/models").await;
+    assert_eq!(status_of(&models, "a"), "sleeping");
+    let (status, _) = get_json(addr, "/props?model=a&autoload=false").await;
+    assert_eq!(status, 200, "a sleeping model is running: probes reach it");
+    let (status, _, _) = post(addr, "/v1/chat/completions", &chat("a", false), &[]).await;
+    assert_eq!(status, 200);
+    assert_eq!(fake.is_loaded("a"), Some(true), "woken without a load");
+    assert_eq!(fake.model_loads("a"), Some(0));
+}

@@ -311,6 +311,31 @@ fn stream_timeout_defaults_to_an_hour_and_may_be_none() {
 }
 
 #[test]
+fn max_loaded_models_is_optional_and_collate_for_defaults_to_ten_seconds() {
+    use std::time::Duration;
+
+    let base = "url = \"http://10.0.0.1:11434\"\nkind = \"ollama\"";
+    let config = ok(&with_upstream(base));
+    assert_eq!(config.upstreams["a"].max_loaded_models, None);
+    assert_eq!(config.upstreams["a"].collate_for, Duration::from_secs(10));
+    let config = ok(&with_upstream(&format!(
+        "{base}\nmax_loaded_models = 2\ncollate_for = \"0s\""
+    )));
+    assert_eq!(config.upstreams["a"].max_loaded_models, Some(2));
+    assert_eq!(config.upstreams["a"].collate_for, Duration::ZERO);
+    assert_only_issue(
+        &with_upstream(&format!("{base}\nmax_loaded_models = 0")),
+        "upstreams.a.max_loaded_models",
+        "",
+    );
+    assert_only_issue(
+        &with_upstream(&format!("{base}\ncollate_for = 10")),
+        "upstreams.a.collate_for",
+        "expected a duration string",
+    );
+}
+
+#[test]
 fn cancel_grace_must_be_a_duration() {
     assert_only_issue(
         &with_upstream("url = \"http://10.0.0.1:8000\"\nkind = \"vllm\"\ncancel_grace = 2"),
@@ -369,7 +394,7 @@ fn unknown_upstream_keys_are_reported() {
     assert_only_issue(
         &with_upstream("url = \"http://10.0.0.1:8000\"\nkind = \"vllm\"\nwieght = 2"),
         "upstreams.a.wieght",
-        "unknown key (expected one of: url, kind, weight, api_key, cancel_grace, stream_idle_timeout, stream_timeout, allow_model_management, ca_file, client_cert, client_key, parallel, models)",
+        "unknown key (expected one of: url, kind, weight, api_key, cancel_grace, stream_idle_timeout, stream_timeout, allow_model_management, ca_file, client_cert, client_key, parallel, max_loaded_models, collate_for, models)",
     );
 }
 

@@ -67,5 +67,6 @@ pub(super) fn join(
         armed: true,
         hold: Arc::clone(&target.hold),
         metrics: Arc::clone(&target.metrics),
+        place: None,
     })
 }

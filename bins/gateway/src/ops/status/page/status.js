@@ -318,7 +318,9 @@
     queued.setAttribute("data-field", "queued");
     const queue = el("span", "count");
     queue.setAttribute("data-field", "queue");
-    queueLine.append(queued, " / ", queue, " queued");
+    const waitingForPlace = el("span", "count");
+    waitingForPlace.setAttribute("data-field", "waiting-for-place");
+    queueLine.append(queued, " / ", queue, " queued", waitingForPlace);
     const figures = el("dl", "figures");
     const wait = figure(figures, "Queue wait p50 / p99", "queue-wait");
     const firstByte = figure(figures, "First byte p50 / p99", "first-byte");
@@ -335,13 +337,16 @@
     lineQueued.setAttribute("class", "queued");
     spark.append(lineIn, lineQueued);
     root.append(title, slots, slotLine, bar, queueLine, figures, spark);
-    return { root, loaded, slots, inFlight, parallel, word, fill, queued, queue, wait, firstByte, cache, refused, spark, lineIn, lineQueued };
+    return { root, loaded, slots, inFlight, parallel, word, fill, queued, queue, waitingForPlace, wait, firstByte, cache, refused, spark, lineIn, lineQueued };
   }
 
   const MAX_SLOT_BOXES = 64;
 
   function updateRow(row, model, live, refusals, series, kept) {
-    row.loaded.textContent = model.loaded ? "● loaded" : "○ not loaded";
+    // The engine's own state where it reports one (a router, Ollama), else what residency says.
+    const STATES = { loaded: "● loaded", loading: "◐ loading", unloaded: "○ not loaded", sleeping: "◑ asleep", failed: "✕ load failed" };
+    row.loaded.textContent = (model.state && STATES[model.state]) || (model.loaded ? "● loaded" : "○ not loaded");
+    row.loaded.dataset.state = model.state || (model.loaded ? "loaded" : "unloaded");
     const slots = model.slots; // null: unlimited, or an auto count not known yet
     row.inFlight.textContent = model.in_flight;
     row.parallel.textContent = slots === null ? String(model.parallel) : slots;
@@ -357,6 +362,9 @@
     row.slots.setAttribute("aria-label", model.in_flight + " of " + (slots === null ? "unlimited" : slots) + " slots in use");
     row.queued.textContent = model.queued;
     row.queue.textContent = model.queue;
+    row.waitingForPlace.textContent = model.waiting_for_place > 0
+      ? ", " + model.waiting_for_place + " waiting for the model to load"
+      : "";
     row.fill.style.width = model.queue > 0 ? Math.min(100, (100 * model.queued) / model.queue) + "%" : "0";
     if (live) {
       row.wait.textContent = seconds(live.queue_wait.p50) + " / " + seconds(live.queue_wait.p99) +
