@@ -636,9 +636,7 @@ async fn shutdown_closes_idle_connections_at_once_and_drains_the_stream() {
         } else {
             request
         };
-        request
-            .body(http_body_util::Empty::<Bytes>::new())
-            .unwrap()
+        request.body(http_body_util::Empty::<Bytes>::new()).unwrap()
     };
     let answer = h1
         .send_request(models(http::Version::HTTP_11))
