@@ -343,10 +343,19 @@ async fn serve_connection<S, B>(
     // auto::Builder sniffs the protocol before hyper's own header timeout starts, so a client
     // that connects and stays silent is dropped here (or at shutdown: it has nothing in flight
     // to drain).
+    // A connection asked to make room before this task saw its first byte may have sent it
+    // already (an HTTP/2 preface): it is served just far enough to say goodbye with a `GOAWAY`.
+    let mut shed_early = false;
     let spoke = tokio::select! {
         biased;
         () = stopping.fired() => false,
-        () = member.shed_asked() => return,
+        () = member.shed_asked() => {
+            if !bytes_waiting(&stream) {
+                return;
+            }
+            shed_early = true;
+            first_byte_within(&stream, settings.header_read_timeout).await
+        }
         spoke = first_byte_within(&stream, settings.header_read_timeout) => spoke,
     };
     if !spoke {
@@ -387,12 +396,26 @@ async fn serve_connection<S, B>(
             .serve_connection(Refusals::new(TokioIo::new(io)), service)
             .into_owned()
     );
-    let mut closing = false;
+    // Polled once before anything may close it: with the client's bytes at hand, the protocol
+    // is chosen and an HTTP/2 connection is set up. A graceful shutdown while hyper-util still
+    // sniffs the protocol ends the connection at once, with no `GOAWAY` for an HTTP/2 client.
+    if let Poll::Ready(result) = poll_once(conn.as_mut()).await {
+        if let Err(error) = result {
+            debug!(listener = name, %peer, %error, "connection ended with an error");
+        }
+        return;
+    }
+    let mut closing = shed_early;
     // After an idle close, how long the peer gets to finish the goodbye (an HTTP/2 graceful
     // shutdown waits for the peer's PING answer, which a hostile peer never sends), and while
     // requests still run then, how long until it looks again.
     let (mut cut_at, mut look_again) = (None, settings.header_read_timeout);
-    let mut permit = Some(permit);
+    // A shed connection gives its place to the new one at once (see `Watch::Shed`).
+    let mut permit = (!shed_early).then_some(permit);
+    if shed_early {
+        conn.as_mut().graceful_shutdown();
+        cut_at = Some(Instant::now() + GOODBYE);
+    }
     let mut watchers = watchers(&mut stopping, &activity, &member, &settings);
     loop {
         tokio::select! {
@@ -527,6 +550,18 @@ async fn first_byte_within(stream: &TcpStream, timeout: Duration) -> bool {
         tokio::time::timeout(timeout, stream.peek(&mut byte)).await,
         Ok(Ok(n)) if n > 0
     )
+}
+
+/// Whether the client's bytes wait to be read now (without waiting for the runtime to learn
+/// that the socket is readable).
+fn bytes_waiting(stream: &TcpStream) -> bool {
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    matches!(SockRef::from(stream).peek(&mut byte), Ok(n) if n > 0)
+}
+
+/// Polls `future` once: its output if it is done, `Pending` if not.
+async fn poll_once<F: Future + ?Sized>(mut future: Pin<&mut F>) -> Poll<F::Output> {
+    std::future::poll_fn(move |cx| Poll::Ready(future.as_mut().poll(cx))).await
 }
 
 /// Sleeps until `deadline`; forever when there is none.
