@@ -267,7 +267,7 @@ async fn a_route_goes_only_to_upstreams_of_a_kind_that_serves_it() {
     // Disk-changing routes are off unless an upstream allows them.
     send(post(addr, "/api/pull", body(Some("m")), &[]))
         .await
-        .assert_problem(403, "route-disabled");
+        .assert_ollama_error(403, "route-disabled");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -289,20 +289,43 @@ async fn model_management_goes_only_where_allowed() {
     ))
     .await;
     let addr = gw.api_addr();
+    // Ollama's real methods and bodies (api/client.go): `DELETE /api/delete {"model"}`, `POST
+    // /api/copy {"source","destination"}` routed by `source`.
+    let delete = || {
+        let mut req = post(addr, "/api/delete", body(Some("m")), &[]);
+        *req.method_mut() = http::Method::DELETE;
+        req
+    };
     for _ in 0..3 {
-        // The fake has no `/api/delete`; what it answers does not matter, only who gets it.
-        let reply = send(post(addr, "/api/delete", body(Some("m")), &[])).await;
-        assert_ne!(reply.status, 403, "{}", reply.text());
+        let reply = send(delete()).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
     }
-    let deletes = |fake: &FakeUpstream| {
+    let copy = serde_json::json!({"source": "m", "destination": "m-backup"}).to_string();
+    let reply = send(post(addr, "/api/copy", copy, &[])).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    // The old guesses are refused, each with a problem that says why.
+    send(post(addr, "/api/delete", body(Some("m")), &[]))
+        .await
+        .assert_ollama_error(405, "method-not-allowed");
+    let no_source = serde_json::json!({"model": "m"}).to_string();
+    let problem = send(post(addr, "/api/copy", no_source, &[]))
+        .await
+        .assert_ollama_error(400, "bad-request");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("source"),
+        "{problem}"
+    );
+    let count = |fake: &FakeUpstream, method: &str, path: &str| {
         fake.observer()
             .requests()
             .iter()
-            .filter(|r| r.path == "/api/delete")
+            .filter(|r| r.path == path && r.method == method)
             .count()
     };
-    assert_eq!(deletes(&open_one), 3);
-    assert_eq!(deletes(&closed), 0);
+    assert_eq!(count(&open_one, "DELETE", "/api/delete"), 3);
+    assert_eq!(count(&open_one, "POST", "/api/copy"), 1);
+    assert_eq!(count(&closed, "DELETE", "/api/delete"), 0);
+    assert_eq!(count(&closed, "POST", "/api/copy"), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -485,22 +508,31 @@ async fn responses_follow_ups_go_to_the_upstream_that_holds_the_response() {
         let reply = get(addr, &format!("/v1/responses/{id}")).await;
         assert_eq!(reply.status, 200, "{}", reply.text());
         assert_eq!(reply.json()["id"], id.as_str());
+        // Issue #31: the routing headers on an answer by id too.
+        let upstream = reply.headers["x-slotgate-upstream"].to_str().unwrap();
+        assert!(upstream == "a" || upstream == "b", "{upstream}");
+        assert_eq!(reply.headers["x-slotgate-queue-wait-ms"], "0");
         let reply = get(addr, &format!("/v1/responses/{id}/input_items")).await;
         assert_eq!(reply.status, 200, "{}", reply.text());
     }
 
     // Unknown and deleted ids are the gateway's 404, not another host's guess.
-    send(create(false, Some("resp_unknown")))
+    let doc = send(create(false, Some("resp_unknown")))
         .await
         .assert_problem(404, "response-not-found");
+    assert_eq!(doc["error"]["param"], "previous_response_id");
     let gone = &ids[0];
     let delete = http::Request::delete(format!("http://{addr}/v1/responses/{gone}"))
         .body(Full::new(Bytes::new()))
         .unwrap();
-    assert_eq!(send(delete).await.status, 200);
-    get(addr, &format!("/v1/responses/{gone}"))
+    let deleted = send(delete).await;
+    assert_eq!(deleted.status, 200);
+    assert!(deleted.headers.contains_key("x-slotgate-upstream"));
+    let doc = get(addr, &format!("/v1/responses/{gone}"))
         .await
         .assert_problem(404, "response-not-found");
+    // Named in the path, not in a body member.
+    assert!(doc["error"]["param"].is_null(), "{doc}");
 
     // Drained, the holder keeps its conversations: a clear 503, never the other host.
     let admin = gw.admin_addr().unwrap();

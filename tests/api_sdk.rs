@@ -42,13 +42,23 @@ async fn the_official_clients_of_every_api_work_through_the_gateway() {
         .await
         .unwrap();
 
-    let a = start(FakeConfig::vllm(4).model("m")).await;
+    let a = start(
+        FakeConfig::vllm(4)
+            .model("m")
+            .model("busy")
+            .model("org/slow"),
+    )
+    .await;
     let b = start(FakeConfig::vllm(4).model("m")).await;
     let o = start(FakeConfig::ollama(4).model("o")).await;
     let gw = gateway(&format!(
-        "{}{}{}{}",
+        "{}{}{}{}{}",
         server(""),
         upstream_of("vllm", "a", &a.url(), "m"),
+        // Issue #31: one slot and no queue (a refusal at once), and one slot with a queue (a
+        // client deadline it cannot keep); a model id with a slash.
+        "[upstreams.a.models.busy]\nparallel = 1\nqueue = 0\nqueue_timeout = \"30s\"\n\
+         [upstreams.a.models.\"org/slow\"]\nparallel = 1\nqueue = 4\nqueue_timeout = \"30s\"\n",
         upstream_of("vllm", "b", &b.url(), "m"),
         upstream_of("ollama", "o", &o.url(), "o"),
     ))

@@ -256,7 +256,7 @@ async fn every_refusal_is_counted_and_the_build_and_process_are_reported() {
     reply.assert_problem(404, "model-not-found");
     // Ollama's `/api/version` with no Ollama upstream: a refusal of no model, counted too.
     let reply = get(gw.api_addr(), "/api/version").await;
-    reply.assert_problem(503, "upstream-unavailable");
+    reply.assert_ollama_error(503, "upstream-unavailable");
 
     let samples = scrape(admin).await;
     let unavailable = ["upstream_unavailable", "model_unavailable"]

@@ -90,7 +90,8 @@ def stream_chat(url: str, body: dict, timeout: float) -> dict:
                 first = time.monotonic() - started
             data = line[5:].strip()
             if data == "[DONE]":
-                break
+                # Read on to the end of the body, as a client library does.
+                continue
             chunk = json.loads(data)
             for choice in chunk.get("choices") or []:
                 piece = (choice.get("delta") or {}).get("content")
@@ -123,12 +124,18 @@ def conversation(i: int, args, system: str, url: str, start: threading.Event, ou
                 "stream_options": {"include_usage": True}, "max_tokens": args.max_tokens,
                 "temperature": 0}
         sent = time.monotonic()
-        result = stream_chat(url, body, args.timeout)
-        result.update(conversation=i, turn=turn, sent=sent)
+        # A failed turn is sent again, as the OpenAI SDKs do (2 retries by default, for
+        # connection errors, 408, 409, 429 and 5xx); the times are the successful attempt's.
+        for attempt in range(args.retries + 1):
+            result = stream_chat(url, body, args.timeout)
+            if result.get("status") == 200:
+                break
+            print(f"conversation {i} turn {turn} attempt {attempt}: {result.get('status')} "
+                  f"{result.get('error')}", file=sys.stderr)
+            time.sleep(0.5)
+        result.update(conversation=i, turn=turn, sent=sent, retries=attempt)
         out.append(result)
         if result.get("status") != 200:
-            print(f"conversation {i} turn {turn}: {result.get('status')} {result.get('error')}",
-                  file=sys.stderr)
             return
         messages.append({"role": "assistant", "content": result["text"]})
         if turn + 1 < args.turns:
@@ -150,6 +157,7 @@ def main() -> int:
     ap.add_argument("--shared", action="store_true", help="one system prompt for all")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    ap.add_argument("--retries", type=int, default=2, help="attempts after a failed turn")
     ap.add_argument("--out", required=True, help="where to write the JSON result")
     args = ap.parse_args()
 
@@ -175,7 +183,9 @@ def main() -> int:
                    "system_tokens": {str(k): tokenize(args.tokenize_url, v)
                                      for k, v in prompts.items()}}, f)
     failed = sum(1 for r in results if r.get("status") != 200)
-    print(f"{len(results)} requests, {failed} failed, wall {wall:.1f} s", file=sys.stderr)
+    retried = sum(r.get("retries", 0) for r in results)
+    print(f"{len(results)} turns, {failed} failed, {retried} retries, wall {wall:.1f} s",
+          file=sys.stderr)
     return 1 if failed else 0
 
 

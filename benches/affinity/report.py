@@ -14,9 +14,9 @@ import json
 import os
 import sys
 
-ARMS = ["pinned", "slotgate", "smg"]
-NAMES = {"pinned": "pinned per conversation", "slotgate": "slotgate",
-         "smg": "SMG `--policy cache_aware`"}
+ARMS = ["pinned", "slotgate-off", "slotgate", "smg"]
+NAMES = {"pinned": "pinned per conversation", "slotgate-off": "slotgate, `affinity = \"off\"`",
+         "slotgate": "slotgate", "smg": "SMG `--policy cache_aware`"}
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -54,10 +54,13 @@ def row(raw: str, workload: str, arm: str) -> str | None:
     engine_share = (sum(h["cached_tokens"] for h in hosts) / all_tokens) if all_tokens else None
     least = min(served) / sum(served) if sum(served) else None
     failed = len(requests) - len(ok)
+    retried = sum(r.get("retries", 0) for r in requests)
+    notes = [f"{failed} failed"] * bool(failed) + [f"{retried} retried"] * bool(retried)
+    answered = f"{len(ok)}" + (f" ({', '.join(notes)})" if notes else "")
     return (f"| {NAMES[arm]} | {fmt(share)} | {fmt(engine_share)} | {fmt(percentile(ttft, 0.5))} "
             f"| {fmt(percentile(ttft, 0.95))} | {fmt(percentile(total, 0.5))} | {run['wall']:.1f} "
             f"| {' / '.join(map(str, served))} ({fmt(None if least is None else 100 * least, 0)} %) "
-            f"| {len(ok)}{f' ({failed} failed)' if failed else ''} "
+            f"| {answered} "
             f"| {engines['load_before']:.1f} → {engines['load_after']:.1f} |")
 
 
@@ -71,7 +74,7 @@ def main() -> int:
         print(f"\n**{workload}** ({title})\n")
         print("| route by | cached share, later turns (answers) | cached share, all turns "
               "(engines) | later-turn TTFT p50 s | p95 s | later-turn time p50 s | wall s "
-              "| requests per host (least) | answered | load avg |")
+              "| requests per host (least) | turns answered | load avg |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(r)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Cache affinity: multi-turn conversations over three real llama-server hosts, routed three
-# ways in one run: pinned per conversation (the ideal), slotgate, and SMG's cache_aware policy.
+# Cache affinity: multi-turn conversations over three real llama-server hosts, routed four
+# ways in one run: pinned per conversation (the ideal), slotgate with `affinity = "off"` (free
+# slots alone, the before-figure), slotgate, and SMG's cache_aware policy.
 #
-#   benches/affinity/run.sh                          # both workloads, all three arms, ~3 min
+#   benches/affinity/run.sh                          # both workloads, all four arms, ~4 min
 #   WORKLOADS=distinct ARMS="pinned slotgate" benches/affinity/run.sh
 #   SLOTGATE_BIN=/path/to/other/slotgate ARMS=slotgate benches/affinity/run.sh
 #
@@ -20,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 WORKLOADS=${WORKLOADS:-"distinct shared"}
-ARMS=${ARMS:-"pinned slotgate smg"}
+ARMS=${ARMS:-"pinned slotgate-off slotgate smg"}
 CONVERSATIONS=${CONVERSATIONS:-9}
 TURNS=${TURNS:-6}
 THINK=${THINK:-0.3}             # seconds between a conversation's turns
@@ -29,6 +30,8 @@ MAX_TOKENS=${MAX_TOKENS:-16}    # tokens generated per turn
 BASE_PORT=${BASE_PORT:-18470}   # hosts on BASE_PORT..+2, the gateway on +10 (admin/metrics +11)
 SMG_VERSION=${SMG_VERSION:-1.13.0}
 SLOTGATE_BIN=${SLOTGATE_BIN:-}
+EXTRA_SERVER=${EXTRA_SERVER:-}      # extra `key = value` lines for slotgate's [server]
+# (not SLOTGATE_SERVER: slotgate reads SLOTGATE_* from its environment as configuration)
 OUT=${OUT:-target/affinity/results.md}
 HOSTS=3
 
@@ -59,7 +62,7 @@ if [[ " $ARMS " == *" smg "* ]]; then
   fi
 fi
 
-if [[ " $ARMS " == *" slotgate "* ]] && [ -z "$SLOTGATE_BIN" ]; then
+if [[ " $ARMS " == *" slotgate"* ]] && [ -z "$SLOTGATE_BIN" ]; then
   step "slotgate (release build of this tree)"
   cargo build --release --locked -p slotgate-gateway
   SLOTGATE_BIN=target/release/slotgate
@@ -104,10 +107,10 @@ start_hosts() { # $1: log prefix
   for h in $(seq 0 $((HOSTS - 1))); do wait_http "$(host_url "$h")/health"; done
 }
 
-start_slotgate() { # $1: log prefix
+start_slotgate() { # $1: log prefix, $2: extra [server] lines
   {
-    printf '[server]\nlisten = "127.0.0.1:%s"\nadmin_listen = "127.0.0.1:%s"\n' \
-      "$GATEWAY_PORT" $((GATEWAY_PORT + 1))
+    printf '[server]\nlisten = "127.0.0.1:%s"\nadmin_listen = "127.0.0.1:%s"\n%s\n%s\n' \
+      "$GATEWAY_PORT" $((GATEWAY_PORT + 1)) "$EXTRA_SERVER" "${2:-}"
     for h in $(seq 0 $((HOSTS - 1))); do
       printf '\n[upstreams.host%s]\nurl = "%s"\nkind = "llama-server"\n' "$h" "$(host_url "$h")"
       printf '[upstreams.host%s.models.bench]\nparallel = 2\nqueue = 64\nqueue_timeout = "120s"\n' "$h"
@@ -159,6 +162,9 @@ for workload in $WORKLOADS; do
         target=(--pinned)
         for h in $(seq 0 $((HOSTS - 1))); do target+=("$(host_url "$h")"); done ;;
       slotgate) start_slotgate "$prefix"; target=(--url "http://127.0.0.1:$GATEWAY_PORT") ;;
+      slotgate-off)
+        start_slotgate "$prefix" 'affinity = "off"'
+        target=(--url "http://127.0.0.1:$GATEWAY_PORT") ;;
       smg) start_smg "$prefix"; target=(--url "http://127.0.0.1:$GATEWAY_PORT") ;;
       *) echo "unknown arm $arm" >&2; exit 2 ;;
     esac

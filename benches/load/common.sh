@@ -94,12 +94,15 @@ start_fake() {
 }
 
 # $1: kind of the upstream as slotgate sees it; $2: cap; $3: queue; $4: max connections.
+# EXTRA_SERVER: extra `key = value` lines for `[server]` (e.g. `affinity = "off"`); not named
+# SLOTGATE_SERVER, which slotgate itself would read as its `server` table.
 start_slotgate() {
   cat >"$work/slotgate.toml" <<TOML
 [server]
 listen = "127.0.0.1:$SLOTGATE_PORT"
 admin_listen = "127.0.0.1:$ADMIN_PORT"
 max_connections = $4
+${EXTRA_SERVER:-}
 
 [upstreams.bench]
 url = "http://127.0.0.1:$UPSTREAM_PORT"
@@ -153,9 +156,18 @@ CFG
 }
 
 
-# The request every throughput run sends (wrk -s).
-cat >"$work/post.lua" <<'LUA'
+# The request every throughput run sends (wrk -s): a one-line chat, or the JSON body in
+# BODY_FILE (e.g. a long conversation, to price cache-aware routing's hashing and index work).
+if [ -n "${BODY_FILE:-}" ]; then
+  {
+    echo 'wrk.method = "POST"'
+    echo 'wrk.headers["Content-Type"] = "application/json"'
+    printf 'wrk.body = [==[%s]==]\n' "$(cat "$BODY_FILE")"
+  } >"$work/post.lua"
+else
+  cat >"$work/post.lua" <<'LUA'
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 wrk.body = '{"model":"bench","messages":[{"role":"user","content":"hello"}],"max_tokens":16}'
 LUA
+fi

@@ -5,6 +5,8 @@
 #   benches/load/instructions.sh
 #   DURATION=20s CONNS=16 benches/load/instructions.sh
 #   SLOTGATE_BIN=/path/to/older/slotgate benches/load/instructions.sh   # an A/B build
+#   BODY_FILE=benches/load/conversation.json benches/load/instructions.sh  # a 10 KiB conversation
+#   EXTRA_SERVER='affinity = "off"' benches/load/instructions.sh       # without cache affinity
 #
 # Unlike requests/s or CPU seconds, an instruction count does not depend on what else the
 # machine is doing: the same binary and load give the same count on a busy machine, so this is
@@ -82,7 +84,7 @@ cp "$s_dump" "$(dirname "$OUT")/slotgate.callgrind"
 {
   echo "Instructions per request (callgrind), $(date -u +%Y-%m-%dT%H:%MZ); static nginx upstream;"
   echo "wrk 1 thread, $CONNS connections, $DURATION; cap $CAP, queue $QUEUE; $PROXY_THREADS proxy thread(s)."
-  echo "Command: \`DURATION=$DURATION CONNS=$CONNS PROXY_THREADS=$PROXY_THREADS benches/load/instructions.sh\`"
+  echo "Command: \`DURATION=$DURATION CONNS=$CONNS PROXY_THREADS=$PROXY_THREADS${BODY_FILE:+ BODY_FILE=$BODY_FILE}${EXTRA_SERVER:+ EXTRA_SERVER='$EXTRA_SERVER'} benches/load/instructions.sh\`"
   echo
   echo "| proxy | requests | instructions | instructions per request |"
   echo "|---|---:|---:|---:|"

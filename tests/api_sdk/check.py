@@ -8,6 +8,10 @@ model "o".
   only the upstream that made the response can answer; a multipart transcription.
 - anthropic SDK: `messages.create` plain and streamed.
 - ollama client: `chat` and `generate`, streamed (its default), and `list`.
+- Off the happy path (issue #31): anthropic sees `overloaded_error` with its request id on a
+  full queue and an error (not a short answer) on a cut stream; ollama sees a string error, as a
+  refusal and at a cut stream's last line; openai's `models.retrieve` of an id with a slash, and
+  its `timeout=2` refused at once by a queue that cannot serve in time.
 
 Exits non-zero with a message on the first failed expectation.
 """
@@ -123,5 +127,90 @@ expect(len(parts) > 1 and parts[-1].done, "ollama generate streams")
 expect("".join(p.response for p in parts).startswith("tok0"), "generate carries the text")
 names = [m.model for m in local.list().models]
 expect(names == ["o"], f"ollama list shows the Ollama models: {names}")
+
+# --- Off the happy path: each client sees errors in its own dialect (issue #31) ---
+import threading
+import time
+
+
+def hold(call):
+    """Runs `call` in a thread (it holds the only slot of its model); returns the thread."""
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    time.sleep(0.7)  # it reaches the fake and holds its slot (the hold is 4 s)
+    return thread
+
+
+HOLD_LONG = {"x-fake-hold-ms": "4000"}
+message_args = dict(max_tokens=16, messages=[{"role": "user", "content": "hello"}])
+
+# Anthropic, a full queue: its own error object, its request id header, a retryable 503.
+holder = hold(lambda: claude.messages.create(model="busy", extra_headers=HOLD_LONG, **message_args))
+try:
+    claude.messages.create(model="busy", **message_args)
+    expect(False, "a full queue is refused")
+except anthropic.APIStatusError as error:
+    expect(error.status_code == 503, f"a full queue is a 503: {error.status_code}")
+    expect(error.type == "overloaded_error", f"anthropic sees overloaded_error: {error.type}")
+    expect(error.request_id, "anthropic reads the request id from request-id")
+    expect("queue" in (error.api_message or ""), f"with the gateway's message: {error.api_message}")
+    expect(error.response.headers.get("retry-after"), "and Retry-After")
+holder.join()
+
+# Anthropic, a stream the engine cuts: an error raised, not a silently short answer.
+try:
+    with claude.messages.stream(
+        model="m", extra_headers={"x-fake-fail": "die-after-chunks=3"}, **message_args
+    ) as stream:
+        "".join(stream.text_stream)
+        stream.get_final_message()
+    expect(False, "a cut stream raises")
+except anthropic.APIStatusError as error:
+    expect(error.type == "timeout_error", f"a cut stream raises timeout_error: {error.type}")
+    expect(error.body["problem"]["type"].endswith("/upstream-stalled"), "naming the problem")
+
+# Ollama: the error is a string, as Ollama's own.
+try:
+    local.chat(model="nope", messages=[{"role": "user", "content": "hello"}], stream=False)
+    expect(False, "an unknown model is refused")
+except ollama.ResponseError as error:
+    expect(error.status_code == 404, f"ollama sees the 404: {error.status_code}")
+    expect(isinstance(error.error, str), f"ollama's error is a string: {error.error!r}")
+    expect("nope" in error.error.lower(), "naming the model")
+# The fake cuts this stream after two lines: the client raises at the gateway's error line.
+broken = ollama.Client(host=gateway, timeout=30, headers={"x-fake-fail": "die-after-chunks=2"})
+try:
+    list(broken.generate(model="o", prompt="hello", stream=True))
+    expect(False, "a cut Ollama stream raises")
+except ollama.ResponseError as error:
+    expect(isinstance(error.error, str), f"a cut Ollama stream raises a string error: {error.error!r}")
+
+# OpenAI: `models.retrieve` of an id with a slash (the SDK sends it as %2F).
+expect(client.models.retrieve("org/slow").id == "org/slow", "models.retrieve with a slash")
+
+# OpenAI: `timeout=2` reaches the gateway (x-stainless-read-timeout) and a queue that cannot
+# serve in time refuses at once. First one held request, so the gateway knows a hold (4 s).
+client.chat.completions.create(
+    model="org/slow", messages=[{"role": "user", "content": "hi"}], extra_headers=HOLD_LONG
+)
+holder = hold(
+    lambda: client.chat.completions.create(
+        model="org/slow", messages=[{"role": "user", "content": "hi"}], extra_headers=HOLD_LONG
+    )
+)
+quick = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0, timeout=2)
+started = time.monotonic()
+try:
+    quick.chat.completions.create(model="org/slow", messages=[{"role": "user", "content": "hi"}])
+    expect(False, "a deadline the queue cannot keep is refused")
+except openai.APIStatusError as error:
+    expect(error.status_code == 503, f"refused with 503: {error.status_code}")
+    expect(error.code == "queue_timeout", f"as queue_timeout: {error.code}")
+    body = error.response.json()
+    expect(body["deadline"] == "x-stainless-read-timeout", f"named by its header: {body}")
+    expect("expected_wait_ms" in body, f"refused before queueing: {body}")
+except openai.APITimeoutError:
+    expect(False, "the gateway answered before the SDK's own timeout")
+holder.join()
 
 print("all API client checks passed")

@@ -143,7 +143,14 @@ def main() -> int:
 
     n_embd_kv = n_embd // n_head * n_head_kv
     # No output.weight: llama ties the output projection to token_embd when it is absent.
-    w.add_tensor("token_embd.weight", weight(n_vocab, n_embd))
+    # The byte-fallback tokens (<0x00>..<0xFF>) get all-zero rows. The output projection is
+    # tied to these rows, so their logit is exactly 0 while the best of the other 31,744 random
+    # logits is well above it: sampling never picks one. A random model that emitted them would
+    # write bytes such as 0xC1 that are never valid UTF-8, and llama-server answers such a
+    # non-streamed reply with 500 ("invalid UTF-8 byte"), which made engine tests flaky.
+    embd = weight(n_vocab, n_embd)
+    embd[np.asarray(token_types) == int(gguf.TokenType.BYTE)] = 0
+    w.add_tensor("token_embd.weight", embd)
     w.add_tensor("output_norm.weight", norm())
     for i in range(n_blocks):
         w.add_tensor(f"blk.{i}.attn_norm.weight", norm())

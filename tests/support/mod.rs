@@ -138,6 +138,28 @@ impl Reply {
         doc
     }
 
+    /// Asserts this is an Ollama route's refusal: `status`, `application/json`, a string
+    /// `error` (what Ollama's clients read), and the problem's `type` ending in `slug` beside
+    /// it. Returns the document.
+    pub fn assert_ollama_error(&self, status: u16, slug: &str) -> Value {
+        assert_eq!(self.status.as_u16(), status, "status of {self:?}");
+        assert_eq!(
+            self.headers
+                .get("content-type")
+                .and_then(|v| v.to_str().ok()),
+            Some("application/json"),
+            "content type of {self:?}"
+        );
+        let doc = self.json();
+        assert!(doc["error"].is_string(), "Ollama's string error: {doc}");
+        let kind = doc["type"].as_str().unwrap_or_default();
+        assert!(
+            kind.ends_with(&format!("/{slug}")),
+            "type {kind:?} is not {slug}: {doc}"
+        );
+        doc
+    }
+
     /// The `Retry-After` in seconds; asserts it is there and within the documented clamp.
     pub fn retry_after(&self) -> u64 {
         let value = self

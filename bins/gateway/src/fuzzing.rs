@@ -129,7 +129,11 @@ pub fn read_request(
     Some(match block_on(request::read(req, limits, endpoint)) {
         Ok(request) => ReadOutcome::Read(Request(Box::new(request))),
         Err(error) => {
-            let response = problems::respond::<Bytes>(&error, &HeaderValue::from_static("fuzzing"));
+            let response = problems::respond::<Bytes>(
+                &error,
+                &HeaderValue::from_static("fuzzing"),
+                slotgate_problem::Dialect::OpenAi,
+            );
             ReadOutcome::Refused {
                 status: response.status().as_u16(),
                 problem: response.into_body(),
@@ -177,7 +181,8 @@ pub fn stream(
         let watch = Watch {
             idle_timeout: Duration::from_secs(3600),
             cancel_grace: Duration::ZERO,
-            sse,
+            framing: sse.then_some(slotgate_problem::Framing::Sse),
+            dialect: slotgate_problem::Dialect::OpenAi,
             names: Arc::new(AnswerNames {
                 upstream: upstream.to_owned(),
                 model: model.to_owned(),

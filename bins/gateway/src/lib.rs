@@ -32,11 +32,12 @@
 //! The source is grouped by role: [`proxy`] is the request path, [`upstreams`] what is known
 //! about the engines, [`ops`] the operator's side, and a few leaf modules hold what all of them
 //! share ([`base`]: the upstream URL, [`request_id`], [`error`]: the boxed error and its chain,
-//! [`metrics`]: the metric handles, [`shutdown`], [`tls`]: TLS to the upstreams,
-//! [`listener_tls`]: TLS on the gateway's own listeners). Each layer imports only the ones below it
+//! [`metrics`]: the metric handles, [`shutdown`], [`tls`]: TLS to the upstreams and on the
+//! gateway's own listeners). Each layer imports only the ones below it
 //! (`ops` → `proxy` → `upstreams` → leaves), and `scripts/module-cycles.py` fails CI on a circle.
 //!
-//! [`proxy::service`] calls the steps in order; each step has its own module:
+//! [`proxy::service`] calls the steps in order; each step has its own module, whose header
+//! names it by the same number:
 //!
 //! 1. [`proxy::server`]: accept (HTTP/1.1 and h2c, or TLS with ALPN), header-read timeout,
 //!    connection limit, graceful shutdown; [`proxy::refusals`] turns hyper's own refusals of a
@@ -44,19 +45,27 @@
 //! 2. [`proxy::auth`]: the client's API key, when keys are configured.
 //! 3. [`proxy::request`]: the body under a size limit; `model` and `stream` found without
 //!    re-serialising.
-//! 4. [`proxy::route`]: aliases, candidate upstreams, `slotgate-choose`'s ranking.
-//! 5. [`proxy::admit`]: a slot from `slotgate-limiter`, falling through to the next host when a
-//!    queue is full, waiting under `queue_timeout` otherwise.
-//! 6. [`proxy::forward`]: the pooled upstream client, timeouts, hop-by-hop headers, request id.
-//! 7. [`proxy::body`]: the response body that holds the slot until it ends, fails or is dropped;
+//! 4. [`proxy::choose`]: where the request may go, best first — its model's route in the
+//!    routing table ([`proxy::route`]: aliases, candidate upstreams, `slotgate-choose`'s
+//!    ranking) and what the steering layers make of that order.
+//! 5. and 6. [`proxy::admit`]: a slot from `slotgate-limiter` on one target, at once or after
+//!    waiting in its queue under `queue_timeout`; a full queue falls through to the next host.
+//! 7. [`proxy::send`]: the request sent through the pooled upstream client ([`proxy::forward`]:
+//!    timeouts, hop-by-hop headers, request id).
+//! 8. [`proxy::answer`]: the engine's response becomes the client's, its body
+//!    ([`proxy::body`]) holding the slot until it ends, fails or is dropped;
 //!    [`proxy::body::meter`] reads the first token and the usage on the way.
-//! 8. [`proxy::problems`]: every error → its problem document, in one place.
+//! 9. [`proxy::retry`]: the candidate loop's state — on to the next target, or what the request
+//!    ends with when none took it.
+//!
+//! Any failure on the way becomes an [`proxy::problems::Error`] and its problem document in
+//! [`proxy::problems`], in one place.
 //!
 //! [`proxy::access`] follows each request through these steps and writes its access-log line
 //! when it is over.
 //!
-//! Which path is which API is in [`proxy::endpoint`]: where the model is named, whether the
-//! route takes a slot, which kinds of upstream serve it. [`proxy::ollama`] answers Ollama's
+//! Which path is which API is in [`proxy::endpoint`], the endpoint table: where the model is
+//! named, whether the endpoint takes a slot, which kinds of upstream serve it. [`proxy::ollama`] answers Ollama's
 //! model listings from the routing table.
 //!
 //! A request starts by taking the configuration in force, [`proxy::live`]; a route's targets
@@ -108,7 +117,6 @@ mod fixtures;
 #[cfg(any(fuzzing, test))]
 #[doc(hidden)]
 pub mod fuzzing;
-mod listener_tls;
 mod metrics;
 mod ops;
 mod proxy;
@@ -122,7 +130,6 @@ pub use crate::proxy::live::ConfigProblems;
 pub use crate::upstreams::auto_slots::SlotCountError;
 pub use crate::upstreams::slot_discovery::{ProbedSlots, probe_config};
 
-use crate::listener_tls::ListenerSlots;
 use crate::ops::admin;
 use crate::ops::reload::Reloader;
 use crate::ops::status::sampler;
@@ -130,6 +137,7 @@ use crate::proxy::live::{Generation, Live};
 use crate::proxy::server::{self, ServerCounters, ServerSettings};
 use crate::proxy::service;
 use crate::shutdown::{ShutdownSignal, ShutdownTrigger, shutdown_pair};
+use crate::tls::listener::ListenerSlots;
 use crate::upstreams::probe::Prober;
 use crate::upstreams::{monitor, slot_discovery};
 

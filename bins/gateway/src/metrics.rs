@@ -52,6 +52,7 @@
 //! the gateway can read back for its status page. The process metrics (`process_*`, without the
 //! prefix) are read from `/proc` at scrape time ([`process`]).
 
+mod family;
 pub(crate) mod process;
 pub(crate) mod recent;
 
@@ -63,11 +64,12 @@ use parking_lot::Mutex;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
+use crate::metrics::family::{
+    BuildInfo, Counters, Declared, ModelCounters, Single, TargetCounters, TargetHistograms,
+};
 use crate::metrics::recent::Recent;
 
 /// The labels of a per-(upstream, model) series.
@@ -79,76 +81,161 @@ pub(crate) struct TargetLabels {
     pub(crate) model: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OutcomeLabels {
-    upstream: String,
-    model: String,
-    outcome: &'static str,
+/// Declares the gateway's metric families, one field each: its type, and the declaration that
+/// names it (name, help, labels and their values, buckets; see [`family`]). It generates the
+/// struct [`Families`], its constructor, its registration (in the order of the list, which is the
+/// exposition's) and the forgetting of a removed (upstream, model) or model.
+macro_rules! families {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty = $declare:expr;)*) => {
+        /// Every metric family the gateway records into (the gauges read at scrape time aside).
+        #[derive(Debug, Clone)]
+        struct Families {
+            $($(#[$doc])* $field: $ty,)*
+        }
+
+        impl Families {
+            fn declare() -> Self {
+                Self { $($field: $declare,)* }
+            }
+
+            fn register(&self, registry: &mut Registry) {
+                $(Declared::register(&self.$field, registry);)*
+            }
+
+            fn forget_target(&self, target: &TargetLabels) {
+                $(Declared::forget_target(&self.$field, target);)*
+            }
+
+            fn forget_model(&self, model: &str) {
+                $(Declared::forget_model(&self.$field, model);)*
+            }
+        }
+    };
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RejectionLabels {
-    model: String,
-    reason: &'static str,
+families! {
+    /// `slotgate_requests_total`: outcomes in [`TargetMetrics`] field order.
+    requests: TargetCounters<4> = TargetCounters::declare(
+        "requests",
+        "Forwarded requests by how they ended",
+        "outcome",
+        ["completed", "upstream_status_error", "upstream_error", "client_gone"],
+    );
+    /// `slotgate_upstream_responses_total`: classes in [`TargetMetrics::response`] order.
+    responses: TargetCounters<4> = TargetCounters::declare(
+        "upstream_responses",
+        "The engines' response heads by status class",
+        "class",
+        ["2xx", "3xx", "4xx", "5xx"],
+    );
+    /// `slotgate_tokens_total`.
+    tokens: TargetCounters<3> = TargetCounters::declare(
+        "tokens",
+        "Tokens the engines reported in usage, by kind (prompt, completion, cached_prompt)",
+        "kind",
+        ["prompt", "completion", "cached_prompt"],
+    );
+    /// `slotgate_affinity_total`: results named as [`slotgate_choose::Verdict::as_str`] does.
+    affinity: TargetCounters<3> = TargetCounters::declare(
+        "affinity",
+        "Requests placed by cache-aware routing, by result: hit (sent where its prompt \
+         prefix is held), miss (no useful match: placed by free slots), overridden (the \
+         holder was too busy)",
+        "result",
+        ["hit", "miss", "overridden"],
+    );
+    /// `slotgate_rejections_total`: the reasons every model has from the start (at 0, so an
+    /// alert on them needs no `absent()`), then the rarer ones, which appear at their first
+    /// refusal ([`Metrics::refused`]).
+    rejections: ModelCounters<5> = ModelCounters::declare(
+        "rejections",
+        "Refused requests by reason",
+        "reason",
+        [
+            "queue_full",
+            "queue_timeout",
+            "store_unavailable",
+            "upstream_unavailable",
+            "model_unavailable",
+        ],
+        &RARE_MODEL_REASONS,
+    );
+    /// `slotgate_client_disconnects_total`.
+    disconnects: TargetCounters<3> = TargetCounters::declare(
+        "client_disconnects",
+        "Clients that went away while queued, before their answer began, or while it streamed",
+        "phase",
+        ["queued", "awaiting_response", "streaming"],
+    );
+    /// `slotgate_retries_total`: statuses in [`RETRIED`] order.
+    retries: TargetCounters<3> = TargetCounters::declare(
+        "retries",
+        "Engine answers of 502, 503 or 504 retried on the next-ranked upstream, by the \
+         upstream that answered",
+        "status",
+        RETRIED.map(|(_, status)| status),
+    );
+    /// `slotgate_queue_wait_seconds`.
+    queue_wait: TargetHistograms = TargetHistograms::declare(
+        "queue_wait_seconds",
+        "Time from joining a queue to getting a slot",
+        seconds_histogram,
+    );
+    /// `slotgate_handoff_gap_seconds`.
+    handoff_gap: TargetHistograms = TargetHistograms::declare(
+        "handoff_gap_seconds",
+        "For a request that queued: time from the release that handed it its slot to \
+         handing the request to the upstream connection pool (the slot idle meanwhile)",
+        gap_histogram,
+    );
+    /// `slotgate_time_to_response_head_seconds`.
+    response_head: TargetHistograms = TargetHistograms::declare(
+        "time_to_response_head_seconds",
+        "Time from sending a request upstream to its response head",
+        seconds_histogram,
+    );
+    /// `slotgate_time_to_first_token_seconds`.
+    first_token: TargetHistograms = TargetHistograms::declare(
+        "time_to_first_token_seconds",
+        "Time from sending a request upstream to the first body frame carrying data \
+         (for SSE, the first data: line)",
+        seconds_histogram,
+    );
+    /// `slotgate_request_duration_seconds`.
+    duration: TargetHistograms = TargetHistograms::declare(
+        "request_duration_seconds",
+        "Time from joining the queue to the end of the response (queue wait included)",
+        seconds_histogram,
+    );
+    /// `slotgate_build_info`.
+    build: BuildInfo = BuildInfo;
+    /// `slotgate_bounds_total`: the labels of [`Bound::ALL`], in its order.
+    bounds: Counters<9> = Counters::declare(
+        "bounds",
+        "Bounds enforced on slow, hostile or broken clients and upstreams, by bound",
+        "bound",
+        Bound::ALL.map(Bound::label),
+    );
+    /// `slotgate_store_round_trip_seconds` (`[cluster]`): 100 µs to ~3.3 s in ×2 steps, a store
+    /// call being bounded by `store_timeout`.
+    store_round_trip: Single = Single::declare(
+        "store_round_trip_seconds",
+        "Calls to the shared slot store of [cluster] (Redis) that succeeded, by duration",
+        Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+    );
+    /// `slotgate_config_reloads_total`.
+    reloads: Counters<2> = Counters::declare(
+        "config_reloads",
+        "Configuration reloads (SIGHUP, POST /admin/reload) by result",
+        "result",
+        ["applied", "refused"],
+    );
 }
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ClassLabels {
-    upstream: String,
-    model: String,
-    class: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TokenLabels {
-    upstream: String,
-    model: String,
-    kind: &'static str,
-}
-
-/// The results of `slotgate_affinity_total`, in [`TargetMetrics::affinity`] order.
-const AFFINITY_RESULTS: [&str; 3] = ["hit", "miss", "overridden"];
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct AffinityLabels {
-    upstream: String,
-    model: String,
-    result: &'static str,
-}
-
-/// The status classes of `slotgate_upstream_responses_total`, in [`TargetMetrics::responses`]
-/// order.
-const CLASSES: [&str; 4] = ["2xx", "3xx", "4xx", "5xx"];
-
-/// The outcomes of `slotgate_requests_total`.
-const OUTCOMES: [&str; 4] = [
-    "completed",
-    "upstream_status_error",
-    "upstream_error",
-    "client_gone",
-];
 
 /// The reasons of `slotgate_rejections_total` for a configured model that appear only at their
 /// first refusal (the request path counts them through [`Metrics::refused`]).
 pub(crate) const RARE_MODEL_REASONS: [&str; 3] =
     ["too_heavy", "route_not_served", "route_disabled"];
-
-/// The reasons of `slotgate_rejections_total` that every model has from the start (at 0), so an
-/// alert on them needs no `absent()`; the rarer ones appear at their first refusal.
-const MODEL_REASONS: [&str; 5] = [
-    "queue_full",
-    "queue_timeout",
-    "store_unavailable",
-    "upstream_unavailable",
-    "model_unavailable",
-];
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RetryLabels {
-    upstream: String,
-    model: String,
-    status: &'static str,
-}
 
 /// The engine statuses that are retried on the next host, with their `status` label.
 const RETRIED: [(http::StatusCode, &str); 3] = [
@@ -156,15 +243,6 @@ const RETRIED: [(http::StatusCode, &str); 3] = [
     (http::StatusCode::SERVICE_UNAVAILABLE, "503"),
     (http::StatusCode::GATEWAY_TIMEOUT, "504"),
 ];
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DisconnectLabels {
-    upstream: String,
-    model: String,
-    phase: &'static str,
-}
-
-type HistogramFamily = Family<TargetLabels, Histogram, fn() -> Histogram>;
 
 /// The readable bucket counts, by (upstream, model) and timing: shared by every generation's
 /// handles of one key, like the Prometheus series, so a reload does not reset them.
@@ -198,31 +276,11 @@ fn gap_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.000_01, 2.0, 16))
 }
 
-/// The gateway's metric families.
+/// The gateway's metric families, and the readable bucket counts beside two of them.
 #[derive(Debug, Clone)]
 pub(crate) struct Metrics {
-    requests: Family<OutcomeLabels, Counter>,
-    responses: Family<ClassLabels, Counter>,
-    tokens: Family<TokenLabels, Counter>,
-    affinity: Family<AffinityLabels, Counter>,
-    rejections: Family<RejectionLabels, Counter>,
-    disconnects: Family<DisconnectLabels, Counter>,
-    retries: Family<RetryLabels, Counter>,
-    queue_wait: HistogramFamily,
-    handoff_gap: HistogramFamily,
-    response_head: HistogramFamily,
-    first_token: HistogramFamily,
-    duration: HistogramFamily,
-    reloads: Family<ReloadLabels, Counter>,
-    bounds: Family<BoundLabels, Counter>,
+    families: Families,
     recent: RecentMap,
-    /// Every call to the shared slot store (`[cluster]`).
-    store_round_trip: Histogram,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct BoundLabels {
-    bound: &'static str,
 }
 
 /// A bound the gateway enforces on a slow, hostile or broken peer: the `bound` label of
@@ -278,11 +336,6 @@ impl Bound {
     }
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReloadLabels {
-    result: &'static str,
-}
-
 /// Pre-resolved handles for one (upstream, model).
 #[derive(Debug)]
 pub(crate) struct TargetMetrics {
@@ -296,7 +349,7 @@ pub(crate) struct TargetMetrics {
     pub(crate) first_token: Histogram,
     /// `slotgate_request_duration_seconds`.
     pub(crate) duration: Histogram,
-    /// `slotgate_upstream_responses_total`, by class in [`CLASSES`] order.
+    /// `slotgate_upstream_responses_total`, by class in the family's order.
     responses: [Counter; 4],
     /// `slotgate_tokens_total{kind="prompt"}`.
     pub(crate) prompt_tokens: Counter,
@@ -305,7 +358,7 @@ pub(crate) struct TargetMetrics {
     /// `slotgate_tokens_total{kind="cached_prompt"}`: prompt tokens the engine reported it
     /// took from its cache.
     pub(crate) cached_prompt_tokens: Counter,
-    /// `slotgate_affinity_total`, by result in [`AFFINITY_RESULTS`] order.
+    /// `slotgate_affinity_total`, by result in the family's order (`hit`, `miss`, `overridden`).
     affinity: [Counter; 3],
     /// `slotgate_requests_total{outcome="completed"}`.
     pub(crate) completed: Counter,
@@ -329,12 +382,12 @@ pub(crate) struct TargetMetrics {
 impl TargetMetrics {
     /// Counts how cache-aware routing placed a request sent here.
     pub(crate) fn affinity(&self, verdict: slotgate_choose::Verdict) {
-        let at = AFFINITY_RESULTS
-            .iter()
-            .position(|&result| result == verdict.as_str());
-        if let Some(at) = at {
-            self.affinity[at].inc();
-        }
+        let at = match verdict {
+            slotgate_choose::Verdict::Hit => 0,
+            slotgate_choose::Verdict::Miss => 1,
+            slotgate_choose::Verdict::Overridden => 2,
+        };
+        self.affinity[at].inc();
     }
 
     /// Counts an engine answer of `status` that the request did not pass through but retried
@@ -403,45 +456,29 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Empty families.
+    /// Every family, declared; the per-(upstream, model) and per-model series are created when
+    /// a routing table resolves them.
     pub(crate) fn new() -> Self {
         Self {
-            requests: Family::default(),
-            rejections: Family::default(),
-            disconnects: Family::default(),
-            responses: Family::default(),
-            tokens: Family::default(),
-            affinity: Family::default(),
-            retries: Family::default(),
-            queue_wait: Family::new_with_constructor(seconds_histogram),
-            handoff_gap: Family::new_with_constructor(gap_histogram),
-            response_head: Family::new_with_constructor(seconds_histogram),
-            first_token: Family::new_with_constructor(seconds_histogram),
-            duration: Family::new_with_constructor(seconds_histogram),
-            reloads: Family::default(),
-            bounds: Family::default(),
+            families: Families::declare(),
             recent: RecentMap::default(),
-            // 100 µs to ~3.3 s in ×2 steps: a store call is bounded by `store_timeout`.
-            store_round_trip: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
         }
     }
 
     /// The histogram of the shared slot store's round trips, for the store to observe into.
     pub(crate) fn store_round_trip(&self) -> Histogram {
-        self.store_round_trip.clone()
+        self.families.store_round_trip.histogram.clone()
     }
 
     /// The counter of one [`Bound`], for the code that enforces it to keep.
     pub(crate) fn bound(&self, bound: Bound) -> Counter {
-        self.bounds.get_or_create_owned(&BoundLabels {
-            bound: bound.label(),
-        })
+        self.families.bounds.counter(bound.label())
     }
 
     /// Counts a configuration reload, `applied` or `refused`.
     pub(crate) fn reload(&self, applied: bool) {
         let result = if applied { "applied" } else { "refused" };
-        self.reloads.get_or_create(&ReloadLabels { result }).inc();
+        self.families.reloads.counter(result).inc();
     }
 
     /// The handles for one (upstream, model), created at zero.
@@ -449,20 +486,6 @@ impl Metrics {
         let labels = TargetLabels {
             upstream: upstream.to_owned(),
             model: model.to_owned(),
-        };
-        let outcome = |outcome| {
-            self.requests.get_or_create_owned(&OutcomeLabels {
-                upstream: upstream.to_owned(),
-                model: model.to_owned(),
-                outcome,
-            })
-        };
-        let phase = |phase| {
-            self.disconnects.get_or_create_owned(&DisconnectLabels {
-                upstream: upstream.to_owned(),
-                model: model.to_owned(),
-                phase,
-            })
         };
         let recent = |timing| {
             Arc::clone(
@@ -472,74 +495,59 @@ impl Metrics {
                     .or_default(),
             )
         };
-        let class = |class| {
-            self.responses.get_or_create_owned(&ClassLabels {
-                upstream: upstream.to_owned(),
-                model: model.to_owned(),
-                class,
-            })
-        };
-        let tokens = |kind| {
-            self.tokens.get_or_create_owned(&TokenLabels {
-                upstream: upstream.to_owned(),
-                model: model.to_owned(),
-                kind,
-            })
-        };
+        let families = &self.families;
+        let [
+            completed,
+            upstream_status_error,
+            upstream_error,
+            client_gone,
+        ] = families.requests.resolve(&labels);
+        let [gone_queued, gone_awaiting, gone_streaming] = families.disconnects.resolve(&labels);
+        let [prompt_tokens, completion_tokens, cached_prompt_tokens] =
+            families.tokens.resolve(&labels);
         TargetMetrics {
             queue_wait: Timing {
-                histogram: self.queue_wait.get_or_create_owned(&labels),
+                histogram: families.queue_wait.resolve(&labels),
                 recent: recent("queue_wait"),
             },
-            handoff_gap: self.handoff_gap.get_or_create_owned(&labels),
+            handoff_gap: families.handoff_gap.resolve(&labels),
             response_head: Timing {
-                histogram: self.response_head.get_or_create_owned(&labels),
+                histogram: families.response_head.resolve(&labels),
                 recent: recent("response_head"),
             },
-            first_token: self.first_token.get_or_create_owned(&labels),
-            duration: self.duration.get_or_create_owned(&labels),
-            responses: CLASSES.map(class),
-            prompt_tokens: tokens("prompt"),
-            completion_tokens: tokens("completion"),
-            cached_prompt_tokens: tokens("cached_prompt"),
-            affinity: AFFINITY_RESULTS.map(|result| {
-                self.affinity.get_or_create_owned(&AffinityLabels {
-                    upstream: upstream.to_owned(),
-                    model: model.to_owned(),
-                    result,
-                })
-            }),
-            completed: outcome("completed"),
-            upstream_status_error: outcome("upstream_status_error"),
-            upstream_error: outcome("upstream_error"),
-            client_gone: outcome("client_gone"),
-            gone_queued: phase("queued"),
-            gone_awaiting: phase("awaiting_response"),
-            gone_streaming: phase("streaming"),
-            retries: RETRIED.map(|(_, status)| {
-                self.retries.get_or_create_owned(&RetryLabels {
-                    upstream: upstream.to_owned(),
-                    model: model.to_owned(),
-                    status,
-                })
-            }),
+            first_token: families.first_token.resolve(&labels),
+            duration: families.duration.resolve(&labels),
+            responses: families.responses.resolve(&labels),
+            prompt_tokens,
+            completion_tokens,
+            cached_prompt_tokens,
+            affinity: families.affinity.resolve(&labels),
+            completed,
+            upstream_status_error,
+            upstream_error,
+            client_gone,
+            gone_queued,
+            gone_awaiting,
+            gone_streaming,
+            retries: families.retries.resolve(&labels),
         }
     }
 
     /// The rejection counters of one model, created at zero.
     pub(crate) fn rejections(&self, model: &str) -> RejectionMetrics {
-        let reason = |reason| {
-            self.rejections.get_or_create_owned(&RejectionLabels {
-                model: model.to_owned(),
-                reason,
-            })
-        };
+        let [
+            queue_full,
+            queue_timeout,
+            store_unavailable,
+            upstream_unavailable,
+            model_unavailable,
+        ] = self.families.rejections.resolve(model);
         RejectionMetrics {
-            queue_full: reason("queue_full"),
-            queue_timeout: reason("queue_timeout"),
-            store_unavailable: reason("store_unavailable"),
-            upstream_unavailable: reason("upstream_unavailable"),
-            model_unavailable: reason("model_unavailable"),
+            queue_full,
+            queue_timeout,
+            store_unavailable,
+            upstream_unavailable,
+            model_unavailable,
         }
     }
 
@@ -547,12 +555,7 @@ impl Metrics {
     /// was for, empty when the request named none (or an unknown one: a client's name never
     /// becomes a label). Refusals are the slow path; this hashes its labels.
     pub(crate) fn refused(&self, model: &str, reason: &'static str) {
-        self.rejections
-            .get_or_create(&RejectionLabels {
-                model: model.to_owned(),
-                reason,
-            })
-            .inc();
+        self.families.rejections.count(model, reason);
     }
 
     /// Drops the series of one (upstream, model) that a reload removed, so scrapes stop
@@ -562,167 +565,20 @@ impl Metrics {
             upstream: upstream.to_owned(),
             model: model.to_owned(),
         };
-        self.queue_wait.remove(&labels);
-        self.handoff_gap.remove(&labels);
-        self.response_head.remove(&labels);
-        self.first_token.remove(&labels);
+        self.families.forget_target(&labels);
         self.recent
             .lock()
             .retain(|(key, _timing), _recent| *key != labels);
-        self.duration.remove(&labels);
-        for class in CLASSES {
-            self.responses.remove(&ClassLabels {
-                upstream: upstream.to_owned(),
-                model: model.to_owned(),
-                class,
-            });
-        }
-        for result in AFFINITY_RESULTS {
-            self.affinity.remove(&AffinityLabels {
-                upstream: upstream.to_owned(),
-                model: model.to_owned(),
-                result,
-            });
-        }
-        for kind in ["prompt", "completion", "cached_prompt"] {
-            self.tokens.remove(&TokenLabels {
-                upstream: upstream.to_owned(),
-                model: model.to_owned(),
-                kind,
-            });
-        }
-        for outcome in OUTCOMES {
-            self.requests.remove(&OutcomeLabels {
-                upstream: upstream.to_owned(),
-                model: model.to_owned(),
-                outcome,
-            });
-        }
-        for phase in ["queued", "awaiting_response", "streaming"] {
-            self.disconnects.remove(&DisconnectLabels {
-                upstream: upstream.to_owned(),
-                model: model.to_owned(),
-                phase,
-            });
-        }
-        for (_, status) in RETRIED {
-            self.retries.remove(&RetryLabels {
-                upstream: upstream.to_owned(),
-                model: model.to_owned(),
-                status,
-            });
-        }
     }
 
     /// Drops the rejection series of a model that a reload removed from every upstream.
     pub(crate) fn forget_model(&self, model: &str) {
-        for reason in MODEL_REASONS.iter().chain(&RARE_MODEL_REASONS) {
-            self.rejections.remove(&RejectionLabels {
-                model: model.to_owned(),
-                reason,
-            });
-        }
+        self.families.forget_model(model);
     }
 
     /// Registers every family in `registry`.
     pub(crate) fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "requests",
-            "Forwarded requests by how they ended",
-            self.requests.clone(),
-        );
-        registry.register(
-            "upstream_responses",
-            "The engines' response heads by status class",
-            self.responses.clone(),
-        );
-        registry.register(
-            "tokens",
-            "Tokens the engines reported in usage, by kind (prompt, completion, cached_prompt)",
-            self.tokens.clone(),
-        );
-        registry.register(
-            "affinity",
-            "Requests placed by cache-aware routing, by result: hit (sent where its prompt \
-             prefix is held), miss (no useful match: placed by free slots), overridden (the \
-             holder was too busy)",
-            self.affinity.clone(),
-        );
-        registry.register(
-            "rejections",
-            "Refused requests by reason",
-            self.rejections.clone(),
-        );
-        registry.register(
-            "client_disconnects",
-            "Clients that went away while queued, before their answer began, or while it streamed",
-            self.disconnects.clone(),
-        );
-        registry.register(
-            "retries",
-            "Engine answers of 502, 503 or 504 retried on the next-ranked upstream, by the \
-             upstream that answered",
-            self.retries.clone(),
-        );
-        registry.register(
-            "queue_wait_seconds",
-            "Time from joining a queue to getting a slot",
-            self.queue_wait.clone(),
-        );
-        registry.register(
-            "handoff_gap_seconds",
-            "For a request that queued: time from the release that handed it its slot to \
-             handing the request to the upstream connection pool (the slot idle meanwhile)",
-            self.handoff_gap.clone(),
-        );
-        registry.register(
-            "time_to_response_head_seconds",
-            "Time from sending a request upstream to its response head",
-            self.response_head.clone(),
-        );
-        registry.register(
-            "time_to_first_token_seconds",
-            "Time from sending a request upstream to the first body frame carrying data \
-             (for SSE, the first data: line)",
-            self.first_token.clone(),
-        );
-        registry.register(
-            "request_duration_seconds",
-            "Time from joining the queue to the end of the response (queue wait included)",
-            self.duration.clone(),
-        );
-        registry.register(
-            "build",
-            "This build of slotgate",
-            Info::new(vec![
-                ("version", env!("CARGO_PKG_VERSION")),
-                ("os", std::env::consts::OS),
-                ("arch", std::env::consts::ARCH),
-            ]),
-        );
-        // Both results exist from the start, so an alert on `refused` needs no `absent()`.
-        for result in ["applied", "refused"] {
-            let _ = self.reloads.get_or_create_owned(&ReloadLabels { result });
-        }
-        // Every bound exists from the start, so a rate() over it needs no `absent()`.
-        for bound in Bound::ALL {
-            let _ = self.bound(bound);
-        }
-        registry.register(
-            "bounds",
-            "Bounds enforced on slow, hostile or broken clients and upstreams, by bound",
-            self.bounds.clone(),
-        );
-        registry.register(
-            "store_round_trip_seconds",
-            "Calls to the shared slot store of [cluster] (Redis) that succeeded, by duration",
-            self.store_round_trip.clone(),
-        );
-        registry.register(
-            "config_reloads",
-            "Configuration reloads (SIGHUP, POST /admin/reload) by result",
-            self.reloads.clone(),
-        );
+        self.families.register(registry);
     }
 }
 

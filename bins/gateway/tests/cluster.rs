@@ -341,6 +341,37 @@ async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// The first event of the status page's stream (`GET /admin/events`), its `data` parsed.
+async fn first_status_event(admin: SocketAddr) -> Value {
+    let request = Request::get(format!("http://{admin}/admin/events"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let response = client
+        .request(request)
+        .await
+        .expect("the admin listener answers");
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let mut text = String::new();
+    while !text.contains("\n\n") {
+        let frame = tokio::time::timeout(SOON, body.frame())
+            .await
+            .expect("an event within SOON")
+            .expect("the stream goes on")
+            .expect("a clean frame");
+        if let Ok(data) = frame.into_data() {
+            text.push_str(&String::from_utf8_lossy(&data));
+        }
+    }
+    let data: String = text
+        .lines()
+        .take_while(|line| !line.is_empty())
+        .filter_map(|line| line.strip_prefix("data: "))
+        .collect();
+    serde_json::from_str(&data).unwrap_or_else(|e| panic!("an event's data is JSON ({e}): {text}"))
+}
+
 /// A chat request for `n` choices (no stream), answered at once.
 async fn chat_n(addr: SocketAddr, n: u32) -> Reply {
     let body = serde_json::json!({
@@ -484,6 +515,7 @@ async fn two_gateways_share_one_cap_and_one_fifo_queue() {
         "slotgate_leases_expired_total",
         "slotgate_cluster_slots_in_use{upstream=\"engine\",model=\"m\"}",
         "slotgate_cluster_queue_depth{upstream=\"engine\",model=\"m\"}",
+        "slotgate_cluster_replicas_seen ",
     ] {
         assert!(metrics.contains(series), "{series} in {metrics}");
     }
@@ -497,6 +529,27 @@ async fn two_gateways_share_one_cap_and_one_fifo_queue() {
     );
     let model = &upstreams["upstreams"][0]["models"][0];
     assert!(model["cluster"]["in_flight"].is_u64(), "{model}");
+
+    // The replicas seen (issue #33): both, each renewal round; the status page's events carry
+    // the same store document beside the shared counts.
+    let deadline = Instant::now() + SOON;
+    loop {
+        let (_, upstreams) = get(admin, "/admin/upstreams").await;
+        let upstreams: Value = serde_json::from_str(&upstreams).unwrap();
+        let store = &upstreams["store"];
+        if store["replicas_seen"] == 2 {
+            let ids = store["replicas"].as_array().expect("the ids seen");
+            assert!(ids.contains(&store["replica"]), "{store}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "two replicas seen: {store}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let event = first_status_event(admin).await;
+    assert_eq!(event["store"]["replicas_seen"], 2, "{event}");
+    let model = &event["upstreams"][0]["models"][0];
+    assert!(model["cluster"]["in_flight"].is_u64(), "{model}");
+    assert!(model["cluster"]["queued"].is_u64(), "{model}");
 
     // Several sequences are counted by the shared store as that many units (issue #33).
     let heavy = chat_n(b.api, 2).await;
@@ -949,4 +1002,179 @@ fn check_rules(observer: &Observer) {
             );
         }
     }
+}
+
+/// `parallel = "auto"` under `[cluster]` (issue #33): the count a replica reads from the
+/// engine's `/props` is written to the store as the key's limit, so two replicas put the
+/// engine's own count on it, not twice that: no request waits inside the engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auto_count_read_by_a_replica_is_the_shared_limit() {
+    let url = redis_url();
+    redis_conn(&url);
+    let prefix = Prefix::new(&url, "auto");
+    let fake = engine(3).await;
+    let toml = config(&fake, &cluster(&url, &prefix, ""), 3, 16)
+        .replace("parallel = 3", "parallel = \"auto\"");
+    let a = Replica::start("auto-a", &toml);
+    let b = Replica::start("auto-b", &toml);
+    // Both replicas have read the count once a request through each is served.
+    for replica in [&a, &b] {
+        let deadline = Instant::now() + SOON;
+        while chat(replica.api, "probe".into(), QUICK).await.status != 200 {
+            assert!(Instant::now() < deadline, "the count is read");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    assert_eq!(
+        prefix.counts(&fake, MODEL)[2],
+        3,
+        "the count is the shared limit"
+    );
+    fake.observer().reset_peak();
+    let tasks: Vec<_> = (0..12)
+        .map(|i| spawn_chat([a.api, b.api][i % 2], format!("auto-{i}"), SHORT_HOLD))
+        .collect();
+    for task in tasks {
+        assert_eq!(task.await.unwrap().status, 200);
+    }
+    assert_eq!(fake.observer().peak_in_flight(), 3);
+    for record in fake.observer().inference_requests() {
+        let waited = record.queue_wait().unwrap_or_default();
+        assert!(
+            waited < Duration::from_millis(150),
+            "{} waited {waited:?} inside the engine: more than its count was sent",
+            record.id
+        );
+    }
+    drop((a, b));
+    fake.shutdown().await;
+}
+
+/// A streamed request through `addr` whose head has come: its status, its content type and
+/// its body, read frame by frame with [`next_text`].
+async fn open_stream(
+    addr: SocketAddr,
+    id: &str,
+    headers: &[(&str, &str)],
+) -> (u16, String, hyper::body::Incoming) {
+    let body = serde_json::json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hello"}],
+        "stream": true,
+    });
+    let mut request = Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("x-request-id", id);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let response = tokio::time::timeout(SOON, client.request(request))
+        .await
+        .expect("the head within SOON")
+        .expect("the gateway answers");
+    let (head, body) = response.into_parts();
+    let content_type = head
+        .headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    (head.status.as_u16(), content_type, body)
+}
+
+/// The next data frame of `body` as text (`None` at its end), within [`SOON`].
+async fn next_text(body: &mut hyper::body::Incoming) -> Option<String> {
+    loop {
+        let frame = tokio::time::timeout(SOON, body.frame())
+            .await
+            .expect("a frame within SOON")?
+            .expect("a clean frame");
+        if let Ok(data) = frame.into_data() {
+            return Some(String::from_utf8_lossy(&data).into_owned());
+        }
+    }
+}
+
+/// `queue_keepalive` under `[cluster]` (issue #33): the `200` comes only once the shared queue
+/// has taken the waiter in (a full shared queue is still a `503` with a status, not a stream
+/// that ends in an error), and the comments show the place in the *shared* queue, read again
+/// from the store: a waiter on one replica is counted ahead of a later one on the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_answers_once_the_shared_queue_has_the_waiter() {
+    let url = redis_url();
+    redis_conn(&url);
+    let prefix = Prefix::new(&url, "keepalive");
+    let fake = engine(8).await;
+    let toml = format!(
+        "{}queue_keepalive = \"1s\"\n",
+        config(&fake, &cluster(&url, &prefix, ""), 1, 2)
+    );
+    let a = Replica::start("keepalive-a", &toml);
+    let b = Replica::start("keepalive-b", &toml);
+    let holder = spawn_chat(a.api, "holder", STREAM);
+    eventually("the holder has the shared slot", || {
+        prefix.zcard(&fake, "holders") == 1
+    })
+    .await;
+
+    // The first waiter, on B: its head comes once the store lists it as waiting.
+    // It holds its slot 3 s: long enough for the second to be told it is next.
+    let (status, content_type, mut first) = open_stream(b.api, "first", LONG_HOLD).await;
+    assert_eq!(status, 200);
+    assert!(
+        content_type.starts_with("text/event-stream"),
+        "{content_type}"
+    );
+    assert_eq!(
+        prefix.zcard(&fake, "waiters"),
+        1,
+        "queued in the store before the 200"
+    );
+    let comment = next_text(&mut first).await.expect("a comment");
+    assert!(
+        comment.starts_with(": queued position=1 ahead=0 eta_s="),
+        "{comment}"
+    );
+
+    // The second, on A: A's own queue is empty, the shared one has B's waiter ahead.
+    let (status, _, mut second) = open_stream(a.api, "second", QUICK).await;
+    assert_eq!(status, 200);
+    let comment = next_text(&mut second).await.expect("a comment");
+    assert!(
+        comment.starts_with(": queued position=2 ahead=1 eta_s="),
+        "{comment}"
+    );
+
+    // The shared queue is full (2): refused with a status, on either replica.
+    chat(b.api, "third".into(), QUICK)
+        .await
+        .assert_503("queue-full");
+    assert_eq!(prefix.zcard(&fake, "waiters"), 2);
+
+    // The holder leaves: B's waiter gets the slot and the engine's stream; A's comments, read
+    // again from the store, move it to the front.
+    holder.abort();
+    let mut first_text = String::new();
+    while let Some(text) = next_text(&mut first).await {
+        first_text.push_str(&text);
+    }
+    assert!(first_text.contains(": granted waited_ms="), "{first_text}");
+    assert!(first_text.contains("data: [DONE]"), "{first_text}");
+    let mut moved = false;
+    while let Some(text) = next_text(&mut second).await {
+        if text.starts_with(": queued position=1 ahead=0 ") {
+            moved = true;
+        }
+        if text.starts_with(": granted") {
+            break;
+        }
+    }
+    assert!(moved, "a comment showed the second waiter at the front");
+    while next_text(&mut second).await.is_some() {}
+    drop((a, b));
+    fake.shutdown().await;
 }

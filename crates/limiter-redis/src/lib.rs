@@ -50,7 +50,7 @@ mod settings;
 mod store;
 
 pub use error::{StartError, StoreError};
-pub use limiter::{RedisLimiter, StoreStatus};
+pub use limiter::{Place, RedisLimiter, Standing, StoreStatus};
 pub use script::HostOccupancy;
 pub use settings::{OnStoreDown, Settings, SettingsError, SettingsErrors};
 

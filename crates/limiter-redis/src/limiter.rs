@@ -19,7 +19,10 @@ use crate::script::{Config, Desc, HostOccupancy, KeyNames, Op, Reply, Status};
 use crate::settings::{OnStoreDown, Settings};
 use crate::store::{Mode, Store};
 
+mod place;
 mod tasks;
+
+pub use place::{Place, Standing};
 
 /// A keyed FIFO limiter whose holders and queue live in Redis, shared by every replica that
 /// uses the same Redis and `key_prefix`.
@@ -89,12 +92,19 @@ pub struct StoreStatus {
     pub leases_lost: u64,
     /// Leases (of any replica) that this replica's calls found expired and removed.
     pub leases_expired: u64,
+    /// This replica's id in the store (the start of its lease ids).
+    pub replica: String,
+    /// The replicas (ids, this one included) that said they were alive within the last
+    /// `lease_ttl`, as of this replica's last renewal round; empty before the first.
+    pub replicas_seen: Vec<String>,
 }
 
 pub(crate) struct Inner {
     pub(crate) settings: Settings,
     /// `<replica id>/`: the start of every lease id of this replica.
     replica: String,
+    /// The replicas alive in the store as of the last renewal round.
+    replicas_seen: Mutex<Vec<String>>,
     next: AtomicU64,
     pub(crate) store: Store,
     keys: Mutex<HashMap<(String, String), Arc<KeyEntry>>>,
@@ -208,6 +218,7 @@ impl RedisLimiter {
         })?;
         let inner = Arc::new(Inner {
             replica: format!("{}/", uuid::Uuid::new_v4().simple()),
+            replicas_seen: Mutex::new(Vec::new()),
             next: AtomicU64::new(1),
             store: Store::new(client, settings.store_timeout),
             keys: Mutex::new(HashMap::new()),
@@ -243,6 +254,8 @@ impl RedisLimiter {
             lease_renewals: stats.renewals.load(Ordering::Relaxed),
             leases_lost: stats.leases_lost.load(Ordering::Relaxed),
             leases_expired: stats.leases_expired.load(Ordering::Relaxed),
+            replica: self.inner.replica_id().to_owned(),
+            replicas_seen: self.inner.replicas_seen.lock().clone(),
         }
     }
 
@@ -274,6 +287,59 @@ impl RedisLimiter {
     pub fn host_global(&self, host: &str) -> Option<HostOccupancy> {
         let entry = self.inner.hosts.lock().get(host).cloned()?;
         *entry.global.lock()
+    }
+
+    /// [`Admission::acquire_with`], with a [`Place`] that shows where the acquire stands: in
+    /// the shared queue or not yet, and how many are expected to be granted before it.
+    ///
+    /// A gateway that answers a request before its slot comes (`queue_keepalive`) awaits
+    /// [`Place::settled`] together with the acquire, so that it answers only once the shared
+    /// queue has accepted the waiter (a full queue is still refused with a status).
+    ///
+    /// ```no_run
+    /// use slotgate_limiter::Ticket;
+    /// use slotgate_limiter_redis::{RedisLimiter, Settings, Standing};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limiter = RedisLimiter::start(Settings::new("redis://127.0.0.1:6379/0"))?;
+    /// let (mut acquire, place) = limiter.acquire_placed("http://gpu-1:8080", "llama", &Ticket::new());
+    /// tokio::select! {
+    ///     slot = &mut acquire => drop(slot?), // granted at once, or refused
+    ///     standing = place.settled() => {
+    ///         if let Standing::Queued { ahead } = standing {
+    ///             println!("queued, {ahead} ahead");
+    ///         }
+    ///         drop(acquire.await?);
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn acquire_placed(&self, host: &str, model: &str, ticket: &Ticket) -> (AdmitFuture, Place) {
+        let inner = self.inner.clone();
+        let key = inner.key(host, model);
+        let place = Place::new();
+        let acquire = Box::pin(inner.acquire(key, ticket.clone(), place.clone()));
+        (acquire, place)
+    }
+
+    /// Reads again from the store how many are ahead of `place`'s acquire (one round trip
+    /// while it waits in the shared queue; nothing otherwise) and returns where it stands. A
+    /// failed call leaves the last count and counts against the store like any other.
+    pub async fn refresh(&self, place: &Place) -> Standing {
+        if let Some((key, id)) = place.lease() {
+            match self.inner.call(&key, &Op::Position(&id)).await {
+                Ok(reply) => {
+                    self.inner.absorb(&key, &reply);
+                    if let Some(ahead) = reply.ahead {
+                        place.ahead(ahead);
+                    }
+                }
+                Err(error) => self.inner.store_failed(&error),
+            }
+        }
+        place.standing()
     }
 
     /// Every key this replica knows, with its limits: for metrics and status pages.
@@ -339,9 +405,7 @@ impl Admission for RedisLimiter {
     }
 
     fn acquire_with(&self, host: &str, model: &str, ticket: &Ticket) -> AdmitFuture {
-        let inner = self.inner.clone();
-        let key = inner.key(host, model);
-        Box::pin(inner.acquire(key, ticket.clone()))
+        self.acquire_placed(host, model, ticket).0
     }
 
     fn local(&self, host: &str, model: &str) -> Occupancy {
@@ -512,22 +576,26 @@ impl Inner {
         self: Arc<Self>,
         key: Arc<KeyEntry>,
         ticket: Ticket,
+        place: Place,
     ) -> Result<Slot, AdmitError> {
         let started = Instant::now();
         let desc = Desc::of(&ticket);
         let _waiting = WaitingCount::new(&key);
+        // `Done` however the acquire ends, dropped included.
+        let place = PlaceGuard(place);
         // One lease id for the whole acquire: a call that failed may still have run in Redis,
         // so a retry sends the same id, which the script recognises (one place in line, not
         // two).
         let mut pending: Option<LeaseGuard> = None;
         loop {
             let outcome = if self.store.mode() == Mode::Up {
-                self.acquire_shared(&key, &ticket, &desc, started, &mut pending)
+                self.acquire_shared(&key, (&ticket, &desc, &place.0), started, &mut pending)
                     .await
             } else {
                 // The shared attempt is over: its entry in Redis, if any, is released.
                 drop(pending.take());
-                self.acquire_while_down(&key, &ticket, &desc, started).await
+                self.acquire_while_down(&key, (&ticket, &desc, &place.0), started)
+                    .await
             };
             if let Outcome::Done(result) = outcome {
                 return result;
@@ -543,8 +611,7 @@ impl Inner {
     async fn acquire_shared(
         self: &Arc<Self>,
         key: &Arc<KeyEntry>,
-        ticket: &Ticket,
-        desc: &Desc,
+        (ticket, desc, place): (&Ticket, &Desc, &Place),
         started: Instant,
         pending: &mut Option<LeaseGuard>,
     ) -> Outcome {
@@ -591,6 +658,9 @@ impl Inner {
             }
             Status::Queued => {
                 self.set_joined(lease.n);
+                // Without a count (not expected), the whole queue is ahead.
+                let ahead = reply.ahead.unwrap_or(reply.waiters.saturating_sub(1));
+                place.queued(key, &lease.id, ahead);
                 match rx.await {
                     Ok(Wake::Granted) => {}
                     Ok(Wake::Closed) => return Outcome::Done(Err(AdmitError::Closed)),
@@ -626,8 +696,7 @@ impl Inner {
     async fn acquire_while_down(
         self: &Arc<Self>,
         key: &Arc<KeyEntry>,
-        ticket: &Ticket,
-        desc: &Desc,
+        (ticket, desc, place): (&Ticket, &Desc, &Place),
         started: Instant,
     ) -> Outcome {
         if self.settings.on_store_down == OnStoreDown::FailClosed {
@@ -639,7 +708,12 @@ impl Inner {
         // after; an acquire that saw the mode change first must not take an unlimited permit
         // meanwhile, so it applies the share itself.
         self.configure_local(key);
-        let permit = match self.local.acquire_with(&key.host, &key.model, ticket).await {
+        let acquire = self.local.acquire_with(&key.host, &key.model, ticket);
+        if let Some(position) = acquire.position() {
+            // The local share's queue accepted it.
+            place.queued_locally(position.ahead);
+        }
+        let permit = match acquire.await {
             Ok(permit) => permit,
             Err(error) => return Outcome::Done(Err(error.into())),
         };
@@ -886,6 +960,23 @@ impl Inner {
         });
     }
 
+    /// This replica's id, without the separator of its lease ids.
+    fn replica_id(&self) -> &str {
+        self.replica.trim_end_matches('/')
+    }
+
+    /// Says this replica is alive (for `lease_ttl`) in the store's set of replicas and keeps
+    /// the list of those alive: one round trip per renewal round.
+    pub(crate) async fn heartbeat(&self) -> Result<(), StoreError> {
+        let key = format!("{}:replicas", self.settings.key_prefix);
+        let seen = self
+            .store
+            .heartbeat(&key, self.replica_id(), self.settings.lease_ttl)
+            .await?;
+        *self.replicas_seen.lock() = seen;
+        Ok(())
+    }
+
     pub(crate) fn runtime(&self) -> &Handle {
         &self.runtime
     }
@@ -920,6 +1011,17 @@ impl Drop for LeaseGuard {
             self.inner
                 .spawn_release(self.key.clone(), std::mem::take(&mut self.id));
         }
+    }
+}
+
+// === impl PlaceGuard ===
+
+/// Marks an acquire's [`Place`] done when the acquire ends, however it ends.
+struct PlaceGuard(Place);
+
+impl Drop for PlaceGuard {
+    fn drop(&mut self) {
+        self.0.done();
     }
 }
 

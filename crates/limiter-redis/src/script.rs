@@ -113,7 +113,6 @@ pub(crate) enum Op<'a> {
     /// This replica's leases of the key: (id, is it held here, what it asks for).
     Renew(&'a [(String, bool, Desc)]),
     /// Where a waiter stands.
-    #[cfg(test)]
     Position(&'a str),
 }
 
@@ -166,10 +165,6 @@ pub(crate) struct Reply {
     /// `renew`: leases of the caller that Redis had lost and that were put back.
     pub(crate) restored: u64,
     /// `acquire` (queued) and `position`: waiters expected to be granted first.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "read by the tests' position checks")
-    )]
     pub(crate) ahead: Option<usize>,
     /// The host cap, when the host has one.
     pub(crate) cap: Option<HostOccupancy>,
@@ -295,7 +290,6 @@ where
                 desc_args(&mut invocation, desc);
             }
         }
-        #[cfg(test)]
         Op::Position(id) => {
             invocation.arg("position").arg(*id);
         }

@@ -36,6 +36,22 @@ pub(crate) struct Stats {
     pub(crate) went_down: AtomicU64,
 }
 
+/// Puts this replica in the set of replicas seen (`key`, a sorted set scored by expiry in
+/// Redis's own clock), drops the expired entries, and lists the rest. ARGV: the replica id,
+/// the entry's time to live in milliseconds.
+const HEARTBEAT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('PEXPIRE', KEYS[1], 2 * ttl)
+return redis.call('ZRANGE', KEYS[1], 0, -1)
+";
+
+static HEARTBEAT_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(HEARTBEAT));
+
 /// Told the duration of every successful call to Redis (a metrics histogram, say).
 pub(crate) type RoundTripObserver = Box<dyn Fn(Duration) + Send + Sync>;
 
@@ -125,6 +141,27 @@ impl Store {
         self.timed(async {
             let mut conn = self.connection().await?;
             Ok(script::call(&mut conn, names, config, op).await?)
+        })
+        .await
+    }
+
+    /// Marks `replica` alive in the set `key` for `ttl` and returns every replica alive there
+    /// (one round trip), bounded by `store_timeout`.
+    pub(crate) async fn heartbeat(
+        &self,
+        key: &str,
+        replica: &str,
+        ttl: Duration,
+    ) -> Result<Vec<String>, StoreError> {
+        self.timed(async {
+            let mut conn = self.connection().await?;
+            let ttl = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+            Ok(HEARTBEAT_SCRIPT
+                .key(key)
+                .arg(replica)
+                .arg(ttl)
+                .invoke_async(&mut conn)
+                .await?)
         })
         .await
     }

@@ -325,3 +325,91 @@ async fn limits_are_shared_and_the_last_writer_wins() {
     assert_eq!(a.global(HOST, MODEL), Some(Occupancy::new(2, 0)));
     drop((held, second));
 }
+
+/// Round trips (issue #33): an acquire granted at once is one call to Redis, a release is one,
+/// and a queued acquire is one to join and none to be granted (the grant comes in the reply of
+/// the release that made it, or as a message). Counted by the limiter's own round-trip counter,
+/// with leases long enough that no renewal runs meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_operation_is_one_round_trip() {
+    let prefix = Prefix::new(&redis_url());
+    let long = Duration::from_secs(60);
+    let (a, b) = (prefix.limiter(long), prefix.limiter(long));
+    a.configure(HOST, MODEL, 1, 4);
+    b.configure(HOST, MODEL, 1, 4);
+    // Each configure is written in the background (and the renewer's first round may run).
+    eventually(LIMIT, "the limits are written", || {
+        prefix.limits(HOST, MODEL) == Some((1, 4))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (a0, b0) = (a.status().round_trips, b.status().round_trips);
+
+    let held = a.acquire(HOST, MODEL).await.unwrap();
+    assert_eq!(
+        a.status().round_trips,
+        a0 + 1,
+        "granted at once: one round trip"
+    );
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move {
+            b.acquire(HOST, MODEL)
+                .await
+                .map(|slot| (slot, b.status().round_trips))
+        }
+    });
+    eventually(LIMIT, "B's acquire is queued", || {
+        prefix.zcard(HOST, MODEL, "waiters") == 1
+    })
+    .await;
+    assert_eq!(
+        b.status().round_trips,
+        b0 + 1,
+        "queued: one round trip to join"
+    );
+    drop(held);
+    let (slot, b_trips) = waiter.await.unwrap().unwrap();
+    assert_eq!(
+        b_trips,
+        b0 + 1,
+        "granted by the message: no round trip of its own"
+    );
+    eventually(LIMIT, "A's release reached Redis", || {
+        a.status().round_trips == a0 + 2
+    })
+    .await;
+    drop(slot);
+    eventually(LIMIT, "B's release reached Redis", || {
+        prefix.zcard(HOST, MODEL, "holders") == 0
+    })
+    .await;
+    assert_eq!(b.status().round_trips, b0 + 2, "a release: one round trip");
+    assert_eq!(a.status().round_trips, a0 + 2);
+}
+
+/// The replicas seen (issue #33): every replica says it is alive at each renewal round, so
+/// each sees the other; one that stops is no longer seen within `lease_ttl`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_replica_sees_the_others_and_forgets_a_gone_one() {
+    let prefix = Prefix::new(&redis_url());
+    let a = prefix.limiter(TTL);
+    let b = prefix.limiter(TTL);
+    let (id_a, id_b) = (a.status().replica, b.status().replica);
+    assert_ne!(id_a, id_b);
+    let mut both = vec![id_a.clone(), id_b.clone()];
+    both.sort();
+    eventually(LIMIT, "each sees both", || {
+        [&a, &b].iter().all(|l| {
+            let mut seen = l.status().replicas_seen;
+            seen.sort();
+            seen == both
+        })
+    })
+    .await;
+    drop(b);
+    eventually(LIMIT, "A no longer sees B", || {
+        a.status().replicas_seen == [id_a.clone()]
+    })
+    .await;
+}

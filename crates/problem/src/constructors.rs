@@ -257,6 +257,30 @@ impl Problem {
         .with_param("previous_response_id")
     }
 
+    /// [`Kind::ResponseNotFound`] (404) for a response named in the path (`GET`/`DELETE
+    /// /v1/responses/{id}`, `/cancel`, `/input_items`) rather than as `previous_response_id`:
+    /// no `error.param`, since no body member is at fault.
+    ///
+    /// ```
+    /// use slotgate_problem::Problem;
+    ///
+    /// let problem = Problem::response_id_not_found("resp_1");
+    /// assert_eq!(problem.status(), 404);
+    /// assert_eq!(problem.param(), None);
+    /// ```
+    #[must_use]
+    pub fn response_id_not_found(id: &str) -> Self {
+        Self::new(
+            Kind::ResponseNotFound,
+            format!(
+                "Response `{id}` is not known here: it did not pass through this gateway, it was \
+                 deleted, or it is too old. It cannot be read, cancelled or deleted here."
+            ),
+        )
+        .with_detail(format!("No upstream is recorded for response `{id}`."))
+        .ext("response_id", id)
+    }
+
     /// [`Kind::ResponseUpstreamUnavailable`] (503): `upstream`, which holds response `id`, is
     /// down, draining or no longer serves the model.
     ///
@@ -354,6 +378,31 @@ impl Problem {
         .with_detail(detail)
     }
 
+    /// [`Kind::BadRequest`] (400) for one of the request's headers rather than its body:
+    /// `detail` says what is wrong with `header`, which is also `error.param`.
+    ///
+    /// ```
+    /// use slotgate_problem::Problem;
+    ///
+    /// let problem = Problem::bad_header("x-slotgate-max-wait", "it must be a duration");
+    /// assert_eq!(problem.status(), 400);
+    /// assert_eq!(problem.param(), Some("x-slotgate-max-wait"));
+    /// assert!(problem.message().starts_with("The `x-slotgate-max-wait` header is invalid"));
+    /// ```
+    #[must_use]
+    pub fn bad_header(header: &str, detail: impl Into<String>) -> Self {
+        let detail = detail.into();
+        Self::new(
+            Kind::BadRequest,
+            format!(
+                "The `{header}` header is invalid: {}. Fix it and send the request again.",
+                detail.trim_end_matches('.')
+            ),
+        )
+        .with_detail(detail)
+        .with_param(header)
+    }
+
     /// [`Kind::BodyTooLarge`] (413): the body is larger than `limit` bytes.
     ///
     /// Sets the extension member `limit_bytes`.
@@ -424,7 +473,7 @@ impl Problem {
     pub fn unauthorized() -> Self {
         Self::new(
             Kind::Unauthorized,
-            "Missing or invalid API key. Send a valid key as `Authorization: Bearer <key>`."
+            "Missing or invalid API key. Send a valid key as `Authorization: Bearer <key>` or `x-api-key: <key>`."
                 .to_owned(),
         )
         .with_detail("The request has no API key, or one this gateway does not accept.")

@@ -16,8 +16,10 @@
 //! | [`Problem::route_not_served`] | 404 | `route-not-served` | |
 //! | [`Problem::route_disabled`] | 403 | `route-disabled` | |
 //! | [`Problem::response_not_found`] | 404 | `response-not-found` | |
+//! | [`Problem::response_id_not_found`] | 404 | `response-not-found` | |
 //! | [`Problem::response_upstream_unavailable`] | 503 | `response-upstream-unavailable` | yes |
 //! | [`Problem::bad_request`] | 400 | `bad-request` | |
+//! | [`Problem::bad_header`] | 400 | `bad-request` | |
 //! | [`Problem::body_too_large`] | 413 | `body-too-large` | |
 //! | [`Problem::unsupported_media_type`] | 415 | `unsupported-media-type` | |
 //! | [`Problem::body_timeout`] | 408 | `body-timeout` | |
@@ -75,11 +77,13 @@
 //! [RFC 9457]: https://www.rfc-editor.org/rfc/rfc9457
 
 mod constructors;
+mod dialect;
 mod kind;
 mod problem;
 mod response;
 
 pub use constructors::ECHO_LIMIT;
+pub use dialect::{Dialect, Framing};
 pub use kind::{BASE_URI, Kind, slug};
 pub use problem::Problem;
 

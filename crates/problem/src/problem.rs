@@ -7,7 +7,7 @@ use http::{Method, StatusCode};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
 
-use crate::Kind;
+use crate::{Dialect, Kind};
 
 /// Member names the document itself writes; an extension may not take them.
 pub(crate) const RESERVED: [&str; 7] = [
@@ -251,7 +251,7 @@ pub(crate) fn retry_secs(d: Duration) -> u64 {
 
 /// The OpenAI-compatible `error` object, borrowed from the problem for serialisation.
 #[derive(serde::Serialize)]
-struct OpenAiError<'a> {
+pub(crate) struct OpenAiError<'a> {
     message: &'a str,
     #[serde(rename = "type")]
     kind: &'static str,
@@ -259,35 +259,63 @@ struct OpenAiError<'a> {
     code: &'static str,
 }
 
-impl Serialize for Problem {
+impl<'a> OpenAiError<'a> {
+    /// The object for `problem`.
+    pub(crate) fn of(problem: &'a Problem) -> Self {
+        Self {
+            message: &problem.message,
+            kind: problem.kind.openai_type(),
+            param: problem.param.as_deref(),
+            code: problem.kind.code(),
+        }
+    }
+}
+
+/// A problem serialised with the `error` member of a [`Dialect`], or without one (`None`: the
+/// document nested in Anthropic's error event, which carries the error beside it).
+pub(crate) struct InDialect<'a> {
+    pub(crate) problem: &'a Problem,
+    pub(crate) dialect: Option<Dialect>,
+}
+
+impl Serialize for InDialect<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let p = self.problem;
         let mut map = serializer.serialize_map(None)?;
-        map.serialize_entry("type", self.type_uri())?;
-        map.serialize_entry("title", self.title())?;
-        map.serialize_entry("status", &self.status().as_u16())?;
-        if let Some(detail) = &self.detail {
+        map.serialize_entry("type", p.type_uri())?;
+        map.serialize_entry("title", p.title())?;
+        map.serialize_entry("status", &p.status().as_u16())?;
+        if let Some(detail) = &p.detail {
             map.serialize_entry("detail", detail)?;
         }
-        if let Some(instance) = &self.instance {
+        if let Some(instance) = &p.instance {
             map.serialize_entry("instance", instance)?;
         }
         // `with_extension` keeps reserved names out, so no key is written twice.
-        for (name, value) in &self.extensions {
+        for (name, value) in &p.extensions {
             map.serialize_entry(name, value)?;
         }
-        if let Some(secs) = self.retry_after_secs() {
+        if let Some(secs) = p.retry_after_secs() {
             map.serialize_entry("retry_after", &secs)?;
         }
-        map.serialize_entry(
-            "error",
-            &OpenAiError {
-                message: &self.message,
-                kind: self.kind.openai_type(),
-                param: self.param.as_deref(),
-                code: self.kind.code(),
-            },
-        )?;
+        match self.dialect {
+            None => {}
+            // The common case writes its borrowed object without building a `Value`.
+            Some(Dialect::OpenAi) => map.serialize_entry("error", &OpenAiError::of(p))?,
+            Some(other) => map.serialize_entry("error", &p.error_member(other))?,
+        }
         map.end()
+    }
+}
+
+/// The problem document with OpenAI's `error` member (the [`Dialect::OpenAi`] form).
+impl Serialize for Problem {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        InDialect {
+            problem: self,
+            dialect: Some(Dialect::OpenAi),
+        }
+        .serialize(serializer)
     }
 }
 

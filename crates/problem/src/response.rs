@@ -9,7 +9,7 @@ use crate::{CONTENT_TYPE, Kind, Problem};
 /// Sent if serialisation ever failed. It cannot for this type (string keys, JSON values, a
 /// serialiser writing to memory), but the gateway must never panic on an error path, so the
 /// impossible case still yields a well-formed `internal` document.
-const FALLBACK_JSON: &str = concat!(
+pub(crate) const FALLBACK_JSON: &str = concat!(
     r#"{"type":"https://slotgate.dev/problems/internal","title":"Internal gateway error","#,
     r#""status":500,"error":{"message":"The gateway hit an unexpected error.","#,
     r#""type":"server_error","param":null,"code":"internal"}}"#

@@ -125,6 +125,8 @@ struct ServerView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     admin_tls_key: Option<String>,
     access_log: bool,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    cors_origins: &'a [String],
 }
 
 /// An `api_keys` entry: a bare key as it was written, a key with queueing attributes as a
@@ -301,6 +303,7 @@ impl<'a> From<&'a Server> for ServerView<'a> {
             admin_tls_cert: server.admin_tls.as_ref().map(|tls| display(&tls.cert)),
             admin_tls_key: server.admin_tls.as_ref().map(|tls| display(&tls.key)),
             access_log: server.access_log,
+            cors_origins: &server.cors_origins,
         }
     }
 }

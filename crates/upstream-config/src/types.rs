@@ -217,6 +217,11 @@ pub struct Server {
     /// Write one access-log line per API request (tracing target `slotgate::access`, at
     /// `info`) when it ends (default `true`).
     pub access_log: bool,
+    /// Browser origins allowed to call the API listener (CORS): each `scheme://host[:port]`,
+    /// or the one entry `"*"` for any origin. Empty (the default): no CORS headers are sent
+    /// and preflights are refused, so browsers keep other origins' pages out. The admin
+    /// listener never answers CORS.
+    pub cors_origins: Vec<String>,
 }
 
 /// A PEM certificate chain and the PEM private key that goes with it (two keys that are set

@@ -66,6 +66,7 @@ const SERVER_KEYS: &[&str] = &[
     "admin_tls_cert",
     "admin_tls_key",
     "access_log",
+    "cors_origins",
 ];
 const UPSTREAM_KEYS: &[&str] = &[
     "url",
@@ -126,13 +127,9 @@ pub(crate) fn build(r: &mut Reader<'_>, root: &Value) -> Option<Config> {
         table.get("aliases"),
         &upstreams.models,
     );
+    // Every admission setting is kept by the shared store under `[cluster]`
+    // (`docs/scale-out.md`): nothing of the upstreams is checked against it.
     let cluster = cluster::cluster(r, &path.key("cluster"), table.get("cluster"));
-    if let (Some(Some(_)), Some(built)) = (&cluster, &upstreams.built) {
-        cluster::per_replica_settings(r, built);
-        if r.has_issues() {
-            return None;
-        }
-    }
     Some(Config {
         server: server?,
         upstreams: upstreams.built?,
@@ -271,6 +268,7 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         ],
     );
     let access_log = optional(r, t, path, "access_log", true, Reader::boolean);
+    let cors_origins = optional(r, t, path, "cors_origins", Vec::new(), cors_origins);
 
     Some(Server {
         listen: listen?,
@@ -307,6 +305,7 @@ fn server(r: &mut Reader<'_>, path: &KeyPath, value: Option<&Value>) -> Option<S
         tls: tls?,
         admin_tls: admin_tls?,
         access_log: access_log?,
+        cors_origins: cors_origins?,
     })
 }
 
@@ -647,6 +646,54 @@ fn secret(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Secret> {
 }
 
 /// `server.api_keys`: bare keys, or tables with a key and how its requests queue.
+/// `server.cors_origins`: `["*"]`, or origins as a browser sends them in `Origin`
+/// (`scheme://host[:port]`, no path, no trailing slash), compared exactly.
+fn cors_origins(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Vec<String>> {
+    let items = r.array(path, value)?;
+    let origins: Vec<Option<String>> = items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let p = path.index(i);
+            let text = r.string(&p, item)?;
+            if let Some(why) = bad_origin(text) {
+                r.invalid(&p, item, why.to_owned());
+                return None;
+            }
+            Some(text.to_owned())
+        })
+        .collect();
+    let origins: Vec<String> = origins.into_iter().collect::<Option<_>>()?;
+    if origins.len() > 1 && origins.iter().any(|origin| origin == "*") {
+        r.invalid(
+            path,
+            value,
+            "\"*\" allows every origin: write it alone, or list origins without it".to_owned(),
+        );
+        return None;
+    }
+    Some(origins)
+}
+
+/// Why `text` is not an origin a browser sends (`None`: it is one, or `*`).
+fn bad_origin(text: &str) -> Option<&'static str> {
+    if text == "*" {
+        return None;
+    }
+    let Some((scheme, host)) = text.split_once("://") else {
+        return Some("an origin is scheme://host[:port], e.g. \"https://app.example.com\"");
+    };
+    if !matches!(scheme, "http" | "https") {
+        return Some("an origin's scheme is http or https");
+    }
+    if host.is_empty() || host.contains(['/', '?', '#', ' ', '*']) {
+        return Some(
+            "an origin has a host and nothing after it (no path, no trailing slash, no wildcard)",
+        );
+    }
+    None
+}
+
 fn client_keys(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Vec<ClientKey>> {
     let items = r.array(path, value)?;
     let keys: Vec<_> = items

@@ -34,7 +34,7 @@ use crate::ops::reload::{ReloadError, Reloader};
 use crate::ops::status::events::{self, EventBody};
 use crate::ops::status::history::History;
 use crate::ops::status::page::{self, Asset, CONTENT_SECURITY_POLICY};
-use crate::ops::upstream_doc::{UpstreamDoc, rfc3339, upstream_status};
+use crate::ops::upstream_doc::{StoreDoc, UpstreamDoc, rfc3339, upstream_status};
 use crate::proxy::live::{Generation, Live};
 use crate::proxy::problems::{Error, GET_ONLY, POST_ONLY, allow, not_found};
 use crate::request_id::{REQUEST_ID, request_id};
@@ -287,39 +287,6 @@ struct UpstreamsDoc<'g> {
 struct RefusedDoc {
     at: String,
     issues: Vec<String>,
-}
-
-/// `[cluster]`: the shared slot store as this replica sees it.
-#[derive(Debug, Serialize)]
-struct StoreDoc {
-    up: bool,
-    rejoining: bool,
-    on_store_down: &'static str,
-    round_trips: u64,
-    last_round_trip_ms: f64,
-    errors: u64,
-    went_down: u64,
-    lease_renewals: u64,
-    leases_lost: u64,
-    leases_expired: u64,
-}
-
-impl StoreDoc {
-    fn new(cluster: &slotgate_limiter_redis::RedisLimiter) -> Self {
-        let status = cluster.status();
-        Self {
-            up: status.up,
-            rejoining: status.rejoining,
-            on_store_down: cluster.settings().on_store_down.as_str(),
-            round_trips: status.round_trips,
-            last_round_trip_ms: status.last_round_trip.as_secs_f64() * 1000.0,
-            errors: status.errors,
-            went_down: status.went_down,
-            lease_renewals: status.lease_renewals,
-            leases_lost: status.leases_lost,
-            leases_expired: status.leases_expired,
-        }
-    }
 }
 
 /// `POST /admin/reload`, when the new configuration is in force.

@@ -33,9 +33,9 @@ use slotgate_config::{Config, ConfigError, Server};
 use slotgate_limiter::Limiter;
 use tracing::{error, info, warn};
 
-use crate::listener_tls::ListenerSlots;
 use crate::metrics::Metrics;
 use crate::proxy::live::{Generation, Live};
+use crate::tls::listener::ListenerSlots;
 use crate::upstreams::monitor;
 use crate::upstreams::probe::Prober;
 use crate::upstreams::slot_discovery;

@@ -1,6 +1,7 @@
 //! The status document of one upstream: what `GET /admin/upstreams` lists, what drain and
 //! undrain answer, and what the status page ([`status`](crate::ops::status)) shows for each
-//! upstream. One builder, so the JSON API and the page never disagree.
+//! upstream; and, under `[cluster]`, the shared store's document that both show beside them.
+//! One builder each, so the JSON API and the page never disagree.
 
 use std::time::{Duration, SystemTime};
 
@@ -283,4 +284,48 @@ fn duration(value: Duration) -> String {
 
 pub(crate) fn rfc3339(at: SystemTime) -> String {
     humantime::format_rfc3339_millis(at).to_string()
+}
+
+/// `[cluster]`: the shared slot store as this replica sees it, with the replicas seen alive in
+/// it (`GET /admin/upstreams` and the status page).
+#[derive(Debug, Serialize)]
+pub(crate) struct StoreDoc {
+    up: bool,
+    rejoining: bool,
+    on_store_down: &'static str,
+    /// This replica's id in the store.
+    replica: String,
+    /// How many replicas said they were alive within the last `lease_ttl` (this one
+    /// included), as of this replica's last renewal round; 0 before the first.
+    replicas_seen: usize,
+    /// Their ids.
+    replicas: Vec<String>,
+    round_trips: u64,
+    last_round_trip_ms: f64,
+    errors: u64,
+    went_down: u64,
+    lease_renewals: u64,
+    leases_lost: u64,
+    leases_expired: u64,
+}
+
+impl StoreDoc {
+    pub(crate) fn new(cluster: &slotgate_limiter_redis::RedisLimiter) -> Self {
+        let status = cluster.status();
+        Self {
+            up: status.up,
+            rejoining: status.rejoining,
+            on_store_down: cluster.settings().on_store_down.as_str(),
+            replica: status.replica,
+            replicas_seen: status.replicas_seen.len(),
+            replicas: status.replicas_seen,
+            round_trips: status.round_trips,
+            last_round_trip_ms: status.last_round_trip.as_secs_f64() * 1000.0,
+            errors: status.errors,
+            went_down: status.went_down,
+            lease_renewals: status.lease_renewals,
+            leases_lost: status.leases_lost,
+            leases_expired: status.leases_expired,
+        }
+    }
 }

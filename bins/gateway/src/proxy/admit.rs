@@ -50,7 +50,8 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use slotgate_admission::Slot as SharedSlot;
-use slotgate_limiter::{Acquire, AcquireError, Permit, QueuePosition, Ticket};
+use slotgate_limiter::{Acquire, AcquireError, Permit, Ticket};
+use slotgate_limiter_redis::{Place, Standing};
 use tokio::time::Sleep;
 use tracing::debug;
 
@@ -323,7 +324,8 @@ pub(crate) struct Queued {
 /// store and then the local key ([`shared`]).
 enum Waiting {
     Local(Acquire),
-    Shared(BoxFuture<'static, Result<Slot, Refused>>),
+    /// The slot, and where its acquire stands in the shared queue.
+    Shared(BoxFuture<'static, Result<Slot, Refused>>, Place),
     /// The upstream's gate, then the model's queue.
     Place(BoxFuture<'static, Result<Slot, Refused>>),
 }
@@ -332,7 +334,7 @@ impl std::fmt::Debug for Waiting {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Waiting::Local(acquire) => acquire.fmt(f),
-            Waiting::Shared(_) => f.write_str("Shared"),
+            Waiting::Shared(_, place) => f.debug_tuple("Shared").field(place).finish(),
             Waiting::Place(_) => f.write_str("Place"),
         }
     }
@@ -348,13 +350,53 @@ impl std::fmt::Debug for Queued {
 }
 
 impl Queued {
-    /// Where the request stands in the queue now; `None` once it has an outcome.
-    pub(crate) fn position(&self) -> Option<QueuePosition> {
+    /// How many waiters are expected to be granted before the request
+    /// ([`QueuePosition::ahead`](slotgate_limiter::QueuePosition::ahead)); `None` once it has an outcome, and under `[cluster]` before
+    /// the shared queue has taken it in. Under `[cluster]` it is the count last read from the
+    /// store ([`Queued::place`]).
+    pub(crate) fn ahead(&self) -> Option<usize> {
         match &self.acquire {
-            Waiting::Local(acquire) => acquire.position(),
-            // The shared queue's place is not known here (only its length, `Target::global`);
-            // nor is one in the gate's line, which is not the slot queue.
-            Waiting::Shared(_) | Waiting::Place(_) => None,
+            Waiting::Local(acquire) => acquire.position().map(|position| position.ahead),
+            Waiting::Shared(_, place) => match place.standing() {
+                Standing::Queued { ahead } => Some(ahead),
+                _ => None,
+            },
+            // A place in the gate's line is not one in the slot queue.
+            Waiting::Place(_) => None,
+        }
+    }
+
+    /// Under `[cluster]`: the request's place in the shared queue.
+    pub(crate) fn place(&self) -> Option<&Place> {
+        match &self.acquire {
+            Waiting::Local(_) | Waiting::Place(_) => None,
+            Waiting::Shared(_, place) => Some(place),
+        }
+    }
+
+    /// Waits until a queue has accepted the request: at once for the local limiter (it
+    /// queues at call time); under `[cluster]`, until the shared store has answered the
+    /// acquire. The store may grant the slot at once or refuse the request, which ends here
+    /// as for an ordinary wait; otherwise the request is still queued, and `queue_keepalive`
+    /// may answer `200`. The wait's bounds (`queue_timeout`, the client's deadline, shutdown)
+    /// apply meanwhile.
+    pub(crate) async fn joined(mut self) -> Result<Admission, Refused> {
+        let Some(place) = self.place().cloned() else {
+            return Ok(Admission::Queued(self));
+        };
+        let settled = place.settled();
+        let mut settled = std::pin::pin!(settled);
+        let outcome = std::future::poll_fn(|cx| {
+            // The outcome first: granted at once or refused is not "queued".
+            if let Poll::Ready(outcome) = Pin::new(&mut self).poll(cx) {
+                return Poll::Ready(Some(outcome));
+            }
+            settled.as_mut().poll(cx).map(|_| None)
+        })
+        .await;
+        match outcome {
+            Some(outcome) => outcome.map(Admission::Granted),
+            None => Ok(Admission::Queued(self)),
         }
     }
 
@@ -378,7 +420,7 @@ impl Future for Queued {
             Waiting::Local(acquire) => Pin::new(acquire)
                 .poll(cx)
                 .map(|outcome| granted(outcome, &this.hold, &this.metrics)),
-            Waiting::Shared(slot) | Waiting::Place(slot) => slot.as_mut().poll(cx),
+            Waiting::Shared(slot, _) | Waiting::Place(slot) => slot.as_mut().poll(cx),
         };
         if let Poll::Ready(outcome) = outcome {
             this.armed = false;
@@ -650,7 +692,12 @@ pub(crate) async fn admit(
     match join(target, ticket, deadlines, stop)? {
         Admission::Granted(slot) => Ok(Admitted::Go(Some(slot))),
         Admission::Queued(queued) => match keepalive {
-            Some(every) => Ok(Admitted::KeepAlive(queued, every)),
+            // Under `[cluster]`, `200` only once the shared queue has taken the request in:
+            // the store may still grant it at once or refuse it.
+            Some(every) => match queued.joined().await? {
+                Admission::Granted(slot) => Ok(Admitted::Go(Some(slot))),
+                Admission::Queued(queued) => Ok(Admitted::KeepAlive(queued, every)),
+            },
             None => queued.await.map(|slot| Admitted::Go(Some(slot))),
         },
     }

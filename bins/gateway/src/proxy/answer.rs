@@ -12,21 +12,23 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::header::{self, HeaderName, HeaderValue};
+use http::header::{HeaderName, HeaderValue};
 use http::{HeaderMap, Response};
 use hyper::body::Incoming;
 use prometheus_client::metrics::counter::Counter;
+use slotgate_problem::Dialect;
 
 use crate::metrics::{Bound, Metrics};
 use crate::proxy::access::Access;
 use crate::proxy::admit::Slot;
 use crate::proxy::affinity::{Recorder, ResponseAffinity, Sniff};
-use crate::proxy::body::meter::{self, Meter};
-use crate::proxy::body::{SlotBody, Watch};
+use crate::proxy::body::meter::Meter;
+use crate::proxy::body::{self, SlotBody, Watch};
 use crate::proxy::cache_aware::CacheAware;
 use crate::proxy::choose::Routed;
 use crate::proxy::rename::{self, Rename};
 use crate::proxy::send::Answered;
+use crate::upstreams::state::UpstreamState;
 use crate::upstreams::target::Target;
 
 /// An engine's answer streaming through with its slot (and, for the Responses API, searched
@@ -119,6 +121,7 @@ impl Answerer {
             .then(|| Recorder::new(Arc::clone(&self.affinity), target.upstream.name.clone()));
         let mut watch = self.watch(target, &routed.request_id, response.headers(), sent);
         watch.meter = meter;
+        watch.dialect = Dialect::of_path(routed.endpoint.path);
         let asked = routed.api.model.as_deref();
         let names = rename::prepare(&mut response, asked, &target.engine_model);
         response.map(|body| {
@@ -138,7 +141,8 @@ impl Answerer {
         Watch {
             idle_timeout: target.stream_idle_timeout,
             cancel_grace: target.cancel_grace,
-            sse: is_open_ended_sse(headers),
+            framing: body::framing(headers),
+            dialect: Dialect::OpenAi,
             names: Arc::clone(&target.answer_names),
             request_id: request_id.clone(),
             stalled: self.stalled.clone(),
@@ -166,7 +170,16 @@ pub(crate) fn passed_through(response: Response<Incoming>) -> Response<Streamed>
 /// an upstream gave (replacing any such header the upstream sent, so an engine cannot speak
 /// for the gateway). The wait is 0 on endpoints that take no slot.
 pub(crate) fn mark_routed(headers: &mut HeaderMap, target: &Target, waited: Duration) {
-    mark_upstream(headers, target);
+    mark_state(headers, &target.upstream, waited);
+}
+
+/// [`mark_routed`] for an answer of `upstream` outside any model's route (a request by
+/// response id).
+pub(crate) fn mark_state(headers: &mut HeaderMap, upstream: &UpstreamState, waited: Duration) {
+    match &upstream.name_header {
+        Some(name) => headers.insert(UPSTREAM_HEADER, name.clone()),
+        None => headers.remove(UPSTREAM_HEADER),
+    };
     let millis = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
     // Most requests find a free slot: a static "0" spares them an allocation.
     let value = match millis {
@@ -184,9 +197,4 @@ pub(crate) fn mark_upstream(headers: &mut HeaderMap, target: &Target) {
         Some(name) => headers.insert(UPSTREAM_HEADER, name.clone()),
         None => headers.remove(UPSTREAM_HEADER),
     };
-}
-
-/// Whether an answer is an SSE stream of no declared length, which can take one more event.
-fn is_open_ended_sse(headers: &HeaderMap) -> bool {
-    meter::is_sse(headers) && !headers.contains_key(header::CONTENT_LENGTH)
 }

@@ -2,7 +2,9 @@
 //!
 //! Keys come from `server.api_keys` and from `server.api_keys_file` (one key per line; blank
 //! lines and lines starting with `#` are skipped). A request must carry one of them as
-//! `Authorization: Bearer KEY`; with no keys configured, every request is let through.
+//! `Authorization: Bearer KEY` (OpenAI's convention) or `x-api-key: KEY` (Anthropic's, which
+//! its SDKs, its curl examples and many tools send); with no keys configured, every request is
+//! let through. A request carrying both passes when either is accepted.
 //!
 //! The offered token is compared with *every* accepted key, each comparison in constant time
 //! (`constant_time_eq`), and without stopping at a match: response timing reveals neither how
@@ -105,24 +107,41 @@ impl ApiKeys {
         if self.keys.is_empty() {
             return Ok(Client::anonymous());
         }
-        let Some(token) = bearer_token(headers) else {
-            return Err(Error::Unauthorized);
-        };
-        // `fold`, not `find`: every key is compared, whether or not an earlier one matched.
-        let matched = self
-            .keys
+        let offered = [bearer_token(headers), api_key(headers)];
+        // `fold`, not `find`: every key is compared with every offered token, whether or not
+        // an earlier one matched.
+        let matched = offered
             .iter()
-            .enumerate()
-            .fold(None, |matched, (i, (key, _))| {
-                let equal = constant_time_eq::constant_time_eq(key.as_bytes(), token.as_bytes());
-                if equal { Some(i) } else { matched }
-            });
+            .flatten()
+            .fold(None, |matched, token| self.position(token).or(matched));
         matched
             .and_then(|i| self.keys.get(i))
             .map(|(_, client)| client.clone())
             .ok_or(Error::Unauthorized)
     }
 }
+
+impl ApiKeys {
+    /// The index of the key equal to `token`, comparing it with every key in constant time.
+    fn position(&self, token: &str) -> Option<usize> {
+        self.keys
+            .iter()
+            .enumerate()
+            .fold(None, |matched, (i, (key, _))| {
+                let equal = constant_time_eq::constant_time_eq(key.as_bytes(), token.as_bytes());
+                if equal { Some(i) } else { matched }
+            })
+    }
+}
+
+/// The value of Anthropic's `x-api-key` header, spaces around it ignored.
+fn api_key(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(X_API_KEY)?.to_str().ok()?.trim();
+    (!value.is_empty()).then_some(value)
+}
+
+/// Anthropic's API key header.
+const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
 
 /// The token of an `Authorization: Bearer <token>` header (scheme case-insensitive, spaces
 /// around the token ignored).
@@ -174,6 +193,25 @@ mod tests {
         assert!(keys.verify(&with_auth("sk-one")).is_err());
         assert!(format!("{keys:?}").contains("count: 2"));
         assert!(!format!("{keys:?}").contains("sk-one"));
+    }
+
+    #[test]
+    fn accepts_anthropics_x_api_key() {
+        let keys = ApiKeys::load(&bare(&["sk-one", "sk-two"]), None).unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert("x-api-key", HeaderValue::from_static(" sk-two "));
+        let two = keys.verify(&headers).unwrap();
+        assert_eq!(two.tenant.as_deref(), Some("api_keys[1]"));
+        headers.insert("x-api-key", HeaderValue::from_static("sk-three"));
+        assert!(keys.verify(&headers).is_err());
+        // Both sent: either accepted one lets the request through.
+        headers.insert("authorization", HeaderValue::from_static("Bearer sk-one"));
+        assert_eq!(
+            keys.verify(&headers).unwrap().tenant.as_deref(),
+            Some("api_keys[0]")
+        );
+        headers.insert("x-api-key", HeaderValue::from_static(""));
+        assert!(keys.verify(&headers).is_ok());
     }
 
     #[test]

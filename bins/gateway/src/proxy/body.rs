@@ -33,11 +33,13 @@
 //!   reading is the listener's business (`client_write_timeout`). The answer ends as after a
 //!   stall, with a `stream-timeout` problem instead.
 //!
-//! In each case, an SSE answer (`text/event-stream`) ends with one last event, `data:` followed by
-//! an `upstream-stalled` problem document (it has the OpenAI `error` member, so SDKs raise it as
-//! an API error), and then a clean end of the body: HTTP/1 gets its terminating chunk, HTTP/2 an
-//! `END_STREAM`. Any other answer cannot carry a late error, so it is cut (HTTP/1: no final
-//! chunk; HTTP/2: a reset stream). Both are logged at `warn` with the request id and counted in
+//! In each case, an SSE answer (`text/event-stream`) or an NDJSON one (`application/x-ndjson`,
+//! Ollama's streams) ends with one last message carrying an `upstream-stalled` (or
+//! `stream-timeout`) problem in the client's dialect ([`last_message`]): OpenAI's `data:` event
+//! with an `error` member, Anthropic's `event: error`, Ollama's `{"error": "…"}` line; each is what
+//! that API's SDKs raise on. Then the body ends cleanly: HTTP/1 gets its terminating chunk,
+//! HTTP/2 an `END_STREAM`. Any other answer cannot carry a late error, so it is cut (HTTP/1: no
+//! final chunk; HTTP/2: a reset stream). Both are logged at `warn` with the request id and counted in
 //! `slotgate_bounds_total` (`stream_idle`, `upstream_cut`, `stream_timeout`).
 //!
 //! A [`Completion`] says which of those three ended the body; the guard learns it through
@@ -54,7 +56,7 @@ use http::HeaderValue;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use prometheus_client::metrics::counter::Counter;
-use slotgate_problem::Problem;
+use slotgate_problem::{Dialect, Framing, Problem};
 use tokio::time::{Instant, Sleep};
 use tracing::warn;
 
@@ -92,8 +94,11 @@ pub(crate) struct Watch {
     pub(crate) idle_timeout: Duration,
     /// Kept for the engine to notice a closed connection before the slot goes back.
     pub(crate) cancel_grace: Duration,
-    /// Whether the answer is SSE, and so can end with an `error` event.
-    pub(crate) sse: bool,
+    /// How the answer is framed, when it can carry a last error message: SSE (an `error`
+    /// event) or NDJSON (an `error` line, Ollama's streams). `None`: it can only be cut.
+    pub(crate) framing: Option<Framing>,
+    /// The API the client speaks, which writes that last message.
+    pub(crate) dialect: Dialect,
     /// The upstream's and the model's names, shared with the target rather than copied for
     /// every answer: only an answer that ends badly reads them.
     pub(crate) names: Arc<AnswerNames>,
@@ -146,23 +151,46 @@ impl Watch {
         })
     }
 
-    /// The SSE event that ends the answer with `problem`; `None` when the answer is not SSE.
+    /// The message that ends the answer with `problem`; `None` when the answer cannot carry
+    /// one.
     fn last_event(&self, problem: impl FnOnce() -> Problem) -> Option<Bytes> {
-        if !self.sse {
-            return None;
-        }
-        Some(sse_event(problem(), self.request_id()))
+        let framing = self.framing?;
+        Some(last_message(
+            problem(),
+            self.request_id(),
+            self.dialect,
+            framing,
+        ))
     }
 }
 
-/// The SSE event that carries `problem` (with the request id) as an answer's last event: its
-/// `error` member is OpenAI's, so SDKs raise it as an API error.
-pub(crate) fn sse_event(problem: Problem, request_id: &str) -> Bytes {
-    let problem = problem.with_extension("request_id", request_id);
-    let mut event = b"data: ".to_vec();
-    event.extend_from_slice(&problem.to_json_bytes());
-    event.extend_from_slice(b"\n\n");
-    Bytes::from(event)
+/// The last message of a stream that ends with `problem` (with the request id), in the
+/// client's `dialect` ([`Problem::stream_ending`]): on OpenAI's SSE a `data:` event whose
+/// `error` member the SDKs raise, on Anthropic's an `event: error` (the only event its SDKs
+/// raise on), on Ollama's NDJSON a line with a string `error`.
+pub(crate) fn last_message(
+    problem: Problem,
+    request_id: &str,
+    dialect: Dialect,
+    framing: Framing,
+) -> Bytes {
+    problem
+        .with_extension("request_id", request_id)
+        .stream_ending(dialect, framing)
+}
+
+/// How an answer whose head has `headers` can carry a last error message: an open-ended
+/// (no `Content-Length`) SSE or NDJSON answer. A sized answer cannot grow a message.
+pub(crate) fn framing(headers: &http::HeaderMap) -> Option<Framing> {
+    if headers.contains_key(http::header::CONTENT_LENGTH) {
+        None
+    } else if meter::is_sse(headers) {
+        Some(Framing::Sse)
+    } else if meter::is_ndjson(headers) {
+        Some(Framing::Ndjson)
+    } else {
+        None
+    }
 }
 
 /// Where a watched body stands.
@@ -265,7 +293,7 @@ impl<B: Body, G: SlotGuard> SlotBody<B, G> {
         self.total = watch
             .deadline
             .map(|(at, _)| Box::pin(tokio::time::sleep_until(at)));
-        self.events = watch.sse.then(Events::default);
+        self.events = watch.framing.map(Events::new);
         self.watch = Some(watch);
         self
     }

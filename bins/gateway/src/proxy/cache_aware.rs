@@ -15,8 +15,8 @@
 //! 3. **Reported** ([`Feedback::end`], when the answer ends): the engine's cached prompt tokens
 //!    are compared with what the index predicted; a host that reports far fewer lost what it was
 //!    sent (it restarted, evicted, or swapped the model), and the index forgets what it was sent
-//!    until then. The time to the first token also measures the host's prefill speed, which
-//!    prices a detour.
+//!    until then. The engine's prefill time (llama-server's `timings`, else a stream's first
+//!    token) also measures the host's prefill speed, which prices a detour.
 //!
 //! # The affinity key
 //!
@@ -245,40 +245,40 @@ impl State {
 }
 
 impl Feedback {
-    /// The answer ended, with the engine reporting `prompt` prompt tokens of which `cached`
-    /// came from its cache (when it said), the first token `ttft` after the request was sent
-    /// (a stream's; `None` for a whole answer, whose first byte comes after the decode too).
-    /// Returns the cached tokens the index predicted, for the access log.
-    pub(crate) fn end(
-        &self,
-        prompt: Option<u64>,
-        cached: Option<u64>,
-        ttft: Option<Duration>,
-    ) -> Option<u64> {
-        let prompt = prompt?;
+    /// The answer ended with the engine's `report`. Returns the cached tokens the index
+    /// predicted, for the access log.
+    pub(crate) fn end(&self, report: &Report) -> Option<u64> {
+        let prompt = report.prompt?;
         let predicted = self.share(prompt, self.predicted_bytes);
-        let cached = cached?;
-        if predicted >= MIN_CHECKED_TOKENS
+        if let Some(cached) = report.cached
+            && predicted >= MIN_CHECKED_TOKENS
             && cached < predicted / 2
             && let (Some(host), Some(stamp)) = (self.host, self.stamp)
         {
             self.cache.correct(host, stamp, &self.chain);
         }
-        if let Some(ttft) = ttft {
-            let uncached = self.total_bytes
-                - self
-                    .total_bytes
-                    .min(usize::try_from(self.share_bytes(prompt, cached)).unwrap_or(usize::MAX));
-            if uncached >= MIN_MEASURED_BYTES {
-                #[expect(
-                    clippy::cast_precision_loss,
-                    reason = "prompt sizes are far below 2^52"
-                )]
-                let per_kib = ttft.as_secs_f64() * 1024.0 / uncached as f64;
-                self.prefill.record(Duration::from_secs_f64(per_kib));
-            }
-        }
+        self.measure_prefill(prompt, report);
         Some(predicted)
+    }
+
+    /// Records the host's prefill time per KiB of uncached prompt text: llama-server's own
+    /// `timings` (`prompt_ms` over `prompt_n` processed tokens) when it sent them, else a
+    /// stream's time to first token over the tokens not cached.
+    fn measure_prefill(&self, prompt: u64, report: &Report) {
+        let (time, processed) = match (report.prefill, report.processed, report.ttft) {
+            (Some(time), Some(processed), _) => (time, processed),
+            (_, _, Some(ttft)) => (ttft, prompt - report.cached.unwrap_or(0).min(prompt)),
+            _ => return,
+        };
+        let uncached = usize::try_from(self.share_bytes(prompt, processed)).unwrap_or(usize::MAX);
+        if uncached >= MIN_MEASURED_BYTES {
+            #[expect(
+                clippy::cast_precision_loss,
+                reason = "prompt sizes are far below 2^52"
+            )]
+            let per_kib = time.as_secs_f64() * 1024.0 / uncached as f64;
+            self.prefill.record(Duration::from_secs_f64(per_kib));
+        }
     }
 
     /// `prompt` tokens × `bytes` / the prompt's bytes: the tokens in `bytes` of its text.
@@ -290,14 +290,30 @@ impl Feedback {
         u64::try_from(tokens).unwrap_or(u64::MAX)
     }
 
-    /// The bytes of text in `cached` of `prompt` tokens.
-    fn share_bytes(&self, prompt: u64, cached: u64) -> u64 {
+    /// The bytes of text in `tokens` of `prompt` tokens.
+    fn share_bytes(&self, prompt: u64, tokens: u64) -> u64 {
         if prompt == 0 {
             return 0;
         }
-        let bytes = u128::from(cached.min(prompt)) * self.total_bytes as u128 / u128::from(prompt);
+        let bytes = u128::from(tokens.min(prompt)) * self.total_bytes as u128 / u128::from(prompt);
         u64::try_from(bytes).unwrap_or(u64::MAX)
     }
+}
+
+/// What an engine reported at the end of its answer, as far as cache-aware routing cares.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Report {
+    /// Prompt tokens.
+    pub(crate) prompt: Option<u64>,
+    /// Of them, taken from its cache.
+    pub(crate) cached: Option<u64>,
+    /// llama-server's `timings.prompt_ms`: the time its prefill took.
+    pub(crate) prefill: Option<Duration>,
+    /// llama-server's `timings.prompt_n`: the prompt tokens it computed.
+    pub(crate) processed: Option<u64>,
+    /// A stream's time to its first token (a whole answer's first byte comes after its
+    /// decode, so it is not one).
+    pub(crate) ttft: Option<Duration>,
 }
 
 /// The first of `names` present in `headers` with a value, as its bytes.
@@ -339,4 +355,106 @@ fn saved_prefill(target: &Target, bytes: usize) -> Duration {
 fn random_seed() -> u64 {
     use std::hash::BuildHasher as _;
     std::collections::hash_map::RandomState::new().hash_one(0x5107_6a7e_u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A [`Feedback`] for a prompt of `total_bytes` of text of which the index predicted
+    /// `predicted_bytes`, on a host never corrected (no stamp).
+    fn feedback(total_bytes: usize, predicted_bytes: usize) -> Feedback {
+        Feedback {
+            cache: Arc::new(CacheAware::new(&CacheAffinity::default(), Instant::now())),
+            host: None,
+            stamp: None,
+            chain: Vec::new(),
+            predicted_bytes,
+            total_bytes,
+            prefill: Arc::default(),
+        }
+    }
+
+    fn ms(ms: f64) -> Duration {
+        Duration::from_secs_f64(ms / 1000.0)
+    }
+
+    fn close(measured: Option<Duration>, expected: Duration) -> bool {
+        measured.is_some_and(|m| m.abs_diff(expected) < Duration::from_micros(1))
+    }
+
+    #[test]
+    fn engine_timings_price_the_prefill_over_what_it_computed() {
+        // 1,000 tokens in 4,000 bytes; the engine computed 500 of them (2,000 bytes) in 100 ms,
+        // and the stream's first token came later still (queueing, network): the engine's own
+        // figure wins.
+        let fb = feedback(4000, 0);
+        let report = Report {
+            prompt: Some(1000),
+            cached: Some(500),
+            prefill: Some(ms(100.0)),
+            processed: Some(500),
+            ttft: Some(ms(900.0)),
+        };
+        assert_eq!(fb.end(&report), Some(0));
+        assert!(close(fb.prefill.typical(), ms(100.0 * 1024.0 / 2000.0)));
+    }
+
+    #[test]
+    fn a_streams_first_token_prices_it_without_timings() {
+        // No timings (vLLM, a proxy): the time to first token over the 2,000 uncached bytes.
+        let fb = feedback(4000, 2000);
+        let report = Report {
+            prompt: Some(1000),
+            cached: Some(500),
+            ttft: Some(ms(200.0)),
+            ..Report::default()
+        };
+        assert_eq!(fb.end(&report), Some(500));
+        assert!(close(fb.prefill.typical(), ms(200.0 * 1024.0 / 2000.0)));
+        // No cached count: the whole prompt counts as computed.
+        let fb = feedback(4000, 0);
+        let report = Report {
+            prompt: Some(1000),
+            ttft: Some(ms(400.0)),
+            ..Report::default()
+        };
+        fb.end(&report);
+        assert!(close(fb.prefill.typical(), ms(400.0 * 1024.0 / 4000.0)));
+    }
+
+    #[test]
+    fn nothing_measured_without_a_time_or_over_too_little_text() {
+        // A whole answer without timings: its first byte came after the decode.
+        let fb = feedback(4000, 0);
+        fb.end(&Report {
+            prompt: Some(1000),
+            cached: Some(0),
+            ..Report::default()
+        });
+        assert_eq!(fb.prefill.typical(), None);
+        // The engine computed 200 tokens (800 bytes), under MIN_MEASURED_BYTES: rounding
+        // and fixed costs would swamp it.
+        fb.end(&Report {
+            prompt: Some(1000),
+            cached: Some(800),
+            prefill: Some(ms(10.0)),
+            processed: Some(200),
+            ttft: None,
+        });
+        assert_eq!(fb.prefill.typical(), None);
+        // Timings without the processed count fall back to the stream's first token.
+        fb.end(&Report {
+            prompt: Some(1000),
+            cached: Some(0),
+            prefill: Some(ms(10.0)),
+            processed: None,
+            ttft: Some(ms(300.0)),
+        });
+        assert!(close(fb.prefill.typical(), ms(300.0 * 1024.0 / 4000.0)));
+        // No prompt count: nothing at all.
+        let fb = feedback(4000, 0);
+        assert_eq!(fb.end(&Report::default()), None);
+        assert_eq!(fb.prefill.typical(), None);
+    }
 }

@@ -10,10 +10,12 @@
 //!
 //! **How long.** A request waits in a queue for at most the smallest of the model's
 //! `queue_timeout` (counted from when it joins the queue), the client's `x-slotgate-max-wait`
-//! (a humantime duration such as `5s` or `1500ms`; anything else is a 400), and the OpenAI
-//! SDKs' `x-stainless-timeout` (seconds, possibly fractional; ignored when the model sets
-//! `honor_sdk_timeout = false`, or when it is not a positive finite number, since the SDK sets
-//! it and the client cannot fix it). The client's two deadlines count from when its request
+//! (a humantime duration such as `5s` or `1500ms`; anything else is a 400), and the SDK
+//! timeout the Stainless-generated SDKs send: `x-stainless-timeout` (openai-node, anthropic
+//! SDKs with a per-request timeout) or `x-stainless-read-timeout` (openai-python 3.x sends only
+//! this one, its client's or request's read timeout), the smaller when both come (seconds,
+//! possibly fractional; ignored when the model sets `honor_sdk_timeout = false`, or when it is
+//! not a positive finite number, since the SDK sets it and the client cannot fix it). The client's two deadlines count from when its request
 //! arrived: the time spent sending the body is part of its wait.
 
 use std::fmt;
@@ -33,8 +35,10 @@ pub(crate) const MAX_TENANT_LEN: usize = slotgate_config::Server::MAX_TENANT_LEN
 
 /// The client's own cap on its queue wait.
 const MAX_WAIT: HeaderName = HeaderName::from_static("x-slotgate-max-wait");
-/// The OpenAI SDKs' request timeout, in seconds.
+/// The Stainless SDKs' request timeout, in seconds.
 const SDK_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-timeout");
+/// The Stainless SDKs' read timeout, in seconds: all openai-python 3.x sends.
+const SDK_READ_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-read-timeout");
 
 /// Who a request queues as.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -110,8 +114,8 @@ pub(crate) enum Limit {
     QueueTimeout,
     /// The client's `x-slotgate-max-wait`.
     MaxWait,
-    /// The OpenAI SDK's `x-stainless-timeout`.
-    SdkTimeout,
+    /// The SDK's `x-stainless-timeout` or `x-stainless-read-timeout` (the header named).
+    SdkTimeout(&'static str),
 }
 
 impl Limit {
@@ -120,7 +124,7 @@ impl Limit {
         match self {
             Limit::QueueTimeout => "queue_timeout",
             Limit::MaxWait => "x-slotgate-max-wait",
-            Limit::SdkTimeout => "x-stainless-timeout",
+            Limit::SdkTimeout(header) => header,
         }
     }
 }
@@ -138,8 +142,9 @@ pub(crate) struct Deadlines {
     since: Instant,
     /// `x-slotgate-max-wait`.
     max_wait: Option<Duration>,
-    /// `x-stainless-timeout`, when it is a usable number.
-    sdk_timeout: Option<Duration>,
+    /// The smaller usable one of `x-stainless-timeout` and `x-stainless-read-timeout`, and the
+    /// header it came from.
+    sdk_timeout: Option<(Duration, &'static str)>,
 }
 
 /// How long one wait in one queue may last.
@@ -167,12 +172,13 @@ impl Deadlines {
                     .ok_or(BadRequest::MaxWait { header: MAX_WAIT })?,
             ),
         };
-        let sdk_timeout = headers
-            .get(SDK_TIMEOUT)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|text| text.trim().parse::<f64>().ok())
-            .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
-            .filter(|timeout| !timeout.is_zero());
+        let sdk_timeout = [
+            (SDK_TIMEOUT, "x-stainless-timeout"),
+            (SDK_READ_TIMEOUT, "x-stainless-read-timeout"),
+        ]
+        .into_iter()
+        .filter_map(|(name, text)| Some((seconds(headers.get(name)?)?, text)))
+        .min_by_key(|(timeout, _)| *timeout);
         Ok(Self {
             since,
             max_wait,
@@ -190,7 +196,12 @@ impl Deadlines {
             bound: queue_timeout,
         };
         let sdk = self.sdk_timeout.filter(|_| honor_sdk);
-        for (limit, bound) in [(Limit::SdkTimeout, sdk), (Limit::MaxWait, self.max_wait)] {
+        let sdk_limit = Limit::SdkTimeout(sdk.map_or("x-stainless-timeout", |(_, name)| name));
+        let bounds = [
+            (sdk_limit, sdk.map(|(timeout, _)| timeout)),
+            (Limit::MaxWait, self.max_wait),
+        ];
+        for (limit, bound) in bounds {
             let Some(bound) = bound else { continue };
             // A bound too far to represent is no bound.
             let Some(until) = self.since.checked_add(bound) else {
@@ -206,6 +217,14 @@ impl Deadlines {
         }
         wait
     }
+}
+
+/// An SDK timeout header's value as a duration: a positive, finite number of seconds.
+fn seconds(value: &http::HeaderValue) -> Option<Duration> {
+    let secs = value.to_str().ok()?.trim().parse::<f64>().ok()?;
+    Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|timeout| !timeout.is_zero())
 }
 
 #[cfg(test)]
@@ -242,10 +261,53 @@ mod tests {
         ];
         let d = Deadlines::read(&headers(&both), now).unwrap();
         let wait = d.wait(now, queue, true);
-        assert_eq!(wait.limit, Limit::SdkTimeout);
+        assert_eq!(wait.limit, Limit::SdkTimeout("x-stainless-timeout"));
         assert_eq!(wait.bound, Duration::from_millis(2500));
         // Switched off per model: the client's own header is next.
         assert_eq!(d.wait(now, queue, false).limit, Limit::MaxWait);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_read_timeout_of_openai_python_counts_and_the_smaller_sdk_header_wins() {
+        let now = Instant::now();
+        let queue = Duration::from_secs(30);
+        // openai-python 3.x sends only this one.
+        let d = Deadlines::read(&headers(&[("x-stainless-read-timeout", "2.0")]), now).unwrap();
+        let wait = d.wait(now, queue, true);
+        assert_eq!(wait.limit, Limit::SdkTimeout("x-stainless-read-timeout"));
+        assert_eq!(wait.bound, Duration::from_secs(2));
+        assert_eq!(wait.limit.as_str(), "x-stainless-read-timeout");
+        let both = [
+            ("x-stainless-timeout", "600"),
+            ("x-stainless-read-timeout", "3.5"),
+        ];
+        let wait = Deadlines::read(&headers(&both), now)
+            .unwrap()
+            .wait(now, queue, true);
+        assert_eq!(
+            (wait.limit, wait.bound),
+            (
+                Limit::SdkTimeout("x-stainless-read-timeout"),
+                Duration::from_millis(3500)
+            )
+        );
+        let reversed = [
+            ("x-stainless-timeout", "1"),
+            ("x-stainless-read-timeout", "3.5"),
+        ];
+        let wait = Deadlines::read(&headers(&reversed), now)
+            .unwrap()
+            .wait(now, queue, true);
+        assert_eq!(wait.limit, Limit::SdkTimeout("x-stainless-timeout"));
+        // A bad one is ignored, the good one counts.
+        let one_bad = [
+            ("x-stainless-timeout", "NOT_GIVEN"),
+            ("x-stainless-read-timeout", "4"),
+        ];
+        let wait = Deadlines::read(&headers(&one_bad), now)
+            .unwrap()
+            .wait(now, queue, true);
+        assert_eq!(wait.bound, Duration::from_secs(4));
     }
 
     #[tokio::test(start_paused = true)]

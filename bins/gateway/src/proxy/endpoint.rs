@@ -1,12 +1,14 @@
-//! The route table, read by steps 3 to 5: which of the engines' APIs a request is for, and what that route needs: where the
-//! model is named, whether it takes a slot, which kinds of upstream serve it.
+//! The endpoint table, read by steps 3 to 5: which of the engines' APIs (endpoints) a request is
+//! for, and what that endpoint needs: where the model is named, whether it takes a slot, which
+//! kinds of upstream serve it. (The *routing* table, from a model to its upstreams, is
+//! [`route`](crate::proxy::route).)
 //!
 //! The table follows what each engine really serves (the team's `PROTOCOLS.md`, §7, with
-//! sources): a route is sent only to upstreams whose [`Kind`] serves it, so an Ollama-native
+//! sources): an endpoint is sent only to upstreams whose [`Kind`] serves it, so an Ollama-native
 //! request never reaches a `llama-server`. `kind = "openai"` (a server the gateway knows nothing
-//! else about) gets the routes of OpenAI's own API.
+//! else about) gets the endpoints of OpenAI's own API.
 //!
-//! | routes | model | slot | kinds |
+//! | endpoints | model | slot | kinds |
 //! |---|---|---|---|
 //! | `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/responses`, `/v1/messages` | JSON | yes | all |
 //! | `/v1/messages/count_tokens` | JSON | no | llama-server, vLLM |
@@ -18,7 +20,8 @@
 //! | `/v1/audio/speech`, `/v1/images/generations` | JSON | yes | vLLM, openai |
 //! | `/api/chat`, `/api/generate`, `/api/embed`, `/api/embeddings` | JSON | yes | Ollama |
 //! | `/api/show` | JSON | no | Ollama |
-//! | `/api/pull`, `/api/push`, `/api/create`, `/api/delete`, `/api/copy` | JSON | no | Ollama, with `allow_model_management` |
+//! | `/api/pull`, `/api/push`, `/api/create`, `DELETE /api/delete` | JSON | no | Ollama, with `allow_model_management` |
+//! | `/api/copy` | JSON `source` | no | Ollama, with `allow_model_management` |
 //! | `/completion`, `/infill`, `/embedding`, `/embeddings` | JSON, optional | yes | llama-server |
 //! | `/tokenize`, `/detokenize` | JSON, optional | no | llama-server, vLLM |
 //! | `/apply-template` | JSON, optional | no | llama-server |
@@ -27,9 +30,10 @@
 //! `/v1/chat/completions`, `max(n, best_of)` on `/v1/completions`, one everywhere else
 //! (embeddings count one whatever their number of inputs).
 //!
-//! A request that names no model on an "optional" route goes to the only model the serving
+//! A request that names no model on an "optional" endpoint goes to the only model the serving
 //! kinds have (a single-model `llama-server` ignores `model`); with several, it is a 400.
 
+use http::Method;
 use slotgate_config::Kind;
 
 /// Every kind.
@@ -42,10 +46,10 @@ const OLLAMA: &[Kind] = &[Kind::Ollama];
 /// Served by none of the three engines; vLLM-Omni speaks the same API under `kind = "vllm"`.
 const VLLM_OPENAI: &[Kind] = &[Kind::Vllm, Kind::OpenAi];
 
-/// Which members carry a route's prompt (see [`request::prompt`](crate::proxy::request::prompt)).
+/// Which members carry an endpoint's prompt (see [`request::prompt`](crate::proxy::request::prompt)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Carries {
-    /// No prompt worth routing by (embeddings, rerank, audio, metadata routes).
+    /// No prompt worth routing by (embeddings, rerank, audio, metadata endpoints).
     Nothing,
     /// `messages`.
     Messages,
@@ -59,7 +63,7 @@ pub(crate) enum Carries {
     SystemAndPrompt,
 }
 
-/// Where a route's body names the model.
+/// Where an endpoint's body names the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ModelIn {
     /// The JSON body's `model` member, required.
@@ -69,9 +73,12 @@ pub(crate) enum ModelIn {
     /// The `model` field of a `multipart/form-data` body (an upload), required; the body limit
     /// is `max_upload_bytes`.
     Form,
+    /// The JSON body's `source` member, required: Ollama's `/api/copy`
+    /// (`{"source": …, "destination": …}`) acts on the model it copies from.
+    JsonSource,
 }
 
-/// One route of the engines' APIs.
+/// One endpoint of the engines' APIs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Endpoint {
     /// The path, exactly.
@@ -84,22 +91,24 @@ pub(crate) struct Endpoint {
     pub(crate) kinds: &'static [Kind],
     /// What `stream` means when the body does not say (`true` on Ollama's chat and generate).
     pub(crate) stream_default: bool,
-    /// Whether the route changes an engine's disk (sent only where `allow_model_management`).
+    /// Whether the endpoint changes an engine's disk (sent only where `allow_model_management`).
     pub(crate) manages_models: bool,
     /// How many engine slots (sequences) one request takes.
     pub(crate) weighed: Weighed,
+    /// The methods the route takes: `POST`, except Ollama's `DELETE /api/delete`.
+    pub(crate) methods: &'static [Method],
     /// Which members carry the prompt that cache-aware routing hashes.
     pub(crate) carries: Carries,
 }
 
-/// How many engine slots one request on a route takes: its weight at the limiter.
+/// How many engine slots one request on an endpoint takes: its weight at the limiter.
 ///
 /// An engine runs each generated choice as its own sequence, in its own slot
 /// (`docs/real-engine-notes.md`: llama-server showed `requests_processing 2` for one `"n": 2`
 /// request), so a request with `n` choices holds `n` slots, not one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Weighed {
-    /// One slot, whatever the body says (embeddings, rerank, Ollama's native routes, ...).
+    /// One slot, whatever the body says (embeddings, rerank, Ollama's native endpoints, ...).
     One,
     /// `n` slots: the number of choices (chat completions).
     Choices,
@@ -119,7 +128,13 @@ impl Endpoint {
             manages_models: false,
             weighed: Weighed::One,
             carries: Carries::Nothing,
+            methods: POST_ONLY,
         }
+    }
+
+    const fn taking(mut self, methods: &'static [Method]) -> Self {
+        self.methods = methods;
+        self
     }
 
     const fn carrying(mut self, carries: Carries) -> Self {
@@ -147,9 +162,9 @@ impl Endpoint {
         ENDPOINTS.iter().find(|endpoint| endpoint.path == path)
     }
 
-    /// Whether a streamed answer on this route is Server-Sent Events, which can carry a
+    /// Whether a streamed answer on this endpoint is Server-Sent Events, which can carry a
     /// queued client's keepalive comments (`queue_keepalive`) and a late `error` event. Ollama's
-    /// native routes stream NDJSON, which has no comments: keepalive is off there.
+    /// native endpoints stream NDJSON, which has no comments: keepalive is off there.
     pub(crate) fn streams_sse(&self) -> bool {
         matches!(
             self.path,
@@ -162,21 +177,39 @@ impl Endpoint {
         )
     }
 
+    /// Whether the route takes a JSON body whatever its `Content-Type` says, as Ollama does on
+    /// its native routes (`/api/…`); every other JSON route wants `application/json`.
+    pub(crate) fn takes_any_content_type(&self) -> bool {
+        self.path.starts_with("/api/")
+    }
+
     /// Whether this is the Responses API (`/v1/responses`), whose answers are recorded for
     /// their follow-ups ([`responses`](crate::proxy::responses)).
     pub(crate) fn is_responses(&self) -> bool {
         self.path == "/v1/responses"
     }
 
-    /// Whether an upstream of `kind` serves this route.
+    /// Whether an upstream of `kind` serves this endpoint.
     pub(crate) fn is_served_by(&self, kind: Kind) -> bool {
         self.kinds.contains(&kind)
     }
 }
 
-use ModelIn::{Form, Json, JsonOptional};
+/// A path segment that carries an id (`/v1/models/{id}`, `/v1/responses/{id}`),
+/// percent-decoded: both OpenAI SDKs encode the `/` of `Qwen/Qwen2.5-7B-Instruct` as `%2F`.
+/// `None` when the decoded bytes are not UTF-8 (no model or response has such an id).
+pub(crate) fn id_segment(raw: &str) -> Option<std::borrow::Cow<'_, str>> {
+    percent_encoding::percent_decode_str(raw).decode_utf8().ok()
+}
 
-/// The model-routed routes (see the module documentation).
+use ModelIn::{Form, Json, JsonOptional, JsonSource};
+
+/// `POST`, the method of every route but one.
+const POST_ONLY: &[Method] = &[Method::POST];
+/// Ollama deletes a model with `DELETE /api/delete` and a JSON body (api/client.go `Delete`).
+const DELETE_ONLY: &[Method] = &[Method::DELETE];
+
+/// The model-routed endpoints (see the module documentation).
 static ENDPOINTS: &[Endpoint] = &[
     Endpoint::new("/v1/chat/completions", Json, true, ALL)
         .weighed(Weighed::Choices)
@@ -211,8 +244,10 @@ static ENDPOINTS: &[Endpoint] = &[
     Endpoint::new("/api/pull", Json, false, OLLAMA).managing_models(),
     Endpoint::new("/api/push", Json, false, OLLAMA).managing_models(),
     Endpoint::new("/api/create", Json, false, OLLAMA).managing_models(),
-    Endpoint::new("/api/delete", Json, false, OLLAMA).managing_models(),
-    Endpoint::new("/api/copy", Json, false, OLLAMA).managing_models(),
+    Endpoint::new("/api/delete", Json, false, OLLAMA)
+        .managing_models()
+        .taking(DELETE_ONLY),
+    Endpoint::new("/api/copy", JsonSource, false, OLLAMA).managing_models(),
     Endpoint::new("/completion", JsonOptional, true, LLAMA).carrying(Carries::Prompt),
     Endpoint::new("/infill", JsonOptional, true, LLAMA),
     Endpoint::new("/embedding", JsonOptional, true, LLAMA),
@@ -237,7 +272,7 @@ mod tests {
     }
 
     #[test]
-    fn native_routes_go_only_to_their_engine() {
+    fn native_endpoints_go_only_to_their_engine() {
         let chat = Endpoint::find("/api/chat").unwrap();
         assert!(chat.slot && chat.stream_default);
         assert!(chat.is_served_by(Kind::Ollama));
@@ -251,7 +286,7 @@ mod tests {
     }
 
     #[test]
-    fn metadata_routes_take_no_slot_and_inference_routes_do() {
+    fn metadata_endpoints_take_no_slot_and_inference_endpoints_do() {
         for path in ["/tokenize", "/detokenize", "/apply-template", "/api/show"] {
             assert!(!Endpoint::find(path).unwrap().slot, "{path}");
         }
@@ -267,7 +302,7 @@ mod tests {
     }
 
     #[test]
-    fn only_ollamas_disk_routes_manage_models() {
+    fn only_ollamas_disk_endpoints_manage_models() {
         let managing: Vec<&str> = ENDPOINTS
             .iter()
             .filter(|e| e.manages_models)
@@ -286,7 +321,28 @@ mod tests {
     }
 
     #[test]
-    fn unknown_paths_are_not_routes() {
+    fn id_segments_are_percent_decoded() {
+        use super::id_segment;
+        assert_eq!(
+            id_segment("Qwen%2FQwen2.5-7B-Instruct").as_deref(),
+            Some("Qwen/Qwen2.5-7B-Instruct")
+        );
+        assert_eq!(id_segment("plain:7b").as_deref(), Some("plain:7b"));
+        assert_eq!(id_segment("a%3Ab%20c").as_deref(), Some("a:b c"));
+        assert_eq!(id_segment("bad%FF"), None);
+    }
+
+    #[test]
+    fn ollamas_management_routes_take_their_real_methods_and_members() {
+        let delete = Endpoint::find("/api/delete").unwrap();
+        assert_eq!(delete.methods, &[http::Method::DELETE]);
+        let copy = Endpoint::find("/api/copy").unwrap();
+        assert_eq!(copy.model, ModelIn::JsonSource);
+        assert_eq!(copy.methods, &[http::Method::POST]);
+    }
+
+    #[test]
+    fn unknown_paths_are_not_endpoints() {
         assert!(Endpoint::find("/v1/nope").is_none());
         assert!(
             Endpoint::find("/api/tags").is_none(),

@@ -9,7 +9,9 @@
 //! ```
 //!
 //! `position` is the request's place in line (1 is next), `ahead` the waiters expected to be
-//! served before it ([`QueuePosition::ahead`](slotgate_limiter::QueuePosition)), `eta_s` the
+//! served before it ([`QueuePosition::ahead`](slotgate_limiter::QueuePosition)); under
+//! `[cluster]` the same count for the shared queue, read again from the store before each
+//! comment after the first (one round trip each), `eta_s` the
 //! wait expected from recent slot hold times, in whole seconds (the estimate behind
 //! `Retry-After`; before any hold was observed, a typical answer's length stands in). SSE
 //! clients ignore comments, and a proxy between them sees bytes often enough not to cut an idle
@@ -39,6 +41,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use http_body::{Body, Frame};
+use slotgate_limiter_redis::Standing;
 use tokio::time::{Interval, MissedTickBehavior};
 
 use http::Response;
@@ -48,7 +51,7 @@ use crate::error::BoxError;
 use crate::metrics::Metrics;
 use crate::proxy::admit::{Queued, Refused, Slot};
 use crate::proxy::answer::{Answerer, Streamed, mark_upstream};
-use crate::proxy::body::sse_event;
+use crate::proxy::body::last_message;
 use crate::proxy::choose::Routed;
 use crate::proxy::problems::{self, Error, Unavailable};
 use crate::proxy::send::{Sender, Sent};
@@ -73,9 +76,16 @@ pub(crate) struct KeepaliveBody {
 enum Stage {
     /// In the queue.
     Queued {
-        queued: Queued,
+        /// Boxed: the wait is by far the largest stage.
+        queued: Box<Queued>,
         forward: Forward,
         refuse: Refuse,
+        /// Under `[cluster]`: the count of waiters ahead being read again from the store, for
+        /// the comment due now.
+        refreshing: Option<BoxFuture<'static, Standing>>,
+        /// Under `[cluster]`: the first comment goes out with the count the acquire's own reply
+        /// gave; the later ones read it again first.
+        fresh: bool,
     },
     /// The slot is granted and the request is with the engine.
     Sending(BoxFuture<'static, Result<Streamed, Bytes>>),
@@ -118,9 +128,11 @@ impl KeepaliveBody {
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
         Self {
             stage: Stage::Queued {
-                queued,
+                queued: Box::new(queued),
                 forward,
                 refuse,
+                refreshing: None,
+                fresh: true,
             },
             ticker,
             target,
@@ -142,17 +154,39 @@ impl KeepaliveBody {
     }
 
     /// The comment that tells the client where it stands.
-    fn position_comment(&self, queued: &Queued) -> Option<Bytes> {
-        let position = queued.position()?;
-        let reading = self.target.reading();
-        let slots = self.target.slots(&reading).unwrap_or(usize::MAX);
-        let eta = self.target.hold.eta(position.ahead, slots);
+    fn position_comment(target: &Target, queued: &Queued) -> Option<Bytes> {
+        let ahead = queued.ahead()?;
+        let reading = target.reading();
+        let slots = target.slots(&reading).unwrap_or(usize::MAX);
+        let eta = target.hold.eta(ahead, slots);
         let eta_s = eta.as_secs() + u64::from(eta.subsec_nanos() > 0);
         Some(Bytes::from(format!(
-            ": queued position={} ahead={} eta_s={eta_s}\n\n",
-            position.ahead.saturating_add(1),
-            position.ahead,
+            ": queued position={} ahead={ahead} eta_s={eta_s}\n\n",
+            ahead.saturating_add(1),
         )))
+    }
+
+    /// The comment due after a tick, once the count it shows is known: under `[cluster]`
+    /// read again from the shared store (one round trip per comment, after the first),
+    /// otherwise the local queue's, at once.
+    fn poll_comment(
+        target: &Target,
+        queued: &Queued,
+        refreshing: &mut Option<BoxFuture<'static, Standing>>,
+        fresh: &mut bool,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Bytes>> {
+        if refreshing.is_none()
+            && !std::mem::take(fresh)
+            && let (Some(place), Some(key)) = (queued.place(), target.shared.as_ref())
+        {
+            *refreshing = Some(key.refresh(place));
+        }
+        if let Some(refresh) = refreshing {
+            ready!(refresh.as_mut().poll(cx));
+            *refreshing = None;
+        }
+        Poll::Ready(Self::position_comment(target, queued))
     }
 }
 
@@ -168,7 +202,7 @@ impl Body for KeepaliveBody {
         loop {
             match &mut this.stage {
                 Stage::Queued { queued, .. } => {
-                    if let Poll::Ready(outcome) = Pin::new(&mut *queued).poll(cx) {
+                    if let Poll::Ready(outcome) = Pin::new(&mut **queued).poll(cx) {
                         let waited = queued.waited();
                         let Stage::Queued {
                             forward, refuse, ..
@@ -187,10 +221,26 @@ impl Body for KeepaliveBody {
                         };
                         return Poll::Ready(Some(Ok(Frame::data(frame))));
                     }
-                    ready!(this.ticker.poll_tick(cx));
-                    if let Stage::Queued { queued, .. } = &this.stage
-                        && let Some(comment) = this.position_comment(queued)
-                    {
+                    let Stage::Queued {
+                        queued,
+                        refreshing,
+                        fresh,
+                        ..
+                    } = &mut this.stage
+                    else {
+                        unreachable!("matched as queued just above");
+                    };
+                    if refreshing.is_none() {
+                        ready!(this.ticker.poll_tick(cx));
+                    }
+                    let comment = ready!(Self::poll_comment(
+                        &this.target,
+                        queued,
+                        refreshing,
+                        fresh,
+                        cx
+                    ));
+                    if let Some(comment) = comment {
                         return Poll::Ready(Some(Ok(Frame::data(comment))));
                     }
                 }
@@ -276,7 +326,18 @@ pub(crate) async fn forward(
 /// ([`problems::record`]).
 pub(crate) fn last_event(routed: &Routed, error: &Error, metrics: &Metrics) -> Bytes {
     problems::record(error, &routed.generation.routes, metrics, &routed.access);
-    sse_event(error.to_problem(), routed.id())
+    ending(routed, error.to_problem())
+}
+
+/// The SSE event that ends `routed`'s stream with `problem`, in the client's dialect (an
+/// Anthropic client gets `event: error`, the only event its SDKs raise on).
+fn ending(routed: &Routed, problem: slotgate_problem::Problem) -> Bytes {
+    last_message(
+        problem,
+        routed.id(),
+        slotgate_problem::Dialect::of_path(routed.endpoint.path),
+        slotgate_problem::Framing::Sse,
+    )
 }
 
 /// The most of an engine's error answer read to explain it.
@@ -305,5 +366,5 @@ async fn engine_refused(routed: &Routed, target: &Target, answer: Response<Strea
         ))
         .with_extension("upstream_status", status)
         .with_extension("upstream_error", engine);
-    sse_event(problem, routed.id())
+    ending(routed, problem)
 }

@@ -14,6 +14,7 @@ pub(crate) mod body;
 pub(crate) mod cache_aware;
 pub(crate) mod choose;
 pub(crate) mod client;
+pub(crate) mod cors;
 pub(crate) mod endpoint;
 pub(crate) mod forward;
 pub(crate) mod keepalive;

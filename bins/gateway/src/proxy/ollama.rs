@@ -10,6 +10,11 @@
 //!
 //! `GET /api/version` is the engine's version, so it is passed to an Ollama upstream instead
 //! ([`version`]).
+//!
+//! `GET /` and `HEAD /` answer as Ollama's heartbeat (`200 Ollama is running`, what the `ollama`
+//! CLI's `Heartbeat` asks before every command) when some upstream is `kind = "ollama"`: the
+//! gateway then stands for an Ollama server. Like Ollama's, the heartbeat needs no key; it
+//! tells nothing but that the gateway is up. Without an Ollama upstream, `/` is a 404.
 
 use http::{HeaderValue, Request, Response};
 use slotgate_config::Kind;
@@ -21,9 +26,32 @@ use crate::proxy::live::Generation;
 use crate::proxy::problems::Error;
 use crate::proxy::route::{Route, Routes};
 use crate::proxy::send::Sender;
+use crate::upstreams::state::Upstreams;
 
 /// The path of Ollama's version endpoint, passed through to an Ollama upstream.
 pub(crate) const VERSION: &str = "/api/version";
+
+/// The heartbeat's path.
+pub(crate) const HEARTBEAT_PATH: &str = "/";
+
+/// The heartbeat's answer: `200 Ollama is running`, Ollama's own words (server/routes.go).
+pub(crate) fn heartbeat() -> Response<http_body_util::Full<bytes::Bytes>> {
+    let mut response = Response::new(http_body_util::Full::new(bytes::Bytes::from_static(
+        b"Ollama is running",
+    )));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// Whether `GET /` answers as Ollama's heartbeat: some configured upstream is an Ollama.
+pub(crate) fn answers_heartbeat(upstreams: &Upstreams) -> bool {
+    upstreams
+        .iter()
+        .any(|upstream| upstream.kind == Kind::Ollama)
+}
 
 /// Which listing a request asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response};
-use slotgate_problem::Problem;
+use slotgate_problem::{Dialect, Problem};
 use tracing::{debug, warn};
 
 use crate::error::{BoxError, chain};
@@ -94,11 +94,13 @@ pub(crate) enum Error {
         /// The route asked for.
         route: &'static str,
     },
-    /// A Responses follow-up names a response with no recorded upstream.
+    /// A Responses follow-up, or a request by id, names a response with no recorded upstream.
     #[error("no upstream is recorded for response {id:?}")]
     ResponseNotFound {
         /// The response id.
         id: String,
+        /// Named in the path (`/v1/responses/{id}`), not as `previous_response_id`.
+        in_path: bool,
     },
     /// The upstream holding the response a follow-up names cannot take it.
     #[error("upstream {upstream} holding response {id:?} is unavailable")]
@@ -321,7 +323,7 @@ pub(crate) enum Unavailable {
 /// A client's deadline that bounded a queue wait (see [`Error::QueueTimeout`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Deadline {
-    /// The header that set it: `x-slotgate-max-wait` or `x-stainless-timeout`.
+    /// The header that set it: `x-slotgate-max-wait`, `x-stainless-timeout` or `x-stainless-read-timeout`.
     pub(crate) header: &'static str,
     /// Its value.
     pub(crate) bound: Duration,
@@ -346,6 +348,9 @@ pub(crate) enum BadRequest {
     /// A route that needs `model` got a body without it.
     #[error("the request body has no `model` member")]
     NoModel,
+    /// Ollama's `/api/copy` got a body without `source`.
+    #[error("the request body has no `source` member (the model to copy)")]
+    NoSource,
     /// `model` is there, but not a string.
     #[error("`model` must be a string")]
     ModelNotString,
@@ -423,6 +428,18 @@ pub(crate) enum BadRequest {
 }
 
 impl BadRequest {
+    /// The header at fault, when it is a header and not the body.
+    fn header(&self) -> Option<&str> {
+        match self {
+            BadRequest::TenantNotText { header } | BadRequest::TenantTooLong { header, .. } => {
+                Some(header)
+            }
+            BadRequest::MaxWait { header } => Some(header.as_str()),
+            BadRequest::ContentLength => Some("content-length"),
+            _ => None,
+        }
+    }
+
     /// The problem's `detail`: what is wrong and, for a parse error, the parser's own words
     /// (its first cause only, as the client needs no deeper chain).
     pub(crate) fn detail(&self) -> String {
@@ -489,13 +506,17 @@ impl Error {
             Error::ModelNotFound { model } => Problem::model_not_found(model),
             Error::RouteNotServed { model, route } => Problem::route_not_served(model, route),
             Error::RouteDisabled { model, route } => Problem::route_disabled(model, route),
-            Error::ResponseNotFound { id } => Problem::response_not_found(id),
+            Error::ResponseNotFound { id, in_path: false } => Problem::response_not_found(id),
+            Error::ResponseNotFound { id, in_path: true } => Problem::response_id_not_found(id),
             Error::ResponseUpstreamUnavailable {
                 id,
                 upstream,
                 retry_after,
             } => Problem::response_upstream_unavailable(id, upstream, *retry_after),
-            Error::BadRequest(bad) => Problem::bad_request(bad.detail()),
+            Error::BadRequest(bad) => match bad.header() {
+                Some(header) => Problem::bad_header(header, bad.detail()),
+                None => Problem::bad_request(bad.detail()),
+            },
             Error::TooHeavy {
                 upstream,
                 model,
@@ -699,6 +720,34 @@ impl Error {
     }
 }
 
+/// The header the Anthropic SDKs read the request id from, set beside `x-request-id` on every
+/// answer of an Anthropic route.
+pub(crate) const ANTHROPIC_REQUEST_ID: http::HeaderName =
+    http::HeaderName::from_static("request-id");
+
+/// The dialect a refusal of `req` is written in ([`Dialect`]): the route's, except that a client
+/// of an Ollama route that asks for `application/problem+json` in `Accept` gets the problem
+/// document (Anthropic's and OpenAI's already are one).
+pub(crate) fn dialect<B>(req: &Request<B>) -> Dialect {
+    match Dialect::of_path(req.uri().path()) {
+        Dialect::Ollama if accepts_problem(req.headers()) => Dialect::OpenAi,
+        dialect => dialect,
+    }
+}
+
+/// Whether `Accept` names `application/problem+json` (any case, any parameters).
+fn accepts_problem(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|item| {
+            let media = item.split(';').next().unwrap_or_default().trim();
+            media.eq_ignore_ascii_case(slotgate_problem::CONTENT_TYPE)
+        })
+}
+
 /// Everything a request that ends with `error` leaves behind but its document, derived from the
 /// error here and nowhere else: the refusal counted in `slotgate_rejections_total` (through
 /// the model's pre-resolved counter in `routes` when it has one, so no label is hashed), and
@@ -719,20 +768,32 @@ pub(crate) fn record(error: &Error, routes: &Routes, metrics: &Metrics, access: 
     access.failed(outcome, reason);
 }
 
-/// The response for `error`, carrying the request id: as the `request_id` member, and as
-/// `instance` (`urn:uuid:…`) when it is a UUID. The caller sets the `x-request-id` header on
-/// every response.
-pub(crate) fn respond<B: From<Bytes>>(error: &Error, request_id: &HeaderValue) -> Response<B> {
-    document(error, error.to_problem(), error.is_fault(), request_id)
+/// The response for `error` in `dialect`, carrying the request id: as the `request_id`
+/// member, and as `instance` (`urn:uuid:…`) when it is a UUID. The caller sets the
+/// `x-request-id` header on every response.
+pub(crate) fn respond<B: From<Bytes>>(
+    error: &Error,
+    request_id: &HeaderValue,
+    dialect: Dialect,
+) -> Response<B> {
+    document(
+        error,
+        error.to_problem(),
+        error.is_fault(),
+        request_id,
+        dialect,
+    )
 }
 
-/// The response carrying `problem`, the document for `error` (logged: as a warning when it is
-/// a `fault` of the gateway or an upstream), with the request id as [`respond`] says.
+/// The response carrying `problem` in `dialect`, the document for `error` (logged: as a
+/// warning when it is a `fault` of the gateway or an upstream), with the request id as
+/// [`respond`] says.
 pub(crate) fn document<B: From<Bytes>>(
     error: &(dyn std::error::Error + 'static),
     problem: Problem,
     fault: bool,
     request_id: &HeaderValue,
+    dialect: Dialect,
 ) -> Response<B> {
     let id = request_id.to_str().unwrap_or_default();
     if fault {
@@ -745,7 +806,7 @@ pub(crate) fn document<B: From<Bytes>>(
     if let Ok(uuid) = uuid::Uuid::try_parse(id) {
         problem = problem.with_instance(format!("urn:uuid:{}", uuid.hyphenated()));
     }
-    problem.to_response()
+    problem.to_response_in(dialect)
 }
 
 /// `Ok` when `req` uses one of `methods`, else the `MethodNotAllowed` error naming them.
@@ -774,6 +835,8 @@ mod tests {
 
     use bytes::Bytes;
     use http::{HeaderValue, Method, Response};
+
+    use slotgate_problem::Dialect;
 
     use super::{BadRequest, Error, respond};
 
@@ -816,7 +879,10 @@ mod tests {
                 false,
             ),
             (
-                Error::ResponseNotFound { id: "r".into() },
+                Error::ResponseNotFound {
+                    id: "r".into(),
+                    in_path: false,
+                },
                 404,
                 "response-not-found",
                 false,
@@ -964,7 +1030,7 @@ mod tests {
     fn every_error_becomes_its_problem_document() {
         let id = HeaderValue::from_static("req-1");
         for (error, status, slug, retry) in every_error() {
-            let response: Response<Bytes> = respond(&error, &id);
+            let response: Response<Bytes> = respond(&error, &id, Dialect::OpenAi);
             assert_eq!(response.status().as_u16(), status, "{error:?}");
             assert_eq!(
                 response.headers()["content-type"],
@@ -1081,7 +1147,7 @@ mod tests {
     #[test]
     fn a_uuid_request_id_becomes_the_instance() {
         let id = HeaderValue::from_static("0b7c6f3e-1d2a-4c5b-9e8f-7a6b5c4d3e2f");
-        let response: Response<Bytes> = respond(&Error::Unauthorized, &id);
+        let response: Response<Bytes> = respond(&Error::Unauthorized, &id, Dialect::OpenAi);
         let doc: serde_json::Value = serde_json::from_slice(response.body()).unwrap();
         assert_eq!(
             doc["instance"],
@@ -1123,6 +1189,22 @@ mod tests {
             let doc = Error::BadRequest(bad).to_problem();
             assert_eq!(doc.detail(), Some(detail.as_str()));
         }
+    }
+
+    #[test]
+    fn a_bad_header_is_not_called_a_bad_body() {
+        let doc = Error::BadRequest(BadRequest::MaxWait {
+            header: http::HeaderName::from_static("x-slotgate-max-wait"),
+        })
+        .to_problem();
+        assert!(
+            doc.message()
+                .starts_with("The `x-slotgate-max-wait` header is invalid"),
+            "{doc:?}"
+        );
+        assert_eq!(doc.param(), Some("x-slotgate-max-wait"));
+        let body = Error::BadRequest(BadRequest::NoModel).to_problem();
+        assert!(body.message().starts_with("The request body is invalid"));
     }
 
     #[test]

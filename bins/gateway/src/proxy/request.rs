@@ -142,6 +142,9 @@ pub(crate) struct ApiRequest {
 struct Head<'a> {
     #[serde(borrow, default)]
     model: Option<&'a RawValue>,
+    /// Ollama's `/api/copy` names its model here.
+    #[serde(borrow, default)]
+    source: Option<&'a RawValue>,
     #[serde(default)]
     stream: Option<bool>,
     /// Anything but a string is the engine's to refuse.
@@ -190,7 +193,12 @@ where
     let boundary = if form {
         Some(form::boundary(&parts.headers)?)
     } else {
-        check_content_type(&parts.headers)?;
+        // Ollama reads any body as JSON whatever its `Content-Type` (gin's `ShouldBindJSON`),
+        // and its own docs' `curl -d '{…}'` sends `application/x-www-form-urlencoded`: its
+        // routes do the same. The body must still parse as a JSON object, under the limit.
+        if !endpoint.takes_any_content_type() {
+            check_content_type(&parts.headers)?;
+        }
         None
     };
     let (body, held) = read_body(&parts.headers, body, limits).await?;
@@ -492,7 +500,11 @@ fn parse(body: &[u8], endpoint: &Endpoint) -> Result<Parsed, Error> {
         metadata: head.metadata,
     }
     .prompt(body, endpoint.carries);
-    let Some(raw) = head.model else {
+    let named = match endpoint.model {
+        ModelIn::JsonSource => head.source,
+        _ => head.model,
+    };
+    let Some(raw) = named else {
         if endpoint.model == ModelIn::JsonOptional {
             return Ok(Parsed {
                 model: None,
@@ -503,7 +515,11 @@ fn parse(body: &[u8], endpoint: &Endpoint) -> Result<Parsed, Error> {
                 prompt,
             });
         }
-        return Err(BadRequest::NoModel.into());
+        return Err(match endpoint.model {
+            ModelIn::JsonSource => BadRequest::NoSource,
+            _ => BadRequest::NoModel,
+        }
+        .into());
     };
     let model: String = serde_json::from_str(raw.get()).map_err(|_| BadRequest::ModelNotString)?;
     if model.is_empty() {

@@ -6,6 +6,7 @@
 //! ([`affinity`](crate::proxy::affinity)).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response};
@@ -13,7 +14,7 @@ use http_body::Body;
 
 use crate::error::BoxError;
 use crate::proxy::affinity::ResponseAffinity;
-use crate::proxy::answer::{Streamed, passed_through};
+use crate::proxy::answer::{Streamed, mark_state, passed_through};
 use crate::proxy::choose::{Routed, Steer};
 use crate::proxy::forward::ForwardError;
 use crate::proxy::live::Generation;
@@ -62,7 +63,7 @@ impl Steer for FollowUp {
         let Some(id) = &routed.api.previous_response_id else {
             return Ok(());
         };
-        let holder = holder(&*self.affinity, id, &routed.generation)?;
+        let holder = holder(&*self.affinity, id, &routed.generation, false)?;
         ranked.retain(|target| target.upstream.name == holder.name);
         if ranked.is_empty() {
             return Err(Error::ResponseUpstreamUnavailable {
@@ -75,14 +76,17 @@ impl Steer for FollowUp {
     }
 }
 
-/// The upstream recorded for response `id`, if it exists in this configuration.
+/// The upstream recorded for response `id`, if it exists in this configuration; `in_path` when
+/// the id came in the path rather than as `previous_response_id`.
 fn holder<'g>(
     affinity: &dyn ResponseAffinity,
     id: &str,
     generation: &'g Generation,
+    in_path: bool,
 ) -> Result<&'g Arc<UpstreamState>, Error> {
     let not_found = || Error::ResponseNotFound {
         id: id.chars().take(200).collect(),
+        in_path,
     };
     let name = affinity.lookup(id).ok_or_else(not_found)?;
     // Removed by a reload: as gone as a deleted response.
@@ -104,7 +108,7 @@ where
     B::Error: Into<BoxError>,
 {
     let server = &generation.config.server;
-    let upstream = holder(affinity, id, generation)?;
+    let upstream = holder(affinity, id, generation, true)?;
     let unavailable = || Error::ResponseUpstreamUnavailable {
         id: id.to_owned(),
         upstream: upstream.name.clone(),
@@ -134,7 +138,10 @@ where
     if deleting && response.status().is_success() {
         affinity.forget(id);
     }
-    Ok(passed_through(response))
+    let mut response = passed_through(response);
+    // The routing headers, as on every answer an upstream gave (no slot: no wait).
+    mark_state(response.headers_mut(), upstream, Duration::ZERO);
+    Ok(response)
 }
 
 #[cfg(test)]

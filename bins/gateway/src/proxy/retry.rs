@@ -1,4 +1,4 @@
-//! The retry step: the candidate loop's state ([`Tries`]) — which target comes next, what each
+//! Step 9, retry: the candidate loop's state ([`Tries`]) — which target comes next, what each
 //! target that did not end the request left behind, and what the request ends with when no
 //! target took it.
 //!

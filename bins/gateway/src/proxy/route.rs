@@ -1,4 +1,5 @@
-//! Step 4: from the `model` a client asked for to the upstreams that may serve it, best first.
+//! Step 4's routing table: from the `model` a client asked for to the upstreams that may serve
+//! it, best first.
 //!
 //! The routing table is built once from the configuration:
 //!
@@ -66,10 +67,6 @@ impl Routes {
     /// (live: a changed limit applies to requests already waiting) and creates each key's
     /// metrics. `upstreams` must have been built from the same `config`; hold-time statistics,
     /// engine load readings and discovered slot counts are carried over from `previous`.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "one pass over the upstreams' models, each configuring its keys and target"
-    )]
     pub(crate) fn build(
         config: &Config,
         upstreams: &Upstreams,
@@ -102,65 +99,17 @@ impl Routes {
             };
             let authority = state.authority.as_str();
             // The engine-wide cap, before the models' keys: a key joins its host's cap with the
-            // units it holds. A reload that takes the cap away lifts it (the limiter keeps a cap
-            // once made); an upstream that never had one gets none, so its models stay capped
-            // one by one with nothing shared to lock.
-            match upstream.parallel {
-                Some(parallel) => {
-                    limiter.configure_host(authority, parallel);
-                    // Under `[cluster]` the replicas share it (last writer wins).
-                    if let Some(cluster) = cluster {
-                        cluster.configure_host(authority, parallel);
-                    }
-                }
-                None if limiter.host_reading(authority).is_some() => {
-                    limiter.configure_host(authority, usize::MAX);
-                    if let Some(cluster) = cluster {
-                        cluster.configure_host(authority, usize::MAX);
-                    }
-                }
-                None => {}
-            }
+            // units it holds.
+            configure_host(limiter, cluster, authority, upstream.parallel);
             for (model, limits) in &upstream.models {
                 let previous = carried.get(&(authority, model.as_str()));
-                // Requests sent ahead to wait in the engine's own queue: the key's cap is the
-                // engine's slots plus these (`Target::slots` gives the slots alone).
-                let prefetch = upstream.queueing(model).prefetch;
-                let mut shared = None;
-                let (sizing, queue_timeout) = match *limits {
-                    ModelLimits::Limited {
-                        parallel,
-                        queue,
-                        queue_timeout,
-                        capacity,
-                    } => {
-                        let cap = parallel.saturating_add(prefetch);
-                        limiter.configure(authority, model.as_str(), cap, queue);
-                        shared = cluster.map(|cluster| {
-                            let order = order_of(upstream.queueing(model).order);
-                            SharedKey::configure(cluster, authority, model, (cap, queue), order)
-                        });
-                        (Sizing::Fixed { capacity }, Some(queue_timeout))
-                    }
-                    ModelLimits::Unlimited => {
-                        limiter.configure(authority, model.as_str(), usize::MAX, 0);
-                        (Sizing::Unlimited, None)
-                    }
-                    ModelLimits::Auto {
-                        queue,
-                        queue_timeout,
-                    } => {
-                        // Configures the key with the count found so far (0 while none).
-                        let auto = AutoSlots::new(
-                            state,
-                            model,
-                            (queue, prefetch),
-                            limiter,
-                            previous.and_then(|p| p.auto()),
-                        );
-                        (Sizing::Auto(Arc::new(auto)), Some(queue_timeout))
-                    }
-                };
+                let (sizing, queue_timeout, shared) = configure_key(
+                    (limiter, cluster),
+                    (upstream, state),
+                    model,
+                    limits,
+                    previous.and_then(|p| p.auto()),
+                );
                 let queueing = configure_order(limiter, authority, model, upstream);
                 let engine_model = upstream.engine_model(model);
                 let target = Target {
@@ -312,6 +261,88 @@ impl Route {
             .collect();
         (!reasons.is_empty()).then(|| reasons.join("; "))
     }
+}
+
+/// Makes or lifts an upstream's engine-wide cap, in `limiter` and (under `[cluster]`) in the
+/// shared store. A reload that takes the cap away lifts it (the limiter keeps a cap once made);
+/// an upstream that never had one gets none, so its models stay capped one by one with nothing
+/// shared to lock.
+fn configure_host(
+    limiter: &Limiter,
+    cluster: Option<&RedisLimiter>,
+    authority: &str,
+    parallel: Option<usize>,
+) {
+    match parallel {
+        Some(parallel) => {
+            limiter.configure_host(authority, parallel);
+            // Under `[cluster]` the replicas share it (last writer wins).
+            if let Some(cluster) = cluster {
+                cluster.configure_host(authority, parallel);
+            }
+        }
+        None if limiter.host_reading(authority).is_some() => {
+            limiter.configure_host(authority, usize::MAX);
+            if let Some(cluster) = cluster {
+                cluster.configure_host(authority, usize::MAX);
+            }
+        }
+        None => {}
+    }
+}
+
+/// Configures the limiter key (and the shared key, under `[cluster]`) of one (upstream, model)
+/// for its `limits`: how its slots are sized, how long a request may queue, and its shared key.
+/// Requests sent ahead to wait in the engine's own queue (`prefetch`) add to the key's cap
+/// (`Target::slots` gives the engine's slots alone).
+fn configure_key(
+    (limiter, cluster): (&Limiter, Option<&RedisLimiter>),
+    (upstream, state): (&slotgate_config::Upstream, &Arc<UpstreamState>),
+    model: &str,
+    limits: &ModelLimits,
+    carried_auto: Option<&AutoSlots>,
+) -> (Sizing, Option<std::time::Duration>, Option<SharedKey>) {
+    let authority = state.authority.as_str();
+    let mut shared = None;
+    let prefetch = upstream.queueing(model).prefetch;
+    let (sizing, queue_timeout) = match *limits {
+        ModelLimits::Limited {
+            parallel,
+            queue,
+            queue_timeout,
+            capacity,
+        } => {
+            let cap = parallel.saturating_add(prefetch);
+            limiter.configure(authority, model, cap, queue);
+            shared = cluster.map(|cluster| {
+                let order = order_of(upstream.queueing(model).order);
+                SharedKey::configure(cluster, authority, model, (cap, queue), order)
+            });
+            (Sizing::Fixed { capacity }, Some(queue_timeout))
+        }
+        ModelLimits::Unlimited => {
+            limiter.configure(authority, model, usize::MAX, 0);
+            (Sizing::Unlimited, None)
+        }
+        ModelLimits::Auto {
+            queue,
+            queue_timeout,
+        } => {
+            // Configures the key with the count found so far (0 while none); under
+            // `[cluster]` the count is written to the store once known.
+            let order = order_of(upstream.queueing(model).order);
+            let auto = AutoSlots::new(
+                state,
+                model,
+                (queue, prefetch),
+                (limiter, cluster.map(|cluster| (cluster.clone(), order))),
+                carried_auto,
+            );
+            shared = cluster.map(|cluster| SharedKey::attach(cluster, authority, model));
+            (Sizing::Auto(Arc::new(auto)), Some(queue_timeout))
+        }
+    };
+    (sizing, queue_timeout, shared)
 }
 
 /// Applies `model`'s `queue_order` on `upstream` to its limiter key, and returns how the model

@@ -1,7 +1,7 @@
 //! Step 1: accept connections and serve them, until shutdown.
 //!
 //! - HTTP/1.1 and h2c (prior knowledge) on the same port, via hyper-util's `auto::Builder`.
-//! - TLS when the listener has a certificate ([`listener_tls`](crate::listener_tls)): the
+//! - TLS when the listener has a certificate ([`tls::listener`](crate::tls::listener)): the
 //!   handshake (ALPN `h2` or `http/1.1`) must end within the header-read timeout (a timed-out
 //!   one counts as `bound="header_timeout"`), then the decrypted connection is served exactly
 //!   like a plain one, under every bound below.
@@ -309,6 +309,74 @@ async fn make_room(
     }
 }
 
+/// The first part of serving a connection: waits for its first byte and, on a TLS listener,
+/// its handshake, both under `header_read_timeout`; `None` when the connection is to be dropped
+/// (silent, failed handshake, shed, or the server stops), with whether it was asked to make
+/// room already (an HTTP/2 preface came, but this task had not seen it yet).
+async fn open(
+    name: &'static str,
+    (stream, peer): (TcpStream, SocketAddr),
+    tls: Option<TlsAcceptor>,
+    settings: &ServerSettings,
+    counters: &ServerCounters,
+    stopping: &mut ShutdownSignal,
+    member: &Member,
+) -> Option<(
+    Either<TcpStream, tokio_rustls::server::TlsStream<TcpStream>>,
+    bool,
+)> {
+    // auto::Builder sniffs the protocol before hyper's own header timeout starts, so a client
+    // that connects and stays silent is dropped here (or at shutdown: it has nothing in flight
+    // to drain). One asked to make room before this task saw its first byte may have sent it
+    // already (an HTTP/2 preface): it is served just far enough to say goodbye with a `GOAWAY`.
+    let mut shed_early = false;
+    let spoke = tokio::select! {
+        biased;
+        () = stopping.fired() => false,
+        () = member.shed_asked() => {
+            if tls.is_some() || !bytes_waiting(&stream) {
+                return None;
+            }
+            shed_early = true;
+            first_byte_within(&stream, settings.header_read_timeout).await
+        }
+        spoke = first_byte_within(&stream, settings.header_read_timeout) => spoke,
+    };
+    if !spoke {
+        if !stopping.is_fired() {
+            counters.header_timeout.inc();
+        }
+        debug!(listener = name, %peer, "no request within the header-read timeout");
+        return None;
+    }
+    // On a TLS listener the handshake comes first, under the same bound as a request head.
+    match tls {
+        None => Some((Either::Left(stream), shed_early)),
+        Some(acceptor) => {
+            let handshake =
+                tokio::time::timeout(settings.header_read_timeout, acceptor.accept(stream));
+            let done = tokio::select! {
+                biased;
+                () = stopping.fired() => return None,
+                () = member.shed_asked() => return None,
+                done = handshake => done,
+            };
+            match done {
+                Ok(Ok(stream)) => Some((Either::Right(stream), false)),
+                Ok(Err(error)) => {
+                    debug!(listener = name, %peer, %error, "TLS handshake failed");
+                    None
+                }
+                Err(_elapsed) => {
+                    counters.header_timeout.inc();
+                    debug!(listener = name, %peer, "TLS handshake not done within the header-read timeout");
+                    None
+                }
+            }
+        }
+    }
+}
+
 /// Serves one accepted connection (after the TLS handshake, with `tls`) until it ends, is idle
 /// for too long, is shed, or the server stops; `permit` is its place under the connection
 /// limit, `member` its place on the listener's roster of connections that may be shed.
@@ -340,56 +408,18 @@ async fn serve_connection<S, B>(
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
-    // auto::Builder sniffs the protocol before hyper's own header timeout starts, so a client
-    // that connects and stays silent is dropped here (or at shutdown: it has nothing in flight
-    // to drain).
-    // A connection asked to make room before this task saw its first byte may have sent it
-    // already (an HTTP/2 preface): it is served just far enough to say goodbye with a `GOAWAY`.
-    let mut shed_early = false;
-    let spoke = tokio::select! {
-        biased;
-        () = stopping.fired() => false,
-        () = member.shed_asked() => {
-            if !bytes_waiting(&stream) {
-                return;
-            }
-            shed_early = true;
-            first_byte_within(&stream, settings.header_read_timeout).await
-        }
-        spoke = first_byte_within(&stream, settings.header_read_timeout) => spoke,
-    };
-    if !spoke {
-        if !stopping.is_fired() {
-            counters.header_timeout.inc();
-        }
-        debug!(listener = name, %peer, "no request within the header-read timeout");
+    let Some((io, shed_early)) = open(
+        name,
+        (stream, peer),
+        tls,
+        &settings,
+        &counters,
+        &mut stopping,
+        &member,
+    )
+    .await
+    else {
         return;
-    }
-    // On a TLS listener the handshake comes first, under the same bound as a request head.
-    let io = match tls {
-        None => Either::Left(stream),
-        Some(acceptor) => {
-            let handshake =
-                tokio::time::timeout(settings.header_read_timeout, acceptor.accept(stream));
-            let done = tokio::select! {
-                biased;
-                () = stopping.fired() => return,
-                () = member.shed_asked() => return,
-                done = handshake => done,
-            };
-            match done {
-                Ok(Ok(stream)) => Either::Right(stream),
-                Ok(Err(error)) => {
-                    debug!(listener = name, %peer, %error, "TLS handshake failed");
-                    return;
-                }
-                Err(_elapsed) => {
-                    counters.header_timeout.inc();
-                    debug!(listener = name, %peer, "TLS handshake not done within the header-read timeout");
-                    return;
-                }
-            }
-        }
     };
     let mut conn = pin!(
         builder

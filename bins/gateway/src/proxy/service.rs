@@ -23,6 +23,7 @@ use http::{HeaderValue, Request, Response};
 use http_body::Body;
 use http_body_util::{Either, Full};
 use slotgate_config::Kind;
+use slotgate_problem::Dialect;
 use tracing::debug;
 
 use crate::error::BoxError;
@@ -34,10 +35,11 @@ use crate::proxy::answer::{Answerer, Streamed, mark_routed};
 use crate::proxy::cache_aware::CacheAware;
 use crate::proxy::choose::{Chooser, Routed};
 use crate::proxy::client::{Client, Deadlines};
-use crate::proxy::endpoint::{Endpoint, ModelIn};
+use crate::proxy::cors;
+use crate::proxy::endpoint::{self, Endpoint, ModelIn};
 use crate::proxy::keepalive::{self, Forward, KeepaliveBody, Refuse, Steps};
 use crate::proxy::live::{Generation, Live};
-use crate::proxy::problems::{self, Error, GET_ONLY, POST_ONLY, allow};
+use crate::proxy::problems::{self, Error, GET_ONLY, allow};
 use crate::proxy::request::{self, ApiRequest};
 use crate::proxy::responses::{self, FollowUp};
 use crate::proxy::retry::{HeldAnswer, Tries, retrying};
@@ -123,6 +125,8 @@ impl App {
         B::Error: Into<BoxError>,
     {
         let request_id = request_id(req.headers());
+        let dialect = problems::dialect(&req);
+        let origin = req.headers().get(http::header::ORIGIN).cloned();
         let generation = self.live.current();
         let access = Access::start(
             generation.config.server.access_log,
@@ -135,10 +139,18 @@ impl App {
             Ok(response) => response,
             Err(error) => {
                 problems::record(&error, &generation.routes, &self.metrics, &access);
-                problems::respond::<Full<Bytes>>(&error, &request_id).map(Either::Left)
+                problems::respond::<Full<Bytes>>(&error, &request_id, dialect).map(Either::Left)
             }
         };
+        if dialect == Dialect::Anthropic {
+            // Where the Anthropic SDKs read the request id from (`APIStatusError.request_id`).
+            response
+                .headers_mut()
+                .insert(problems::ANTHROPIC_REQUEST_ID, request_id.clone());
+        }
         response.headers_mut().insert(REQUEST_ID, request_id);
+        let origins = &generation.config.server.cors_origins;
+        cors::decorate(origins, origin.as_ref(), response.headers_mut());
         let status = response.status();
         response.map(|body| Logged::new(body, status, access))
     }
@@ -157,9 +169,12 @@ impl App {
         B::Error: Into<BoxError>,
     {
         request::check_head(&req)?;
+        if let Some(answer) = cors::preflight(&generation.config.server.cors_origins, &req) {
+            return Ok(answer.map(|body| Either::Left(Full::new(body))));
+        }
         let path = req.uri().path();
         if let Some(endpoint) = Endpoint::find(path) {
-            allow(&req, POST_ONLY)?;
+            allow(&req, endpoint.methods)?;
             let client = generation.api_keys.verify(req.headers())?;
             access.key_name(client.tenant.as_ref());
             let asked = Asked {
@@ -178,12 +193,19 @@ impl App {
                 Some((_, methods)) => methods,
                 None => return Err(problems::not_found(path)),
             }
-        } else if ollama::Listing::find(path).is_some() || path == ollama::VERSION {
+        } else if ollama::Listing::find(path).is_some()
+            || path == ollama::VERSION
+            || (path == ollama::HEARTBEAT_PATH && ollama::answers_heartbeat(&generation.upstreams))
+        {
             GET_ONLY
         } else {
             return Err(problems::not_found(path));
         };
         allow(&req, methods)?;
+        // Like Ollama's, the heartbeat needs no key.
+        if path == ollama::HEARTBEAT_PATH {
+            return Ok(buffered(ollama::heartbeat()));
+        }
         generation.api_keys.verify(req.headers())?;
         self.own(req, generation, request_id).await
     }
@@ -206,7 +228,8 @@ impl App {
             return Ok(buffered(models::list(routes, self.started)));
         }
         if let Some(id) = path.strip_prefix(models::ONE) {
-            return models::one(routes, id, self.started).map(buffered);
+            let id = endpoint::id_segment(id).unwrap_or(std::borrow::Cow::Borrowed(id));
+            return models::one(routes, &id, self.started).map(buffered);
         }
         if let Some(listing) = ollama::Listing::find(&path) {
             return Ok(buffered(models::json_response(ollama::list(
@@ -220,7 +243,9 @@ impl App {
         }
         // Only the paths under `/v1/responses/` are left (`dispatch`).
         let rest = path.strip_prefix(responses::BY_ID).unwrap_or_default();
-        let id = responses::find(rest).map_or(rest, |(id, _)| id);
+        let raw = responses::find(rest).map_or(rest, |(id, _)| id);
+        let decoded = endpoint::id_segment(raw);
+        let id = decoded.as_deref().unwrap_or(raw);
         let shared = (&**self.answerer.affinity(), &self.sender, &self.body_budget);
         responses::by_id(req, id, generation, request_id, shared)
             .await

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
 use parking_lot::Mutex;
-use slotgate_limiter::{KeyHandle, Limiter};
+use slotgate_limiter::{KeyHandle, Limiter, QueueOrder};
+use slotgate_limiter_redis::RedisLimiter;
 use tracing::{error, info, warn};
 
 use crate::error::chain;
@@ -56,6 +57,9 @@ pub(crate) struct AutoSlots {
     /// The key whose `parallel` is the count in force plus `prefetch`: the count lives there and
     /// nowhere else (0 while unknown).
     key: KeyHandle,
+    /// Under `[cluster]`: the shared store, where a count read here is written as the key's
+    /// limit for every replica (with the model's order), and nothing while none is known.
+    cluster: Option<(RedisLimiter, QueueOrder)>,
     /// The model's `prefetch`: requests sent ahead beyond the engine's slots.
     prefetch: usize,
     /// Whether a count has been read: the "not known yet" state, read lock-free by every
@@ -94,14 +98,18 @@ impl AutoSlots {
         upstream: &UpstreamState,
         model: &str,
         (queue, prefetch): (usize, usize),
-        limiter: &Limiter,
+        (limiter, cluster): (&Limiter, Option<(RedisLimiter, QueueOrder)>),
         previous: Option<&AutoSlots>,
     ) -> Self {
         let found = previous.and_then(AutoSlots::found);
         let authority = upstream.authority.as_str();
         let cap = found.map_or(0, |slots| slots.saturating_add(prefetch));
         limiter.configure(authority, model, cap, queue);
+        if let (Some(_), Some((cluster, order))) = (found, &cluster) {
+            share(cluster, (authority, model), (cap, queue), *order);
+        }
         Self {
+            cluster,
             upstream: upstream.name.clone(),
             authority: upstream.authority.clone(),
             model: model.to_owned(),
@@ -174,12 +182,12 @@ impl AutoSlots {
                     // The key's own `queue` (configured from this generation's configuration)
                     // stays; only the count changes. Under `state`, so reads do not interleave.
                     let queue = self.key.limits().queue;
-                    self.limiter.configure(
-                        self.authority.as_str(),
-                        self.model.as_str(),
-                        slots.saturating_add(self.prefetch),
-                        queue,
-                    );
+                    let cap = slots.saturating_add(self.prefetch);
+                    let key = (self.authority.as_str(), self.model.as_str());
+                    self.limiter.configure(key.0, key.1, cap, queue);
+                    if let Some((cluster, order)) = &self.cluster {
+                        share(cluster, key, (cap, queue), *order);
+                    }
                 }
                 self.known.store(true, Ordering::Release);
                 state.stale = false;
@@ -224,4 +232,17 @@ impl AutoSlots {
             }
         }
     }
+}
+
+/// Writes a count read here into the shared store as the key's limit (last writer wins: every
+/// replica reads the same engine).
+fn share(
+    cluster: &RedisLimiter,
+    (authority, model): (&str, &str),
+    (cap, queue): (usize, usize),
+    order: QueueOrder,
+) {
+    use slotgate_admission::Admission as _;
+    cluster.configure(authority, model, cap, queue);
+    cluster.configure_order(authority, model, order);
 }

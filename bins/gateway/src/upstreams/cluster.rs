@@ -14,11 +14,12 @@
 
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use slotgate_admission::{Admission, AdmitFuture, Occupancy};
 use slotgate_config::{Cluster, Config, StoreDown};
 use slotgate_limiter::{QueueOrder, Ticket};
 use slotgate_limiter_redis::{
-    HostOccupancy, OnStoreDown, RedisLimiter, Settings, SettingsErrors, StartError,
+    HostOccupancy, OnStoreDown, Place, RedisLimiter, Settings, SettingsErrors, Standing, StartError,
 };
 
 /// Why the shared slot store cannot be used with a configuration.
@@ -105,10 +106,28 @@ impl SharedKey {
         }
     }
 
+    /// The key (`host`, `model`) of `limiter`, left as it is in the store: for a model whose
+    /// `parallel = "auto"`, whose count is written when it is read (`AutoSlots`).
+    pub(crate) fn attach(limiter: &RedisLimiter, host: &str, model: &str) -> Self {
+        Self {
+            limiter: limiter.clone(),
+            host: host.to_owned(),
+            model: model.to_owned(),
+        }
+    }
+
     /// Joins the key's global queue as `ticket` says: its weight, class and tenant (see
-    /// [`Admission::acquire_with`]).
-    pub(crate) fn acquire(&self, ticket: &Ticket) -> AdmitFuture {
-        self.limiter.acquire_with(&self.host, &self.model, ticket)
+    /// [`Admission::acquire_with`]), with the [`Place`] that shows when the store has taken
+    /// it in and how many are ahead.
+    pub(crate) fn acquire(&self, ticket: &Ticket) -> (AdmitFuture, Place) {
+        self.limiter.acquire_placed(&self.host, &self.model, ticket)
+    }
+
+    /// Reads again how many are ahead of `place` in the shared queue (one round trip).
+    pub(crate) fn refresh(&self, place: &Place) -> BoxFuture<'static, Standing> {
+        let limiter = self.limiter.clone();
+        let place = place.clone();
+        Box::pin(async move { limiter.refresh(&place).await })
     }
 
     /// The key's holders and waiters across every replica, as last seen.

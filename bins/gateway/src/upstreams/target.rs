@@ -83,8 +83,8 @@ pub(crate) struct Target {
     /// holds a prompt's prefix.
     pub(crate) hold: Arc<HoldStats>,
     /// Observed prefill time per KiB of prompt text the engine did not have cached, from
-    /// streamed answers' first tokens: the price of sending a request where its prefix is not
-    /// ([`cache_aware`](crate::proxy::cache_aware)).
+    /// llama-server's own `timings` or else streamed answers' first tokens: the price of
+    /// sending a request where its prefix is not ([`cache_aware`](crate::proxy::cache_aware)).
     pub(crate) prefill: Arc<HoldStats>,
     /// This target's metric handles.
     pub(crate) metrics: Arc<TargetMetrics>,

@@ -56,6 +56,11 @@ pub(crate) async fn route(app: &App, req: Request<Incoming>) -> (Response<Respon
             "text/plain; charset=utf-8",
             "Ollama is running",
         )),
+        // Ollama answers both with an empty 200 (server/routes.go `DeleteHandler`,
+        // `CopyHandler`); the fake keeps no disk, so any model "exists".
+        (&Method::DELETE, "/api/delete") | (&Method::POST, "/api/copy") => {
+            done(response(200, "text/plain; charset=utf-8", ""))
+        }
         (&Method::GET, "/api/version") => done(json_response(200, &json!({"version": "0.12.0"}))),
         (&Method::GET, "/api/tags") => done(json_response(200, &tags(app))),
         (&Method::GET, "/api/ps") => done(json_response(200, &ps(app))),

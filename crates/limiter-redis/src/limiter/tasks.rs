@@ -25,8 +25,8 @@ pub(crate) fn spawn(inner: &Arc<Inner>) {
     inner.add_task(subscriber.abort_handle());
 }
 
-/// Every `lease_ttl / 3`: renew every lease of this replica (up or rejoining), or probe the
-/// store (down), and move between the modes.
+/// Every `lease_ttl / 3`: renew every lease of this replica (up or rejoining) and say it is
+/// alive (the replicas seen), or probe the store (down), and move between the modes.
 async fn renewer(inner: Weak<Inner>) {
     let Some(interval) = inner.upgrade().map(|inner| inner.settings.renew_interval()) else {
         return;
@@ -55,6 +55,10 @@ async fn tick(inner: &Arc<Inner>) {
         }
     }
     if let Err(error) = inner.renew_all().await {
+        inner.store_failed(&error);
+        return;
+    }
+    if let Err(error) = inner.heartbeat().await {
         inner.store_failed(&error);
         return;
     }

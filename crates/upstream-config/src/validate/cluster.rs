@@ -1,7 +1,7 @@
-//! The `[cluster]` table: the shared slot store several replicas admit through, and what it
-//! rules out elsewhere in the configuration (settings that would silently stay per replica).
+//! The `[cluster]` table: the shared slot store several replicas admit through. It rules out
+//! nothing elsewhere in the configuration: every admission setting is kept by the shared store
+//! (`docs/scale-out.md`).
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use figment::value::Value;
@@ -9,7 +9,7 @@ use url::Url;
 
 use super::{optional, required};
 use crate::raw::{KeyPath, Reader};
-use crate::types::{Cluster, ModelLimits, Secret, StoreDown, Upstream};
+use crate::types::{Cluster, Secret, StoreDown};
 
 const CLUSTER_KEYS: &[&str] = &[
     "redis_url",
@@ -122,37 +122,6 @@ pub(super) fn cluster(
         on_store_down: on_store_down?,
         replicas: replicas?,
     }))
-}
-
-/// Settings that would stay per replica under `[cluster]`: an error each, saying why.
-///
-/// Weighted requests, an engine-wide `parallel`, `queue_order = "fair"` and `priority`
-/// classes are kept by the shared store itself (`docs/scale-out.md`), so they are not here.
-pub(super) fn per_replica_settings(r: &mut Reader<'_>, upstreams: &BTreeMap<String, Upstream>) {
-    let path = KeyPath::root().key("upstreams");
-    for (name, upstream) in upstreams {
-        for (model, queueing) in &upstream.queueing {
-            let at = path.key(name).key("models").key(model);
-            if queueing.keepalive.is_some() {
-                r.issue(
-                    &at.key("queue_keepalive"),
-                    "under [cluster] every request waits on the shared store first, so a \
-                     keepalive stream would answer 200 before knowing the queue has room; \
-                     remove it",
-                );
-            }
-        }
-        for (model, limits) in &upstream.models {
-            if matches!(limits, ModelLimits::Auto { .. }) {
-                r.issue(
-                    &path.key(name).key("models").key(model).key("parallel"),
-                    "\"auto\" is read from the engine by each gateway process and is not \
-                     shared through [cluster]; state the engine's slot count (`parallel = N`): \
-                     the replicas share it",
-                );
-            }
-        }
-    }
 }
 
 fn redis_url(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Secret> {

@@ -147,8 +147,9 @@ queue_order = "fair"
     assert_eq!(config.upstreams["a"].parallel, Some(4));
 }
 
+/// The count a replica reads from the engine is written to the store (issue #33).
 #[test]
-fn an_auto_count_is_refused_under_cluster() {
+fn an_auto_count_is_accepted_under_cluster() {
     let toml = r#"
 [server]
 listen = "127.0.0.1:8080"
@@ -165,15 +166,14 @@ parallel = "auto"
 queue = 4
 queue_timeout = "10s"
 "#;
-    assert_only_issue(
-        toml,
-        "upstreams.a.models.m.parallel",
-        "not shared through [cluster]",
-    );
+    ok(toml);
 }
 
+/// Every admission setting is shared under `[cluster]` (issue #33): fair order, priority
+/// classes and `queue_keepalive` (which answers `200` only once the shared queue has taken the
+/// waiter in) are accepted together.
 #[test]
-fn per_replica_queueing_is_refused_under_cluster() {
+fn every_admission_setting_is_accepted_under_cluster() {
     let toml = r#"
 [server]
 listen = "127.0.0.1:8080"
@@ -185,6 +185,7 @@ redis_url = "redis://127.0.0.1:6379/0"
 [upstreams.a]
 url = "http://10.0.0.1:8000"
 kind = "vllm"
+parallel = 4
 
 [upstreams.a.models.m]
 parallel = 2
@@ -193,13 +194,9 @@ queue_timeout = "10s"
 queue_order = "fair"
 queue_keepalive = "10s"
 "#;
-    let found = issues(toml);
-    let paths: Vec<&str> = found.iter().map(|issue| issue.path.as_str()).collect();
-    assert_eq!(paths, ["upstreams.a.models.m.queue_keepalive"], "{found:?}");
-    assert!(
-        found
-            .iter()
-            .all(|issue| issue.message.contains("[cluster]")),
-        "{found:?}"
+    let config = ok(toml);
+    assert_eq!(
+        config.upstreams["a"].queueing["m"].keepalive,
+        Some(std::time::Duration::from_secs(10))
     );
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use slotgate_config::ModelLimits;
 
-use crate::support::{assert_only_issue, issues, ok, with_model};
+use crate::support::{VALID, assert_only_issue, issues, ok, with_model};
 
 const LIMITS: &str = "parallel = 2\nqueue = 4\nqueue_timeout = \"10s\"";
 
@@ -310,4 +310,26 @@ fn two_models_may_not_reach_one_engine_under_one_name() {
          kind = \"vllm\"\n[upstreams.b.models.m]\nengine_model = \"x\"\n{LIMITS}\n",
         with_model(LIMITS)
     ));
+}
+
+#[test]
+fn a_model_can_turn_cache_affinity_off() {
+    let config = ok(&with_model(
+        "parallel = 1\nqueue = 1\nqueue_timeout = \"1s\"\naffinity = \"off\"",
+    ));
+    assert!(!config.upstreams["a"].affinity("m"));
+    assert!(
+        ok(VALID)
+            .upstreams
+            .values()
+            .all(|u| u.models.keys().all(|m| u.affinity(m)))
+    );
+    // Unlimited models may say it too.
+    let unlimited = ok(&with_model("parallel = \"unlimited\"\naffinity = \"off\""));
+    assert!(!unlimited.upstreams["a"].affinity("m"));
+    assert_only_issue(
+        &with_model("parallel = 1\nqueue = 1\nqueue_timeout = \"1s\"\naffinity = true"),
+        "upstreams.a.models.m.affinity",
+        "expected a string",
+    );
 }

@@ -449,3 +449,103 @@ fn the_body_buffer_must_hold_one_body_of_each_limit() {
         "raise max_buffered_body_bytes to at least 33554432 or lower max_body_bytes",
     );
 }
+
+#[test]
+fn cors_origins_are_exact_origins_or_a_lone_star() {
+    const LISTEN: &str = "listen = \"127.0.0.1:8080\"";
+    assert!(
+        ok(&with_server(LISTEN)).server.cors_origins.is_empty(),
+        "off by default"
+    );
+    let config = ok(&with_server(&format!(
+        "{LISTEN}\ncors_origins = [\"https://app.example.com\", \"http://localhost:3000\"]"
+    )));
+    assert_eq!(
+        config.server.cors_origins,
+        ["https://app.example.com", "http://localhost:3000"]
+    );
+    let any = ok(&with_server(&format!("{LISTEN}\ncors_origins = [\"*\"]")));
+    assert_eq!(any.server.cors_origins, ["*"]);
+    for (bad, why) in [
+        ("[\"app.example.com\"]", "scheme://host"),
+        ("[\"ftp://x\"]", "http or https"),
+        ("[\"https://app.example.com/\"]", "no trailing slash"),
+        ("[\"https://*.example.com\"]", "no wildcard"),
+        ("[\"*\", \"https://a.example\"]", "write it alone"),
+        ("\"*\"", "array"),
+    ] {
+        let text = with_server(&format!("{LISTEN}\ncors_origins = {bad}"));
+        let key = if bad.starts_with("[\"*\",") || !bad.starts_with('[') {
+            "server.cors_origins"
+        } else {
+            "server.cors_origins[0]"
+        };
+        assert_only_issue(&text, key, why);
+    }
+}
+
+#[test]
+fn cache_affinity_is_on_by_default_and_every_setting_is_checked() {
+    let affinity = ok(VALID).server.cache_affinity;
+    assert_eq!(affinity, slotgate_config::CacheAffinity::default());
+    assert!(affinity.enabled);
+    assert_eq!(affinity.entries, 65_536);
+    assert_eq!(affinity.ttl, Duration::from_secs(1800));
+    assert_eq!(affinity.block_bytes, 512);
+    assert_eq!(
+        affinity.session_headers,
+        [
+            "x-session-id",
+            "x-session-affinity",
+            "x-claude-code-session-id",
+            "session_id"
+        ]
+    );
+    let set = ok(&with_server(
+        r#"
+        listen = "127.0.0.1:8080"
+        affinity = "off"
+        affinity_entries = 1000
+        affinity_ttl = "5m"
+        affinity_block_bytes = 1024
+        session_headers = ["X-Conversation", "x-thread"]
+        "#,
+    ))
+    .server
+    .cache_affinity;
+    assert!(!set.enabled);
+    assert_eq!((set.entries, set.block_bytes), (1000, 1024));
+    assert_eq!(set.ttl, Duration::from_secs(300));
+    assert_eq!(set.session_headers, ["x-conversation", "x-thread"]);
+    let server = |line: &str| with_server(&format!("listen = \"127.0.0.1:8080\"\n{line}"));
+    assert_only_issue(
+        &server("affinity = \"maybe\""),
+        "server.affinity",
+        r#"expected "on" or "off""#,
+    );
+    assert_only_issue(
+        &server("affinity_entries = 1"),
+        "server.affinity_entries",
+        "at least 2",
+    );
+    assert_only_issue(
+        &server("affinity_ttl = \"500ms\""),
+        "server.affinity_ttl",
+        "at least 1s",
+    );
+    assert_only_issue(
+        &server("affinity_block_bytes = 16"),
+        "server.affinity_block_bytes",
+        "at least 64",
+    );
+    assert_only_issue(
+        &server("affinity_block_bytes = 100000"),
+        "server.affinity_block_bytes",
+        "at most 65536",
+    );
+    assert_only_issue(
+        &server("session_headers = [\"ok\", \"not a header\"]"),
+        "server.session_headers[1]",
+        "is not an HTTP header name",
+    );
+}

@@ -13,7 +13,7 @@
 
 use bytes::Bytes;
 use http::{HeaderValue, Response};
-use slotgate_problem::Problem;
+use slotgate_problem::{Dialect, Problem};
 
 use crate::error::BoxError;
 use crate::proxy::problems::{self, Error};
@@ -67,8 +67,8 @@ impl AdminError {
     /// The response for this error, carrying the request id (see [`problems::respond`]).
     pub(crate) fn respond<B: From<Bytes>>(&self, request_id: &HeaderValue) -> Response<B> {
         match self {
-            AdminError::Request(error) => problems::respond(error, request_id),
-            _ => problems::document(self, self.to_problem(), false, request_id),
+            AdminError::Request(error) => problems::respond(error, request_id, Dialect::OpenAi),
+            _ => problems::document(self, self.to_problem(), false, request_id, Dialect::OpenAi),
         }
     }
 }

@@ -29,6 +29,15 @@ pub(super) fn encode(
         ConstGauge::new(0_i64).metric_type(),
     )?;
     ConstGauge::new(i64::from(status.up)).encode(metric)?;
+    let metric = encoder.encode_descriptor(
+        "cluster_replicas_seen",
+        "Replicas that renewed in the shared slot store within the last lease_ttl, this one \
+         included (as of this replica's last renewal round)",
+        None,
+        ConstGauge::new(0_i64).metric_type(),
+    )?;
+    ConstGauge::new(i64::try_from(status.replicas_seen.len()).unwrap_or(i64::MAX))
+        .encode(metric)?;
     let counters: [(&str, &str, StatusPick); 5] = [
         (
             "store_errors",

@@ -13,6 +13,7 @@
 //!
 //! ```json
 //! {"tick": 42, "generation": 1, "loaded_at": "…", "sample_every_ms": 1000, "samples_kept": 300,
+//!  "store": { …under [cluster], as in GET /admin/upstreams… },
 //!  "upstreams": [ …as GET /admin/upstreams… ],
 //!  "live": [{"upstream": "a", "model": "m", "queue_wait": {"count": 9, "p50": 0.004, "p99": 1.1},
 //!            "first_byte": {"count": 9, "p50": 0.03, "p99": 0.05},
@@ -25,7 +26,7 @@ use serde::Serialize;
 
 use crate::metrics::recent::Counts;
 use crate::ops::status::history::{History, Load, Refusals, SAMPLE_EVERY, SAMPLES};
-use crate::ops::upstream_doc::{UpstreamDoc, rfc3339, upstream_status};
+use crate::ops::upstream_doc::{StoreDoc, UpstreamDoc, rfc3339, upstream_status};
 use crate::proxy::live::Generation;
 
 /// One status event's document.
@@ -37,6 +38,9 @@ pub(crate) struct StatusDoc<'g> {
     loaded_at: String,
     sample_every_ms: u128,
     samples_kept: usize,
+    /// Under `[cluster]`: the shared store and the replicas seen, as in `GET /admin/upstreams`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store: Option<StoreDoc>,
     upstreams: Vec<UpstreamDoc<'g>>,
     live: Vec<LiveDoc<'g>>,
     refusals: Vec<RefusalDoc<'g>>,
@@ -146,6 +150,7 @@ pub(crate) fn build<'g>(
         loaded_at: rfc3339(generation.loaded_at),
         sample_every_ms: SAMPLE_EVERY.as_millis(),
         samples_kept: SAMPLES,
+        store: generation.cluster.as_ref().map(StoreDoc::new),
         upstreams,
         live,
         refusals,

@@ -7,6 +7,10 @@
 //! room for a granted shared slot (this replica holds no more shared slots than the cap), so
 //! the local step does not wait in practice; the same timer bounds it anyway.
 //!
+//! The acquire's [`Place`](slotgate_limiter_redis::Place) goes with the [`Queued`]: it says
+//! when the store has taken the request into its queue (what `queue_keepalive` waits for
+//! before it answers `200`, [`Queued::joined`]) and how many are ahead of it.
+//!
 //! The ticket goes to the store whole: a request of weight `w` holds `w` units of the shared
 //! cap (and of the engine-wide cap, if the upstream has one), and waits in its priority class
 //! and (under fair order) its tenant's line, by the same rules as the local limiter.
@@ -35,7 +39,7 @@ pub(super) fn join(
     let wait = target
         .queue_timeout
         .map(|timeout| deadlines.wait(now, timeout, target.queueing.honor_sdk_timeout));
-    let shared = key.acquire(ticket);
+    let (shared, place) = key.acquire(ticket);
     let retry_after = key.store_retry_after();
     let local = target.key.clone();
     let hold = Arc::clone(&target.hold);
@@ -59,7 +63,7 @@ pub(super) fn join(
     };
     let mut stop = stop.clone();
     Admission::Queued(Queued {
-        acquire: Waiting::Shared(Box::pin(slot)),
+        acquire: Waiting::Shared(Box::pin(slot), place),
         wait,
         timer: wait.map(|wait| Box::pin(tokio::time::sleep_until(wait.until))),
         stop: Box::pin(async move { stop.fired().await }),

@@ -15,26 +15,52 @@
 //! answer that ends cleanly gets whatever is held, as it came. An "event" longer than
 //! [`MAX_HELD`] is let through unbroken rather than held: a stream labelled SSE that is not
 //! made of events is still passed through.
+//!
+//! An NDJSON answer (Ollama's streams) is held the same way at line ends (`\n`), so that its
+//! last `{"error": …}` line is a line of its own.
 
 use bytes::{Bytes, BytesMut};
+use slotgate_problem::Framing;
 
 /// The most bytes of one unfinished event held back; past it they go on as they are. A
 /// chat chunk is a few hundred bytes; a Responses event that repeats the whole answer
 /// (`response.completed`) stays far below this for any answer an engine generates in one go.
 pub(crate) const MAX_HELD: usize = 1024 * 1024;
 
-/// The unfinished event of an SSE answer, held until its end comes.
+/// The unfinished event of an SSE answer (or line of an NDJSON one), held until its end comes.
 #[derive(Debug, Default)]
 pub(crate) struct Events {
     held: BytesMut,
+    /// NDJSON: a message ends at each `\n`, not at a blank line.
+    lines: bool,
 }
 
 impl Events {
+    /// Whole messages of an answer in `framing`.
+    pub(crate) fn new(framing: Framing) -> Self {
+        Self {
+            held: BytesMut::new(),
+            lines: framing == Framing::Ndjson,
+        }
+    }
+
+    /// Where the last whole message of `data` ends (past `after`).
+    fn boundary(&self, data: &[u8], after: usize) -> usize {
+        if self.lines {
+            data[after..]
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |i| after + i + 1)
+        } else {
+            last_boundary(data, after)
+        }
+    }
+
     /// What of `data` (after what is held) may go on now: everything up to the last event
     /// boundary. The rest is held. May be empty.
     pub(crate) fn whole(&mut self, mut data: Bytes) -> Bytes {
         if self.held.is_empty() {
-            let end = last_boundary(&data, 0);
+            let end = self.boundary(&data, 0);
             if data.len() - end > MAX_HELD {
                 return data;
             }
@@ -45,7 +71,7 @@ impl Events {
         // What is held has no boundary: only one that ends in `data` can be new.
         let before = self.held.len();
         self.held.extend_from_slice(&data);
-        let end = last_boundary(&self.held, before);
+        let end = self.boundary(&self.held, before);
         if self.held.len() - end > MAX_HELD {
             return self.held.split().freeze();
         }

@@ -36,7 +36,7 @@ use serde::Deserialize;
 use super::Completion;
 use crate::metrics::{TargetMetrics, observe};
 use crate::proxy::access::{Access, Outcome};
-use crate::proxy::cache_aware::Feedback;
+use crate::proxy::cache_aware::{Feedback, Report};
 
 /// How much of an answer's end is kept to find its usage, in bytes: the final usage chunk of a
 /// stream (about 300 bytes), or what follows `usage` at the end of a JSON document (llama-server's
@@ -126,12 +126,18 @@ impl Meter {
             if let Some(cached) = tokens.cached {
                 metrics.cached_prompt_tokens.inc_by(cached);
             }
-            // A whole answer's first byte comes after its decode: no prefill measurement.
-            let ttft = self.first.sse.then_some(self.first_after).flatten();
+            let report = Report {
+                prompt: tokens.prompt,
+                cached: tokens.cached,
+                prefill: tokens.prefill,
+                processed: tokens.processed,
+                // A whole answer's first byte comes after its decode: no prefill measurement.
+                ttft: self.first.sse.then_some(self.first_after).flatten(),
+            };
             let predicted = self
                 .feedback
                 .take()
-                .and_then(|feedback| feedback.end(tokens.prompt, tokens.cached, ttft));
+                .and_then(|feedback| feedback.end(&report));
             self.access.cached_tokens(predicted, tokens.cached);
         }
     }
@@ -141,13 +147,23 @@ impl Meter {
 /// parameters, blanks around it ignored, any case) is `text/event-stream`. Compared as bytes:
 /// it runs for every answer.
 pub(crate) fn is_sse(headers: &HeaderMap) -> bool {
-    const SSE: &[u8] = b"text/event-stream";
+    is_media_type(headers, b"text/event-stream")
+}
+
+/// Whether an answer with `headers` is newline-delimited JSON (`application/x-ndjson`, what
+/// Ollama streams), compared as [`is_sse`] does.
+pub(crate) fn is_ndjson(headers: &HeaderMap) -> bool {
+    is_media_type(headers, b"application/x-ndjson")
+}
+
+/// Whether the media type of `headers` is `media`.
+fn is_media_type(headers: &HeaderMap, media: &[u8]) -> bool {
     headers.get(header::CONTENT_TYPE).is_some_and(|value| {
         let value = value.as_bytes().trim_ascii_start();
-        value.len() >= SSE.len()
-            && value[..SSE.len()].eq_ignore_ascii_case(SSE)
+        value.len() >= media.len()
+            && value[..media.len()].eq_ignore_ascii_case(media)
             && matches!(
-                value[SSE.len()..].trim_ascii_start().first(),
+                value[media.len()..].trim_ascii_start().first(),
                 None | Some(b';')
             )
     })
@@ -232,6 +248,10 @@ struct Tokens {
     completion: Option<u64>,
     /// Of the prompt, taken from the engine's cache.
     cached: Option<u64>,
+    /// llama-server's `timings.prompt_ms`.
+    prefill: Option<std::time::Duration>,
+    /// llama-server's `timings.prompt_n`.
+    processed: Option<u64>,
 }
 
 /// OpenAI's `usage` (Chat Completions, Completions, Embeddings) or the Responses API's.
@@ -249,9 +269,11 @@ struct Usage {
 }
 
 /// llama-server's `timings`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 struct Timings {
     cache_n: Option<u64>,
+    prompt_n: Option<u64>,
+    prompt_ms: Option<f64>,
 }
 
 /// `cached_tokens` of a usage details object.
@@ -259,11 +281,11 @@ fn cached_in(details: Option<&serde_json::Value>) -> Option<u64> {
     details?.get("cached_tokens")?.as_u64()
 }
 
-/// llama-server's `timings.cache_n`, the last in `tail`.
-fn cache_n(tail: &[u8]) -> Option<u64> {
+/// llama-server's `timings`, the last in `tail`.
+fn timings(tail: &[u8]) -> Option<Timings> {
     let after = last_member(tail, b"\"timings\"")?;
     let mut values = serde_json::Deserializer::from_slice(after).into_iter::<Timings>();
-    values.next()?.ok()?.cache_n
+    values.next()?.ok()
 }
 
 /// The usage reported at the end of an answer (see the [module docs](self)).
@@ -272,10 +294,11 @@ fn usage(tail: &[u8]) -> Option<Tokens> {
         let mut values = serde_json::Deserializer::from_slice(after).into_iter::<Option<Usage>>();
         let usage = values.next()?.ok()??;
         let anthropic = usage.cache_read_input_tokens;
+        let timings = timings(tail).unwrap_or_default();
         let cached = cached_in(usage.prompt_tokens_details.as_ref())
             .or_else(|| cached_in(usage.input_tokens_details.as_ref()))
             .or(anthropic)
-            .or_else(|| cache_n(tail));
+            .or(timings.cache_n);
         let prompt = usage
             .prompt_tokens
             .or(match (usage.input_tokens, anthropic) {
@@ -286,6 +309,11 @@ fn usage(tail: &[u8]) -> Option<Tokens> {
             prompt,
             completion: usage.completion_tokens.or(usage.output_tokens),
             cached,
+            prefill: timings
+                .prompt_ms
+                .filter(|ms| ms.is_finite() && *ms >= 0.0 && *ms < 3.6e6)
+                .map(|ms| std::time::Duration::from_secs_f64(ms / 1000.0)),
+            processed: timings.prompt_n,
         };
         return (tokens != Tokens::default()).then_some(tokens);
     }
@@ -298,6 +326,8 @@ fn usage(tail: &[u8]) -> Option<Tokens> {
         prompt: number(b"\"prompt_eval_count\""),
         completion: number(b"\"eval_count\""),
         cached: None,
+        prefill: None,
+        processed: None,
     };
     (tokens != Tokens::default()).then_some(tokens)
 }
@@ -387,7 +417,9 @@ mod tests {
             Some(Tokens {
                 prompt: Some(12),
                 completion: Some(34),
-                cached: None
+                cached: None,
+                prefill: None,
+                processed: None
             })
         );
         // The text mentions usage, escaped, and the stream has none of its own.
@@ -400,7 +432,9 @@ mod tests {
             Some(Tokens {
                 prompt: Some(8),
                 completion: None,
-                cached: None
+                cached: None,
+                prefill: None,
+                processed: None
             })
         );
         let responses = b"event: response.completed\ndata: {\"response\":{\"usage\":{\"input_tokens\":5,\"output_tokens\":7}}}\n\n";
@@ -409,7 +443,9 @@ mod tests {
             Some(Tokens {
                 prompt: Some(5),
                 completion: Some(7),
-                cached: None
+                cached: None,
+                prefill: None,
+                processed: None
             })
         );
         let ollama = b"{\"done\":true,\"prompt_eval_count\":26,\"eval_count\":298}\n";
@@ -418,7 +454,9 @@ mod tests {
             Some(Tokens {
                 prompt: Some(26),
                 completion: Some(298),
-                cached: None
+                cached: None,
+                prefill: None,
+                processed: None
             })
         );
         assert_eq!(usage(b"{\"choices\":[]}"), None);
@@ -440,8 +478,14 @@ mod tests {
         assert_eq!(usage(messages).unwrap().prompt, Some(90));
         assert_eq!(cached(messages), Some(70));
         // llama-server's timings, after the usage.
-        let llama = br#"{"usage":{"prompt_tokens":50,"completion_tokens":2},"timings":{"cache_n":42,"prompt_n":8}}"#;
+        let llama = br#"{"usage":{"prompt_tokens":50,"completion_tokens":2},"timings":{"cache_n":42,"prompt_n":8,"prompt_ms":12.5}}"#;
         assert_eq!(cached(llama), Some(42));
+        let tokens = usage(llama).unwrap();
+        assert_eq!(tokens.processed, Some(8));
+        assert_eq!(
+            tokens.prefill,
+            Some(std::time::Duration::from_micros(12_500))
+        );
         // Absent, or a details member of an odd shape: no figure, and the rest still read.
         let odd = br#"{"usage":{"prompt_tokens":7,"prompt_tokens_details":"n/a"}}"#;
         assert_eq!(usage(odd).unwrap().prompt, Some(7));

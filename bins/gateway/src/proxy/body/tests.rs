@@ -190,7 +190,8 @@ fn watch(sse: bool) -> (Watch, Counter, Counter) {
     let watch = Watch {
         idle_timeout: IDLE,
         cancel_grace: GRACE,
-        sse,
+        framing: sse.then_some(slotgate_problem::Framing::Sse),
+        dialect: slotgate_problem::Dialect::OpenAi,
         names: Arc::new(AnswerNames {
             upstream: "a".into(),
             model: "m".into(),

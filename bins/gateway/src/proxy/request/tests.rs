@@ -124,6 +124,30 @@ async fn refuses_what_is_not_json() {
 }
 
 #[tokio::test]
+async fn ollama_routes_read_json_whatever_the_content_type() {
+    let generate = Endpoint::find("/api/generate").unwrap();
+    for content_type in [None, Some("application/x-www-form-urlencoded")] {
+        let req = read_for(post(content_type, r#"{"model":"m"}"#), 64, generate)
+            .await
+            .unwrap();
+        assert_eq!(req.model.as_deref(), Some("m"), "{content_type:?}");
+    }
+    // Still JSON, still under the limit.
+    let err = read_for(post(None, "model=m"), 64, generate)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::BadRequest(_)), "{err:?}");
+    let err = read_for(
+        post(None, r#"{"model":"mmmmmmmmmmmmmmmmmmmm"}"#),
+        8,
+        generate,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::BodyTooLarge { .. }), "{err:?}");
+}
+
+#[tokio::test]
 async fn refuses_bodies_over_the_limit() {
     // Declared too large: refused before reading.
     let req = Request::post("/v1/completions")

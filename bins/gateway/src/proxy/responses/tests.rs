@@ -93,7 +93,7 @@ async fn a_follow_up_goes_only_to_the_upstream_that_holds_its_conversation() {
 async fn a_follow_up_whose_holder_is_unknown_or_down_is_refused() {
     let follow_up = r#"{"model":"m","previous_response_id":"resp_1"}"#;
     let unknown = chosen(Built::new(TABLE), affinity(), follow_up).await;
-    assert!(matches!(unknown, Err(Error::ResponseNotFound { id }) if id == "resp_1"));
+    assert!(matches!(unknown, Err(Error::ResponseNotFound { id, .. }) if id == "resp_1"));
 
     let record = affinity();
     record.record("resp_1", "a");

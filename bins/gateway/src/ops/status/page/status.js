@@ -155,6 +155,7 @@
     $("meta").textContent =
       "configuration generation " + doc.generation + " · one sample every " +
       doc.sample_every_ms / 1000 + " s · updated " + at;
+    renderStore(doc.store);
     const refusals = new Map(doc.refusals.map((r) => [r.model, r]));
     const live = new Map(doc.live.map((l) => [l.upstream + "\u0000" + l.model, l]));
     for (const l of doc.live) addSamples(l, doc.samples_kept);
@@ -177,6 +178,19 @@
         state.cards.delete(name);
       }
     }
+  }
+
+  // Under [cluster]: the shared slot store and the replicas seen alive in it.
+  function renderStore(store) {
+    const line = $("cluster");
+    line.hidden = !store;
+    if (!store) return;
+    const mode = store.up ? "up" : store.rejoining ? "rejoining" : "down (" + store.on_store_down + ")";
+    line.dataset.state = store.up ? "up" : "down";
+    line.textContent = "Shared slot store " + mode + " · " + store.replicas_seen +
+      (store.replicas_seen === 1 ? " replica" : " replicas") + " seen · last round trip " +
+      store.last_round_trip_ms.toFixed(2) + " ms";
+    line.title = "this replica: " + store.replica + "; seen: " + store.replicas.join(", ");
   }
 
   // Puts `node` at `index` among `parent`'s children, moving it only when it is elsewhere: a
@@ -321,6 +335,9 @@
     const waitingForPlace = el("span", "count");
     waitingForPlace.setAttribute("data-field", "waiting-for-place");
     queueLine.append(queued, " / ", queue, " queued", waitingForPlace);
+    const shared = el("p", "line");
+    shared.setAttribute("data-field", "cluster");
+    shared.hidden = true;
     const figures = el("dl", "figures");
     const wait = figure(figures, "Queue wait p50 / p99", "queue-wait");
     const firstByte = figure(figures, "First byte p50 / p99", "first-byte");
@@ -336,8 +353,8 @@
     const lineQueued = document.createElementNS(SVG, "polyline");
     lineQueued.setAttribute("class", "queued");
     spark.append(lineIn, lineQueued);
-    root.append(title, slots, slotLine, bar, queueLine, figures, spark);
-    return { root, loaded, slots, inFlight, parallel, word, fill, queued, queue, waitingForPlace, wait, firstByte, cache, refused, spark, lineIn, lineQueued };
+    root.append(title, slots, slotLine, bar, queueLine, shared, figures, spark);
+    return { root, loaded, slots, inFlight, parallel, word, fill, queued, queue, waitingForPlace, shared, wait, firstByte, cache, refused, spark, lineIn, lineQueued };
   }
 
   const MAX_SLOT_BOXES = 64;
@@ -366,6 +383,14 @@
       ? ", " + model.waiting_for_place + " waiting for the model to load"
       : "";
     row.fill.style.width = model.queue > 0 ? Math.min(100, (100 * model.queued) / model.queue) + "%" : "0";
+    // Under [cluster]: the key across every replica, as this replica last saw it.
+    row.shared.hidden = !model.cluster;
+    if (model.cluster) {
+      const shown = (n) => (n === null || n === undefined ? "?" : n);
+      row.shared.textContent = "All replicas: " + shown(model.cluster.in_flight) + " in flight · " +
+        shown(model.cluster.queued) + " queued (this replica: " + model.in_flight + " in flight, " +
+        model.queued + " queued)";
+    }
     if (live) {
       row.wait.textContent = seconds(live.queue_wait.p50) + " / " + seconds(live.queue_wait.p99) +
         " (" + live.queue_wait.count + " in 5 min)";

@@ -11,7 +11,7 @@
 //!   on or off needs a restart (the reload reports it).
 //! - ALPN offers `h2`, then `http/1.1`. The decrypted connection is served exactly like a plain
 //!   one, so a client offering no ALPN still gets HTTP/1.1 (or h2 with prior knowledge).
-//! - The crypto is rustls with the ring provider, as for the upstreams ([`tls`](crate::tls)).
+//! - The crypto is rustls with the ring provider, as for the upstreams ([`tls::upstream`](super::upstream)).
 
 use std::sync::Arc;
 
