@@ -384,10 +384,6 @@ async fn open(
     clippy::too_many_arguments,
     reason = "one connection's parts, handed over once from the accept loop"
 )]
-#[expect(
-    clippy::too_many_lines,
-    reason = "one connection's life in order: the first byte, TLS, then the watch loop"
-)]
 async fn serve_connection<S, B>(
     name: &'static str,
     builder: Arc<auto::Builder<TokioExecutor>>,
