@@ -13,7 +13,13 @@ For SECONDS seconds it runs, side by side:
 - a reloader: rewrites the config (another queue size) and sends SIGHUP;
 - one upstream restart: the fake engine is killed and started again half-way;
 - slowloris batches: connections that send half a request head, a byte at a time, and are cut
-  by header_read_timeout.
+  by header_read_timeout;
+- engine 500s: every few seconds three concurrent requests that the engine answers with 500,
+  then one ordinary request, which must be served (the only upstream is never ejected for it);
+- idle floods: every so often more idle connections than the listener's max_connections (HTTP/2
+  prefaces with an empty SETTINGS, and silent TCP) on the API listener and more than
+  admin_max_connections on the admin one; a new chat request and a `/healthz` are timed while
+  the flood holds (a lock-out is either one taking 1 s or more).
 
 Each worker stops at the deadline; every socket has a timeout, so nothing waits past it by more
 than one socket timeout. It prints one JSON line of counts at the end.
@@ -29,6 +35,14 @@ import subprocess
 import time
 
 COUNTS = collections.Counter()
+# Until when the engine is down or just back (set by the restarter): the engine-500 bursts and
+# the flood's timed requests wait for it, since their checks are about the gateway.
+ENGINE_BACK_AT = [0.0]
+
+
+async def engine_up():
+    while time.monotonic() < ENGINE_BACK_AT[0]:
+        await asyncio.sleep(0.5)
 SOCKET_TIMEOUT = 30.0
 
 
@@ -131,6 +145,8 @@ async def restarter(args, deadline, start):
     if time.monotonic() >= deadline:
         return
     pid = int(open(args.fake_pidfile, encoding="utf-8").read())
+    # Down 3 s, then health checks every 1 s restore it: 10 s is ample.
+    ENGINE_BACK_AT[0] = time.monotonic() + 10.0
     os.kill(pid, signal.SIGKILL)
     COUNTS["upstream_killed"] += 1
     await asyncio.sleep(3)
@@ -187,6 +203,86 @@ async def slowloris(args, deadline):
         await asyncio.sleep(min(10.0, args.slowloris_every) if warm else args.slowloris_every)
 
 
+async def engine_errors(args, deadline):
+    """Every `errors_every` seconds, three concurrent requests the engine answers 500, then one
+    ordinary request (`after500_<status>`: anything but 200 means the burst cut service)."""
+    if args.errors_every <= 0:
+        return
+    fail = request_bytes(args.port, "m", False, 4, "x-fake-fail: status-500\r\n")
+    ok = request_bytes(args.port, "m", False, 4)
+
+    async def one(data, kind):
+        try:
+            status = await exchange(args.port, data)
+            COUNTS[f"{kind}_{status}"] += 1
+        except (OSError, asyncio.TimeoutError) as error:
+            COUNTS[f"{kind}_error_{type(error).__name__}"] += 1
+
+    while time.monotonic() < deadline:
+        await engine_up()
+        await asyncio.gather(*(one(fail, "engine500") for _ in range(3)))
+        await one(ok, "after500")
+        await asyncio.sleep(args.errors_every)
+
+
+H2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+async def timed(port, data):
+    """(status, seconds) of one request on a fresh connection."""
+    started = time.monotonic()
+    try:
+        status = await exchange(port, data)
+    except (OSError, asyncio.TimeoutError):
+        status = 0
+    return status, time.monotonic() - started
+
+
+async def idle_flood(args, deadline):
+    """Every `flood_every` seconds, `flood_count` idle connections on the API listener and
+    `admin_flood_count` on the admin one (HTTP/2 hellos and silent TCP, alternately), held
+    `FLOOD_HOLD` seconds; a chat request and a `/healthz` are timed twice while it holds."""
+    if args.flood_every <= 0 or not args.admin_port:
+        return
+    chat = request_bytes(args.port, "m", False, 4)
+    healthz = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{args.admin_port}\r\n" \
+              "Connection: close\r\n\r\n".encode()
+    hello = H2_HELLO
+    await asyncio.sleep(min(args.flood_every, 15.0))
+    while time.monotonic() < deadline:
+        await engine_up()
+        flood = []
+        for port, count in ((args.port, args.flood_count), (args.admin_port, args.admin_flood_count)):
+            for _ in range(count):
+                try:
+                    _, writer = await asyncio.wait_for(
+                        asyncio.open_connection("127.0.0.1", port), SOCKET_TIMEOUT
+                    )
+                    if hello:
+                        writer.write(hello)
+                    flood.append(writer)
+                except (OSError, asyncio.TimeoutError):
+                    COUNTS["flood_connect_failed"] += 1
+        COUNTS["flood_h2" if hello else "flood_tcp"] += 1
+        for _ in range(2):
+            for port, data, kind in ((args.port, chat, "chat"), (args.admin_port, healthz, "healthz")):
+                status, seconds = await timed(port, data)
+                COUNTS[f"flood_{kind}_{status}"] += 1
+                if seconds >= 1.0:
+                    COUNTS[f"flood_{kind}_lockout"] += 1
+                key = f"flood_{kind}_max_ms"
+                COUNTS[key] = max(COUNTS[key], round(seconds * 1000))
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(FLOOD_HOLD)
+        for writer in flood:
+            writer.close()
+        hello = b"" if hello else H2_HELLO
+        await asyncio.sleep(args.flood_every)
+
+
+FLOOD_HOLD = 2.0
+
+
 async def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
@@ -200,6 +296,11 @@ async def main():
     parser.add_argument("--slowloris-every", type=float, default=60.0)
     parser.add_argument("--no-restart", action="store_true")
     parser.add_argument("--warmup", type=float, default=0.0)
+    parser.add_argument("--errors-every", type=float, default=5.0)
+    parser.add_argument("--admin-port", type=int, default=0)
+    parser.add_argument("--flood-every", type=float, default=30.0)
+    parser.add_argument("--flood-count", type=int, default=300)
+    parser.add_argument("--admin-flood-count", type=int, default=80)
     args = parser.parse_args()
 
     start = time.monotonic()
@@ -211,6 +312,8 @@ async def main():
         reloader(args, deadline),
         restarter(args, deadline, start),
         slowloris(args, deadline),
+        engine_errors(args, deadline),
+        idle_flood(args, deadline),
     ]
     await asyncio.gather(*workers)
     print(json.dumps(dict(sorted(COUNTS.items()))))

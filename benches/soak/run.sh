@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Soak: the release gateway in front of the release fake engine under a bounded mix of traffic
 # and faults (benches/soak/drive.py: streams, client cancels, queue timeouts, SIGHUP reloads, one
-# engine restart, slowloris batches), then checks that nothing was kept:
+# engine restart, slowloris batches, bursts of engine 500s, idle-connection floods), then checks
+# that nothing was kept and nobody was locked out:
 #
+#   - every request sent right after three concurrent engine 500s was served (the only upstream
+#     was never ejected for them);
+#   - during every idle flood (more idle connections than max_connections on the API listener,
+#     more than admin_max_connections on the admin one), a new chat request and /healthz were
+#     each answered within 1 s;
 #   - every slotgate_slots_in_use and slotgate_queue_depth series is back to 0;
 #   - the gateway's resident memory at the end of the load is less than 5 % above what it was
 #     after the warm-up (both sampled under the same load);
@@ -47,6 +53,9 @@ fi
 # shellcheck source=benches/common.sh
 source benches/common.sh
 
+# The idle floods need a descriptor per connection, on both sides.
+ulimit -n 8192 2>/dev/null || true
+
 fake_cmd="$bin/fake-upstream --kind vllm --parallel 16 --port $UPSTREAM_PORT --model m --model tight"
 step "fake engine on :$UPSTREAM_PORT"
 $fake_cmd >"$work/fake.log" 2>&1 &
@@ -58,6 +67,9 @@ cat >"$work/slotgate.toml" <<TOML
 listen = "127.0.0.1:$API_PORT"
 admin_listen = "127.0.0.1:$ADMIN_PORT"
 header_read_timeout = "3s"
+# Small enough that the idle floods (300 on the API listener, 80 on the admin one with its
+# default cap of 64) go past it.
+max_connections = 256
 client_idle_timeout = "10s"
 idle_timeout = "5s"
 health_check_interval = "1s"
@@ -108,7 +120,8 @@ step "load for ${SOAK_SECONDS}s (warm-up ${WARMUP}s); baseline: $fd_baseline fds
 # shellcheck disable=SC2086 # SOAK_DRIVE_ARGS is a word list on purpose
 python3 benches/soak/drive.py --port "$API_PORT" --seconds "$SOAK_SECONDS" --warmup "$WARMUP" \
   --config "$work/slotgate.toml" --gateway-pid "$gateway" \
-  --fake-pidfile "$work/fake.pid" --fake-cmd "$fake_cmd" ${SOAK_DRIVE_ARGS:-} >"$work/drive.out" &
+  --fake-pidfile "$work/fake.pid" --fake-cmd "$fake_cmd" --admin-port "$ADMIN_PORT" \
+  ${SOAK_DRIVE_ARGS:-} >"$work/drive.out" &
 driver=$!
 pids+=("$driver")
 
@@ -171,6 +184,18 @@ if ((fd_end > fd_baseline)); then
 fi
 if grep -q '"slowloris_not_cut"' "$work/drive.out"; then
   echo "FAIL: a slowloris connection was not cut" >&2
+  failed=1
+fi
+if grep -qE '"after500_([013-9][0-9]*|2[1-9][0-9]|20[1-9])"|"after500_error' "$work/drive.out"; then
+  echo "FAIL: a request right after three engine 500s was not served (the upstream was ejected?)" >&2
+  failed=1
+fi
+if grep -qE '"flood_(chat|healthz)_lockout"' "$work/drive.out"; then
+  echo "FAIL: during an idle flood a new client waited 1 s or more" >&2
+  failed=1
+fi
+if grep -qE '"flood_(chat|healthz)_([013-9][0-9]*|2[1-9][0-9]|20[1-9])"' "$work/drive.out"; then
+  echo "FAIL: during an idle flood a new client was not served" >&2
   failed=1
 fi
 ((failed == 0)) && echo "soak passed"

@@ -245,7 +245,11 @@ pub struct Open {
 }
 
 /// Sends `req` on a fresh HTTP/1.1 connection and returns at once.
-pub async fn open(addr: SocketAddr, req: Request<Full<Bytes>>) -> Open {
+pub async fn open(addr: SocketAddr, mut req: Request<Full<Bytes>>) -> Open {
+    // hyper's connection-level client sends no `Host` of its own; HTTP/1.1 requires one.
+    if let Ok(host) = http::HeaderValue::from_str(&addr.to_string()) {
+        req.headers_mut().entry(http::header::HOST).or_insert(host);
+    }
     let stream = TcpStream::connect(addr)
         .await
         .expect("connect to the gateway");

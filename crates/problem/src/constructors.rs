@@ -711,7 +711,7 @@ impl Problem {
     }
 
     /// [`Kind::HeadersTooLarge`] (431): the HTTP/1 request head has more than 100 header fields
-    /// or does not fit the read buffer (about 400 KiB). The connection is closed after it.
+    /// or is larger than 400 KiB.
     ///
     /// ```
     /// use slotgate_problem::Problem;
@@ -725,8 +725,9 @@ impl Problem {
             "The request headers are too large. Send fewer or smaller headers.".to_owned(),
         )
         .with_detail(
-            "The request head has more than 100 header fields or is larger than about 400 KiB; \
-             the connection is closed.",
+            "The request head has more than 100 header fields or is larger than 400 KiB \
+             (409,600 bytes, counting the request line and each field as `name: value` and its \
+             line end).",
         )
     }
 

@@ -13,7 +13,7 @@
 //!
 //! | side     | variants | status |
 //! |----------|----------|--------|
-//! | client   | `NotFound`, `MethodNotAllowed`, `ModelNotFound`, `RouteNotServed`, `RouteDisabled`, `ResponseNotFound`, `BadRequest`, `TooHeavy`, `BodyRead`, `BodyIncomplete`, `BodyTooLarge`, `BodyTimeout`, `UnsupportedMediaType`, `Unauthorized` | 404, 405, 404, 404, 403, 404, 400, 400, 400, 400, 413, 408, 415, 401 |
+//! | client   | `NotFound`, `MethodNotAllowed`, `ModelNotFound`, `RouteNotServed`, `RouteDisabled`, `ResponseNotFound`, `BadRequest`, `TooHeavy`, `BodyRead`, `BodyIncomplete`, `BodyTooLarge`, `BodyTimeout`, `UnsupportedMediaType`, `Unauthorized`, `HeadersTooLarge` | 404, 405, 404, 404, 403, 404, 400, 400, 400, 400, 413, 408, 415, 401, 431 |
 //! | capacity | `QueueFull`, `QueueTimeout`, `Overloaded`, `StoreUnavailable` (the request never ran; retry) | 503 + `Retry-After` |
 //! | upstream | `UpstreamUnavailable`, `NoOllamaUpstream`, `ResponseUpstreamUnavailable` (nothing sent; retry), `UpstreamFailed`, `UpstreamTls`, `UpstreamTimeout` (maybe ran; the client decides) | 503 + `Retry-After`, 502, 502, 504 |
 //! | gateway  | `ShuttingDown` (retry), `Internal` (a bug) | 503 + `Retry-After`, 500 |
@@ -126,6 +126,12 @@ pub(crate) enum Error {
     /// The body is larger than the configured limit.
     #[error("the request body is larger than {limit} bytes")]
     BodyTooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// The request head is larger than the gateway takes (`request::MAX_HEAD_BYTES`).
+    #[error("the request head is larger than {limit} bytes")]
+    HeadersTooLarge {
         /// The limit, in bytes.
         limit: usize,
     },
@@ -392,6 +398,18 @@ pub(crate) enum BadRequest {
         /// The value's length, in bytes.
         len: usize,
     },
+    /// An HTTP/1.1 request without a `Host` field (RFC 9112 §3.2).
+    #[error("an HTTP/1.1 request must carry a `Host` header field")]
+    NoHost,
+    /// An HTTP/1.1 request with more than one `Host` field line (RFC 9112 §3.2).
+    #[error("the request carries {count} `Host` header fields; HTTP/1.1 allows exactly one")]
+    ManyHosts {
+        /// How many.
+        count: usize,
+    },
+    /// A `Host` value that is not an authority (`host` or `host:port`) (RFC 9112 §3.2).
+    #[error("the `Host` header field is not a valid host (and port)")]
+    BadHost,
     /// `x-slotgate-max-wait` is not a duration.
     #[error("the `{header}` header must be a duration such as `5s` or `1500ms`")]
     MaxWait {
@@ -521,6 +539,7 @@ impl Error {
                 Problem::body_too_large(u64::try_from(*limit).unwrap_or(u64::MAX))
             }
             Error::BodyTimeout { after } => Problem::body_timeout(*after),
+            Error::HeadersTooLarge { .. } => Problem::headers_too_large(),
             Error::Overloaded { budget } => Problem::overloaded(
                 u64::try_from(*budget).unwrap_or(u64::MAX),
                 OVERLOADED_RETRY_AFTER,
@@ -611,6 +630,7 @@ impl Error {
             Error::BadRequest(_) | Error::BodyRead(_) => "bad_request",
             Error::BodyIncomplete(_) => "client_gone",
             Error::BodyTooLarge { .. } => "body_too_large",
+            Error::HeadersTooLarge { .. } => "headers_too_large",
             Error::BodyTimeout { .. } => "body_timeout",
             Error::UnsupportedMediaType { .. } => "unsupported_media_type",
             Error::TooHeavy { .. } => "too_heavy",
@@ -895,6 +915,12 @@ mod tests {
                 Error::BodyTooLarge { limit: 10 },
                 413,
                 "body-too-large",
+                false,
+            ),
+            (
+                Error::HeadersTooLarge { limit: 10 },
+                431,
+                "headers-too-large",
                 false,
             ),
             (

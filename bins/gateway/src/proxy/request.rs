@@ -14,10 +14,12 @@
 //!
 //! - a deadline, `body_read_timeout`, from the end of the head to the body's last byte: a client
 //!   that trickles its body (slowloris) gets 408 `body-timeout` and loses its connection;
-//! - a budget, `max_buffered_body_bytes`, shared by every request: each body takes its bytes from
-//!   it as they arrive and gives them back when the request is over (answered, refused, or gone).
-//!   A body that would overdraw it gets 503 `overloaded` at once. The per-request limit alone
-//!   cannot bound memory: 200 streams on one HTTP/2 connection each stay under it.
+//! - a budget, `max_buffered_body_bytes`, shared by every request: each body takes from it the
+//!   memory its buffer takes as it arrives (the capacity, which for a body of unknown length
+//!   runs ahead of its length: see [`collect`]) and gives it back when the request is over
+//!   (answered, refused, or gone). A body that would overdraw it gets 503 `overloaded` at once.
+//!   The per-request limit alone cannot bound memory: 200 streams on one HTTP/2 connection each
+//!   stay under it.
 //!
 //! `model` and `stream` are read with `serde_json` into a small borrowed struct; every other
 //! member is skipped, not copied. The original bytes are what goes upstream: nothing is
@@ -232,6 +234,52 @@ where
     })
 }
 
+/// The largest request head the gateway takes, counting the request line and each field as
+/// `name: value` with its line end: 400 KiB. hyper refuses a head that overflows its read
+/// buffer (a little more than this) by itself, but only when it arrives in more reads than fit,
+/// so the limit is checked here as well: any head past it gets 431 `headers-too-large`.
+pub(crate) const MAX_HEAD_BYTES: usize = 400 * 1024;
+
+/// The request head's own rules, before anything else is read: RFC 9112 §3.2 for HTTP/1.1 (one
+/// `Host` field, no more, no less, with a valid value: 400 `bad-request` otherwise) and
+/// [`MAX_HEAD_BYTES`] (431 `headers-too-large`). HTTP/2 carries the authority in its own
+/// pseudo-field and limits its header list in the protocol (16 KiB), and HTTP/1.0 needs no
+/// `Host`.
+pub(crate) fn check_head<B>(req: &Request<B>) -> Result<(), Error> {
+    let target = req.uri().path_and_query().map_or(1, |p| p.as_str().len());
+    // "METHOD TARGET HTTP/1.1\r\n", then "name: value\r\n" per field.
+    let size = req.headers().iter().fold(
+        req.method().as_str().len() + target + 12,
+        |size, (name, value)| size + name.as_str().len() + value.len() + 4,
+    );
+    if size > MAX_HEAD_BYTES {
+        return Err(Error::HeadersTooLarge {
+            limit: MAX_HEAD_BYTES,
+        });
+    }
+    if req.version() != http::Version::HTTP_11 {
+        return Ok(());
+    }
+    let mut hosts = req.headers().get_all(http::header::HOST).iter();
+    let (Some(host), None) = (hosts.next(), hosts.next()) else {
+        let count = req.headers().get_all(http::header::HOST).iter().count();
+        return Err(if count == 0 {
+            BadRequest::NoHost.into()
+        } else {
+            BadRequest::ManyHosts { count }.into()
+        });
+    };
+    // Empty is allowed: a target with no authority (RFC 9112 §3.2). No user info either.
+    let host = host.as_bytes();
+    let valid =
+        host.is_empty() || (!host.contains(&b'@') && http::uri::Authority::try_from(host).is_ok());
+    if valid {
+        Ok(())
+    } else {
+        Err(BadRequest::BadHost.into())
+    }
+}
+
 /// Reads `body` whole under `limits`: a declared `Content-Length` above the limit is refused
 /// before a byte is read (413), one the budget cannot hold at once (503); a body that grows
 /// past either as soon as it does, one not complete in time with 408. Returns the bytes and
@@ -269,7 +317,15 @@ where
     }
 }
 
-/// Reads `body` whole, under `limit`, taking from `budget` what goes past the `prepaid` bytes.
+/// Reads `body` whole, under `limit`, charging `budget` for the memory its buffer takes beyond
+/// the `prepaid` bytes.
+///
+/// The budget is charged for the buffer's *capacity*, not the bytes read: a body of unknown
+/// length (chunked, or HTTP/2 without `content-length`) grows its buffer by doubling, so it may
+/// hold up to twice its length while it arrives. The buffer is a `Vec` grown with
+/// `reserve_exact`, so what is charged is what is allocated. Once the body is whole its buffer
+/// is shrunk to its length and the rest of the charge goes back; the frames hyper hands over
+/// are copied out, so none of its read buffers is kept alive by a queued request.
 async fn collect<B>(
     body: B,
     limit: usize,
@@ -282,23 +338,44 @@ where
     B::Error: Into<BoxError>,
 {
     let mut body = std::pin::pin!(body);
-    let mut out = BytesMut::with_capacity(prepaid);
+    let mut out: Vec<u8> = Vec::with_capacity(prepaid);
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|error| body_error(error.into()))?;
         let Ok(mut data) = frame.into_data() else {
             continue; // trailers: nothing the gateway forwards
         };
-        let len = data.remaining();
-        if out.len() + len > limit {
+        let needed = out.len() + data.remaining();
+        if needed > limit {
             return Err(Error::BodyTooLarge { limit });
         }
-        let beyond_prepaid = (out.len() + len).saturating_sub(prepaid.max(out.len()));
-        if beyond_prepaid > 0 {
-            budget.take(beyond_prepaid, held)?;
+        if needed > out.capacity() {
+            // The first frame exactly (most bodies are one frame), then by doubling.
+            let grown = if out.capacity() == 0 {
+                needed
+            } else {
+                needed.max(out.capacity().saturating_mul(2)).min(limit)
+            };
+            budget.take(grown.saturating_sub(charged(held.as_ref())), held)?;
+            out.reserve_exact(grown - out.len());
         }
-        out.extend_from_slice(&data.copy_to_bytes(len));
+        while data.has_remaining() {
+            let chunk = data.chunk();
+            let taken = chunk.len();
+            out.extend_from_slice(chunk);
+            data.advance(taken);
+        }
     }
-    Ok(out.freeze())
+    out.shrink_to_fit();
+    let spare = charged(held.as_ref()).saturating_sub(out.capacity().max(prepaid));
+    if let (Some(permit), true) = (held.as_mut(), spare > 0) {
+        drop(permit.split(spare));
+    }
+    Ok(Bytes::from(out))
+}
+
+/// The bytes of the budget `held` holds.
+fn charged(held: Option<&OwnedSemaphorePermit>) -> usize {
+    held.map_or(0, OwnedSemaphorePermit::num_permits)
 }
 
 /// The error for a body that failed part-way: [`Error::BodyIncomplete`] when the client's side

@@ -44,8 +44,8 @@
 //!   to finish what it is doing (in-flight responses stream to their end, idle keep-alive
 //!   connections close at once: HTTP/1 with a FIN, HTTP/2 with a `GOAWAY`), and whatever is
 //!   still open after the drain timeout is cut. A connection with nothing in flight that has not
-//!   closed `header_read_timeout` after the signal (an HTTP/2 peer that ignores the `GOAWAY`)
-//!   is cut then.
+//!   closed 1 s after the signal (at most `header_read_timeout`: an HTTP/2 peer that ignores
+//!   the `GOAWAY`) is cut then, so idle peers never hold the drain to `drain_grace`.
 //! - hyper's own answers to a malformed HTTP/1 head (400, 414, 431) go out as problem documents
 //!   ([`Refusals`]).
 //!
@@ -94,6 +94,12 @@ mod shedding;
 /// the goodbye before it is cut: enough to write a `GOAWAY`, too short to keep a new client
 /// waiting for its place.
 const GOODBYE: Duration = Duration::from_millis(100);
+
+/// On shutdown, how long a connection with nothing in flight gets to finish the goodbye before
+/// it is cut, and how often a busy one is looked at again (at most `header_read_timeout`): a
+/// well-behaved HTTP/2 client answers the goodbye PING within a round trip and closes; one that
+/// ignores the `GOAWAY` would otherwise hold the drain to `drain_grace`.
+const DRAIN_GOODBYE: Duration = Duration::from_secs(1);
 
 /// How often the accept loop, holding a new connection at the limit, looks again for an idle
 /// connection to shed (one that was busy may have gone idle).
@@ -305,7 +311,8 @@ async fn make_room(
 
 /// The first part of serving a connection: waits for its first byte and, on a TLS listener,
 /// its handshake, both under `header_read_timeout`; `None` when the connection is to be dropped
-/// (silent, failed handshake, shed, or the server stops).
+/// (silent, failed handshake, shed, or the server stops), with whether it was asked to make
+/// room already (an HTTP/2 preface came, but this task had not seen it yet).
 async fn open(
     name: &'static str,
     (stream, peer): (TcpStream, SocketAddr),
@@ -314,14 +321,25 @@ async fn open(
     counters: &ServerCounters,
     stopping: &mut ShutdownSignal,
     member: &Member,
-) -> Option<Either<TcpStream, tokio_rustls::server::TlsStream<TcpStream>>> {
+) -> Option<(
+    Either<TcpStream, tokio_rustls::server::TlsStream<TcpStream>>,
+    bool,
+)> {
     // auto::Builder sniffs the protocol before hyper's own header timeout starts, so a client
     // that connects and stays silent is dropped here (or at shutdown: it has nothing in flight
-    // to drain).
+    // to drain). One asked to make room before this task saw its first byte may have sent it
+    // already (an HTTP/2 preface): it is served just far enough to say goodbye with a `GOAWAY`.
+    let mut shed_early = false;
     let spoke = tokio::select! {
         biased;
         () = stopping.fired() => false,
-        () = member.shed_asked() => return None,
+        () = member.shed_asked() => {
+            if tls.is_some() || !bytes_waiting(&stream) {
+                return None;
+            }
+            shed_early = true;
+            first_byte_within(&stream, settings.header_read_timeout).await
+        }
         spoke = first_byte_within(&stream, settings.header_read_timeout) => spoke,
     };
     if !spoke {
@@ -333,7 +351,7 @@ async fn open(
     }
     // On a TLS listener the handshake comes first, under the same bound as a request head.
     match tls {
-        None => Some(Either::Left(stream)),
+        None => Some((Either::Left(stream), shed_early)),
         Some(acceptor) => {
             let handshake =
                 tokio::time::timeout(settings.header_read_timeout, acceptor.accept(stream));
@@ -344,7 +362,7 @@ async fn open(
                 done = handshake => done,
             };
             match done {
-                Ok(Ok(stream)) => Some(Either::Right(stream)),
+                Ok(Ok(stream)) => Some((Either::Right(stream), false)),
                 Ok(Err(error)) => {
                     debug!(listener = name, %peer, %error, "TLS handshake failed");
                     None
@@ -386,7 +404,7 @@ async fn serve_connection<S, B>(
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
-    let Some(io) = open(
+    let Some((io, shed_early)) = open(
         name,
         (stream, peer),
         tls,
@@ -404,10 +422,26 @@ async fn serve_connection<S, B>(
             .serve_connection(Refusals::new(TokioIo::new(io)), service)
             .into_owned()
     );
-    let mut closing = false;
-    // After an idle close, how long the peer gets to finish the goodbye: an HTTP/2 graceful
-    // shutdown waits for the peer's PING answer, which a hostile peer never sends.
-    let mut cut_at: Option<Instant> = None;
+    // Polled once before anything may close it: with the client's bytes at hand, the protocol
+    // is chosen and an HTTP/2 connection is set up. A graceful shutdown while hyper-util still
+    // sniffs the protocol ends the connection at once, with no `GOAWAY` for an HTTP/2 client.
+    if let Poll::Ready(result) = poll_once(conn.as_mut()).await {
+        if let Err(error) = result {
+            debug!(listener = name, %peer, %error, "connection ended with an error");
+        }
+        return;
+    }
+    let mut closing = shed_early;
+    // After an idle close, how long the peer gets to finish the goodbye (an HTTP/2 graceful
+    // shutdown waits for the peer's PING answer, which a hostile peer never sends), and while
+    // requests still run then, how long until it looks again.
+    let (mut cut_at, mut look_again) = (None, settings.header_read_timeout);
+    // A shed connection gives its place to the new one at once (see `Watch::Shed`).
+    let mut permit = (!shed_early).then_some(permit);
+    if shed_early {
+        conn.as_mut().graceful_shutdown();
+        cut_at = Some(Instant::now() + GOODBYE);
+    }
     let mut watchers = watchers(&mut stopping, &activity, &member, &settings);
     loop {
         tokio::select! {
@@ -426,9 +460,10 @@ async fn serve_connection<S, B>(
                     // done.
                     conn.as_mut().graceful_shutdown();
                     closing = true;
-                    // A peer that never finishes the goodbye is cut as soon as nothing is in
-                    // flight, rather than holding the drain open.
-                    cut_at = Some(Instant::now() + settings.header_read_timeout);
+                    // A peer that ignores the `GOAWAY` is cut once nothing is in flight, rather
+                    // than holding the drain open for `drain_grace` ([`DRAIN_GOODBYE`]).
+                    look_again = settings.header_read_timeout.min(DRAIN_GOODBYE);
+                    cut_at = Some(Instant::now() + look_again);
                 }
                 Watch::Idle => {
                     debug!(listener = name, %peer, "closing a connection idle for the client idle timeout");
@@ -441,6 +476,11 @@ async fn serve_connection<S, B>(
                     if matches!(watch, Watch::NoRequest) {
                         debug!(listener = name, %peer, "no request within the header-read timeout; closing");
                         counters.header_timeout.inc();
+                    } else {
+                        // Its place goes to the new connection now, not after the goodbye: an
+                        // idle HTTP/2 flood never answers the PING, and the accept loop would
+                        // wait out a `GOODBYE` per shed, one after the other.
+                        permit.take();
                     }
                     // Nothing in flight: `GOAWAY` (HTTP/2) or a close, and a cut soon after.
                     conn.as_mut().graceful_shutdown();
@@ -467,7 +507,7 @@ async fn serve_connection<S, B>(
                 }
                 // Requests are still running (or one slipped in as the idle close began): let
                 // them finish, and look again a while later.
-                cut_at = Some(Instant::now() + settings.header_read_timeout);
+                cut_at = Some(Instant::now() + look_again);
             }
         }
     }
@@ -536,6 +576,18 @@ async fn first_byte_within(stream: &TcpStream, timeout: Duration) -> bool {
         tokio::time::timeout(timeout, stream.peek(&mut byte)).await,
         Ok(Ok(n)) if n > 0
     )
+}
+
+/// Whether the client's bytes wait to be read now (without waiting for the runtime to learn
+/// that the socket is readable).
+fn bytes_waiting(stream: &TcpStream) -> bool {
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    matches!(SockRef::from(stream).peek(&mut byte), Ok(n) if n > 0)
+}
+
+/// Polls `future` once: its output if it is done, `Pending` if not.
+async fn poll_once<F: Future + ?Sized>(mut future: Pin<&mut F>) -> Poll<F::Output> {
+    std::future::poll_fn(move |cx| Poll::Ready(future.as_mut().poll(cx))).await
 }
 
 /// Sleeps until `deadline`; forever when there is none.

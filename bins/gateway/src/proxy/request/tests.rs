@@ -540,3 +540,48 @@ async fn a_prompt_member_of_an_odd_shape_is_the_engines_business() {
     .await;
     assert_eq!(user, None);
 }
+
+/// A chat body of `frames` frames of `each` bytes, with no declared length (chunked).
+fn chunked(
+    frames: usize,
+    each: usize,
+) -> Request<impl http_body::Body<Data = Bytes, Error = std::convert::Infallible>> {
+    let mut text = br#"{"model":"m","pad":""#.to_vec();
+    text.resize(frames * each - 2, b'x');
+    text.extend_from_slice(br#""}"#);
+    let parts: Vec<_> = text
+        .chunks(each)
+        .map(|part| Ok(http_body::Frame::data(Bytes::copy_from_slice(part))))
+        .collect();
+    let body = http_body_util::StreamBody::new(futures::stream::iter(parts));
+    Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(body)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_chunked_body_is_charged_for_its_buffer_while_it_arrives_and_its_length_after() {
+    // Issue 28: a chunked body's buffer grows by doubling, up to twice its length; the budget
+    // counted only the length, so RSS reached 2x `max_buffered_body_bytes`.
+    let metrics = Metrics::new();
+    let limits = |budget| BodyLimits {
+        max_bytes: 1 << 20,
+        timeout: std::time::Duration::from_secs(5),
+        budget,
+    };
+    // 1 000 bytes in ten frames: buffers of 100, 200, 400, 800 and 1 600 bytes.
+    let tight = BodyBudget::new(1_500, &metrics);
+    let err = super::read(chunked(10, 100), limits(&tight), chat())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Overloaded { .. }), "{err:?}");
+    assert_eq!(tight.in_use(), 0);
+
+    let roomy = BodyBudget::new(1_600, &metrics);
+    let read = super::read(chunked(10, 100), limits(&roomy), chat())
+        .await
+        .unwrap();
+    assert_eq!(read.body.len(), 1_000);
+    assert_eq!(roomy.in_use(), 1_000, "the spare capacity went back");
+}

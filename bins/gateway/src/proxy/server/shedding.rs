@@ -6,8 +6,11 @@
 //! keep-alive connection is closed opens another when it has a request (as nginx reuses idle
 //! keep-alive connections under pressure). So when a new connection comes and every place is
 //! taken, the accept loop asks the connection with nothing in flight for the longest time to
-//! close (HTTP/2 with a `GOAWAY`; one that has not spoken yet, or is still in its TLS
-//! handshake, simply closes), and admits the new one as soon as that place is free. Connections
+//! close (HTTP/2 with a `GOAWAY`, also when its preface came but its task had not seen it yet;
+//! one that has not spoken yet, or is still in its TLS handshake, simply closes), and admits the new one as soon as that place is free. A shed
+//! connection gives up its place the moment it is asked, and finishes its goodbye (at most
+//! 100 ms) beyond the limit: an idle HTTP/2 peer never answers the goodbye PING, and a backlog
+//! of new connections would otherwise wait out those 100 ms once per shed, in turn. Connections
 //! with a request in flight are never shed: they wait out the limit as before. The youngest
 //! connections are shed last, so a client that just connected gets to send its request.
 //!
