@@ -86,9 +86,9 @@ pub fn is_useful(longest: &Longest, prefix: &Prefix, min_bytes: usize) -> bool {
     !longest.diverges && prefix.bytes_through(longest.elements) >= min_bytes.max(1)
 }
 
-/// Moves the holder at `holder` (a position in `ranked`) to the front when the
-/// [rules](self#rules) say so, for a request that needs `need` slots and whose prefill on a host
-/// without its prefix would take about `saved`. `standing` is asked about the holder and the
+/// Moves the holder at `holder` (a position in `ranked`) to the front when the affinity
+/// rules (summed up in the [crate docs](crate#cache-affinity)) say so, for a request that
+/// needs `need` slots and whose prefill on a host without its prefix would take about `saved`. `standing` is asked about the holder and the
 /// first host only.
 ///
 /// # Example

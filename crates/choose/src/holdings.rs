@@ -184,7 +184,8 @@ impl Hasher for KeyIsHash {
     }
 }
 
-/// The index; see the [module docs](self).
+/// The index of which hosts were sent which prefix blocks
+/// (see the [crate docs](crate#cache-affinity)).
 #[derive(Debug)]
 pub struct Holdings {
     limits: Limits,
