@@ -19,8 +19,8 @@ use std::sync::Arc;
 
 use tracing::{debug, info};
 
-use crate::error::chain;
-use crate::shutdown::ShutdownSignal;
+use crate::support::error::chain;
+use crate::support::shutdown::ShutdownSignal;
 use crate::upstreams::fan_out::fan_out;
 use crate::upstreams::health::{self, HealthPolicy};
 use crate::upstreams::probe::Prober;
