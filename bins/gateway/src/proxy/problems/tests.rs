@@ -9,6 +9,7 @@ use http::{HeaderValue, Method, Response};
 use slotgate_problem::Dialect;
 
 use super::{BadRequest, Error, respond};
+use crate::fixtures::{self, Built};
 
 #[expect(clippy::too_many_lines, reason = "one entry per variant, written out")]
 fn every_error() -> Vec<(Error, u16, &'static str, bool)> {
@@ -238,19 +239,7 @@ fn rejections(metrics: &crate::metrics::Metrics) -> Vec<String> {
 
 #[test]
 fn every_refusal_is_counted_once_and_nothing_else_is() {
-    let built = crate::fixtures::Built::new(
-        r#"
-        [server]
-        listen = "127.0.0.1:0"
-        [upstreams.a]
-        url = "http://127.0.0.1:9"
-        kind = "vllm"
-        [upstreams.a.models.m]
-        parallel = 1
-        queue = 1
-        queue_timeout = "5s"
-        "#,
-    );
+    let built = Built::new(&fixtures::table("", &[fixtures::vllm_m("a", 9, 1.0)]));
     let (routes, metrics) = (&built.generation.routes, &built.metrics);
     let access = crate::proxy::access::Access::default();
     let io = || Box::new(std::io::Error::other("refused")) as crate::support::error::BoxError;
