@@ -41,14 +41,19 @@
 
 mod effective;
 mod error;
+mod key;
 mod load;
 mod raw;
+mod secret;
+mod server;
+mod show;
 mod types;
 mod validate;
+mod values;
 
 pub use error::{ConfigError, Issue};
 pub use load::{ENV_PREFIX, env_provider};
-pub use types::{
-    CacheAffinity, CertAndKey, ClientKey, Cluster, Config, Kind, ModelLimits, Priority, QueueOrder,
-    Queueing, Secret, Server, StoreDown, Upstream,
-};
+pub use secret::Secret;
+pub use server::{CacheAffinity, ClientKey, Priority, Server};
+pub use types::{Cluster, Config, Kind, ModelLimits, QueueOrder, Queueing, StoreDown, Upstream};
+pub use values::CertAndKey;

@@ -9,7 +9,8 @@ use url::Url;
 
 use super::{optional, required};
 use crate::raw::{KeyPath, Reader};
-use crate::types::{Cluster, Secret, StoreDown};
+use crate::secret::Secret;
+use crate::types::{Cluster, StoreDown};
 
 const CLUSTER_KEYS: &[&str] = &[
     "redis_url",
