@@ -11,10 +11,11 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::cluster::ClusterKeys;
 use crate::secret::Secret;
 use crate::server::{API_KEYS_FILE_UNSET, Server, ServerKeys};
 use crate::show::{REDACTED, ShownTable, display, human, on_off};
-use crate::types::{Cluster, Config, ModelLimits, Queueing, Upstream};
+use crate::types::{Config, ModelLimits, Queueing, Upstream};
 
 impl Config {
     /// The validated configuration as TOML, with every default written out and every secret
@@ -63,20 +64,9 @@ fn unset_keys(server: &Server) -> Vec<&'static str> {
 struct View<'a> {
     server: ShownTable<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    cluster: Option<ClusterView<'a>>,
+    cluster: Option<ShownTable<'a>>,
     upstreams: BTreeMap<&'a str, UpstreamView<'a>>,
     aliases: &'a BTreeMap<String, String>,
-}
-
-#[derive(Serialize)]
-struct ClusterView<'a> {
-    redis_url: String,
-    key_prefix: &'a str,
-    lease_ttl: String,
-    store_timeout: String,
-    on_store_down: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    replicas: Option<usize>,
 }
 
 #[derive(Serialize)]
@@ -163,7 +153,11 @@ impl<'a> From<&'a Config> for View<'a> {
                 ServerKeys::show(&config.server, &mut shown.0);
                 shown
             },
-            cluster: config.cluster.as_ref().map(ClusterView::from),
+            cluster: config.cluster.as_ref().map(|cluster| {
+                let mut shown = ShownTable::default();
+                ClusterKeys::show(cluster, &mut shown.0);
+                shown
+            }),
             upstreams: config
                 .upstreams
                 .iter()
@@ -171,33 +165,6 @@ impl<'a> From<&'a Config> for View<'a> {
                 .collect(),
             aliases: &config.aliases,
         }
-    }
-}
-
-impl<'a> From<&'a Cluster> for ClusterView<'a> {
-    fn from(cluster: &'a Cluster) -> Self {
-        ClusterView {
-            redis_url: redact_password(cluster.redis_url.expose()),
-            key_prefix: &cluster.key_prefix,
-            lease_ttl: human(cluster.lease_ttl),
-            store_timeout: human(cluster.store_timeout),
-            on_store_down: cluster.on_store_down.as_str(),
-            replicas: cluster.replicas,
-        }
-    }
-}
-
-/// A Redis URL with its password (if any) replaced by `<redacted>`: the rest is useful to see.
-fn redact_password(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            // Only fails for URLs that cannot have credentials, which this one has.
-            let _ = parsed.set_password(Some(REDACTED));
-            parsed.to_string()
-        }
-        Ok(_) => url.to_owned(),
-        // Validated as a URL; never echo something unparsed.
-        Err(_) => REDACTED.to_owned(),
     }
 }
 

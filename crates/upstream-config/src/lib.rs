@@ -39,6 +39,7 @@
 //! Secrets (`server.api_keys`, `server.admin_token`, `upstreams.*.api_key`) are [`Secret`]s:
 //! redacted in `Debug`, in the effective config and in error messages.
 
+mod cluster;
 mod effective;
 mod error;
 mod key;
@@ -51,9 +52,10 @@ mod types;
 mod validate;
 mod values;
 
+pub use cluster::{Cluster, StoreDown};
 pub use error::{ConfigError, Issue};
 pub use load::{ENV_PREFIX, env_provider};
 pub use secret::Secret;
 pub use server::{CacheAffinity, ClientKey, Priority, Server};
-pub use types::{Cluster, Config, Kind, ModelLimits, QueueOrder, Queueing, StoreDown, Upstream};
+pub use types::{Config, Kind, ModelLimits, QueueOrder, Queueing, Upstream};
 pub use values::CertAndKey;

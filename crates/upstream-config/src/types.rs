@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use url::Url;
 
+use crate::cluster::Cluster;
 use crate::secret::Secret;
 use crate::server::Server;
 use crate::values::CertAndKey;
@@ -502,96 +503,5 @@ impl ModelLimits {
     /// Whether this is [`ModelLimits::Unlimited`].
     pub fn is_unlimited(&self) -> bool {
         matches!(self, ModelLimits::Unlimited)
-    }
-}
-
-// ===== Cluster =====
-
-/// The `[cluster]` table: the shared slot store that several gateway replicas admit through
-/// (`docs/scale-out.md`). Every replica that shares a cap must have the same table.
-///
-/// ```
-/// use std::time::Duration;
-/// use slotgate_config::{Config, StoreDown};
-///
-/// let config = Config::from_toml_str(r#"
-///     [server]
-///     listen = "127.0.0.1:8080"
-///
-///     [cluster]
-///     redis_url = "redis://10.0.0.9:6379/0"
-///     on_store_down = "local-share"
-///     replicas = 2
-///
-///     [upstreams.a]
-///     url = "http://10.0.0.5:8000"
-///     kind = "vllm"
-///     models.m = { parallel = 4, queue = 8, queue_timeout = "30s" }
-/// "#)?;
-/// let cluster = config.cluster.as_ref().unwrap();
-/// assert_eq!(cluster.lease_ttl, Duration::from_secs(10));
-/// assert_eq!(cluster.on_store_down, StoreDown::LocalShare);
-/// assert_eq!(cluster.replicas, Some(2));
-/// # Ok::<(), slotgate_config::ConfigError>(())
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Cluster {
-    /// `redis://host:port/db` or `redis+unix:///path`: where the shared store is. A secret
-    /// (it may carry a password); printed with the password redacted.
-    pub redis_url: Secret,
-    /// Prefix of every Redis key and channel (default [`Cluster::DEFAULT_KEY_PREFIX`]), so that
-    /// several deployments can share one Redis.
-    pub key_prefix: String,
-    /// How long a slot's lease lives without renewal (default [`Cluster::DEFAULT_LEASE_TTL`],
-    /// between [`Cluster::MIN_LEASE_TTL`] and [`Cluster::MAX_LEASE_TTL`]). Leases are renewed
-    /// every third of it; a dead replica's slots come back within it.
-    pub lease_ttl: Duration,
-    /// Bound on every call to Redis (default [`Cluster::DEFAULT_STORE_TIMEOUT`], at most a third
-    /// of `lease_ttl`); a call that takes longer marks the store down.
-    pub store_timeout: Duration,
-    /// What to do while Redis cannot be reached (default [`StoreDown::FailClosed`]).
-    pub on_store_down: StoreDown,
-    /// How many replicas share the caps: required with [`StoreDown::LocalShare`], whose local
-    /// share is `floor(parallel / replicas)`.
-    pub replicas: Option<usize>,
-}
-
-impl Cluster {
-    /// Default `key_prefix`.
-    pub const DEFAULT_KEY_PREFIX: &'static str = "slotgate";
-    /// Default `lease_ttl`.
-    pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
-    /// Shortest `lease_ttl`: renewals every third of it must get through a busy Redis.
-    pub const MIN_LEASE_TTL: Duration = Duration::from_secs(1);
-    /// Longest `lease_ttl`: a dead replica's slots stay taken this long.
-    pub const MAX_LEASE_TTL: Duration = Duration::from_secs(300);
-    /// Default `store_timeout`.
-    pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(1);
-}
-
-/// `[cluster] on_store_down`: what a replica does while it cannot reach Redis.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum StoreDown {
-    /// `"fail-closed"`: refuse new requests with `503 store-unavailable` and `Retry-After`;
-    /// the engine never sees more than `parallel`.
-    #[default]
-    FailClosed,
-    /// `"local-share"`: admit locally up to `floor(parallel / replicas)` per key.
-    LocalShare,
-}
-
-impl StoreDown {
-    /// The name in the configuration file.
-    ///
-    /// ```
-    /// assert_eq!(slotgate_config::StoreDown::LocalShare.as_str(), "local-share");
-    /// ```
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StoreDown::FailClosed => "fail-closed",
-            StoreDown::LocalShare => "local-share",
-        }
     }
 }
