@@ -12,10 +12,11 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::cluster::ClusterKeys;
+use crate::queueing::QueueingKeys;
 use crate::secret::Secret;
 use crate::server::{API_KEYS_FILE_UNSET, Server, ServerKeys};
 use crate::show::{REDACTED, ShownTable, display, human, on_off};
-use crate::types::{Config, ModelLimits, Queueing, Upstream};
+use crate::types::{Config, ModelLimits, Upstream};
 
 impl Config {
     /// The validated configuration as TOML, with every default written out and every secret
@@ -102,27 +103,8 @@ struct ModelEntryView<'a> {
     #[serde(flatten)]
     limits: ModelView,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
-    queueing: Option<QueueingView>,
+    queueing: Option<ShownTable<'a>>,
     affinity: &'static str,
-}
-
-#[derive(Serialize)]
-struct QueueingView {
-    queue_order: &'static str,
-    queue_keepalive: String,
-    honor_sdk_timeout: bool,
-    prefetch: usize,
-}
-
-impl From<Queueing> for QueueingView {
-    fn from(queueing: Queueing) -> Self {
-        QueueingView {
-            queue_order: queueing.order.as_str(),
-            queue_keepalive: queueing.keepalive.map_or_else(|| "off".to_owned(), human),
-            honor_sdk_timeout: queueing.honor_sdk_timeout,
-            prefetch: queueing.prefetch,
-        }
-    }
 }
 
 #[derive(Serialize)]
@@ -199,9 +181,13 @@ impl<'a> From<&'a Upstream> for UpstreamView<'a> {
                     let entry = ModelEntryView {
                         engine_model: upstream.engine_models.get(name).map(String::as_str),
                         limits: ModelView::from(*limits),
-                        // Unlimited models never queue: the keys are not allowed there.
-                        queueing: (!limits.is_unlimited())
-                            .then(|| QueueingView::from(upstream.queueing(name))),
+                        // Unlimited models never queue: the keys are not allowed there, and
+                        // validation gives them no entry; every other model has one.
+                        queueing: upstream.queueing.get(name).map(|queueing| {
+                            let mut shown = ShownTable::default();
+                            QueueingKeys::show(queueing, &mut shown.0);
+                            shown
+                        }),
                         affinity: on_off(upstream.affinity(name)),
                     };
                     (name.as_str(), entry)

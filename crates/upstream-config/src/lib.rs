@@ -40,10 +40,13 @@
 //! redacted in `Debug`, in the effective config and in error messages.
 
 mod cluster;
+#[cfg(test)]
+mod declared_tests;
 mod effective;
 mod error;
 mod key;
 mod load;
+mod queueing;
 mod raw;
 mod secret;
 mod server;
@@ -55,7 +58,8 @@ mod values;
 pub use cluster::{Cluster, StoreDown};
 pub use error::{ConfigError, Issue};
 pub use load::{ENV_PREFIX, env_provider};
+pub use queueing::{QueueOrder, Queueing};
 pub use secret::Secret;
 pub use server::{CacheAffinity, ClientKey, Priority, Server};
-pub use types::{Config, Kind, ModelLimits, QueueOrder, Queueing, Upstream};
+pub use types::{Config, Kind, ModelLimits, Upstream};
 pub use values::CertAndKey;

@@ -12,6 +12,7 @@ use std::time::Duration;
 use url::Url;
 
 use crate::cluster::Cluster;
+use crate::queueing::Queueing;
 use crate::secret::Secret;
 use crate::server::Server;
 use crate::values::CertAndKey;
@@ -109,103 +110,6 @@ impl Config {
             .values()
             .flat_map(|upstream| upstream.models.keys().map(String::as_str))
             .collect()
-    }
-}
-
-// ===== Queueing =====
-
-/// How one model's queue on one upstream serves its waiters, what a waiting client sees, and how
-/// many requests may wait inside the engine instead (`prefetch`).
-///
-/// ```
-/// use std::time::Duration;
-/// use slotgate_config::{Config, QueueOrder, Queueing};
-///
-/// let config = Config::from_toml_str(r#"
-///     [server]
-///     listen = "127.0.0.1:8080"
-///     [upstreams.a]
-///     url = "http://127.0.0.1:8081"
-///     kind = "vllm"
-///     [upstreams.a.models.m]
-///     parallel = 1
-///     queue = 4
-///     queue_timeout = "30s"
-///     queue_order = "fair"
-///     queue_keepalive = "5s"
-///     honor_sdk_timeout = false
-///     prefetch = 1
-/// "#)?;
-/// let q = config.upstreams["a"].queueing("m");
-/// assert_eq!(q.order, QueueOrder::Fair);
-/// assert_eq!(q.keepalive, Some(Duration::from_secs(5)));
-/// assert!(!q.honor_sdk_timeout);
-/// assert_eq!(q.prefetch, 1);
-/// assert_eq!(config.upstreams["a"].queueing("other"), Queueing::default());
-/// # Ok::<(), slotgate_config::ConfigError>(())
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Queueing {
-    /// `queue_order`: first come first served, or fair between tenants (default FIFO).
-    pub order: QueueOrder,
-    /// `queue_keepalive`: a streamed request that has to queue is answered `200` at once and
-    /// sent an SSE comment this often while it waits. `None` (the default): off.
-    pub keepalive: Option<Duration>,
-    /// `honor_sdk_timeout`: whether the OpenAI SDKs' `x-stainless-timeout` header caps the
-    /// queue wait (default `true`).
-    pub honor_sdk_timeout: bool,
-    /// `prefetch`: how many requests beyond `parallel` the gateway sends ahead, to wait in the
-    /// engine's own queue and start the instant one of its slots frees (default 0: never more
-    /// than `parallel` at the engine). The model's cap in the limiter is `parallel + prefetch`.
-    pub prefetch: usize,
-}
-
-impl Queueing {
-    /// The shortest `queue_keepalive`.
-    pub const MIN_KEEPALIVE: Duration = Duration::from_secs(1);
-    /// The longest `queue_keepalive`: proxies commonly cut a connection idle for 60 s.
-    pub const MAX_KEEPALIVE: Duration = Duration::from_secs(60);
-    /// The largest `prefetch`.
-    pub const MAX_PREFETCH: usize = 64;
-}
-
-impl Default for Queueing {
-    fn default() -> Self {
-        Queueing {
-            order: QueueOrder::Fifo,
-            keepalive: None,
-            honor_sdk_timeout: true,
-            prefetch: 0,
-        }
-    }
-}
-
-/// `queue_order`: the order in which a model's queue serves its waiters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum QueueOrder {
-    /// `"fifo"`: first come, first served (within a priority class). The default.
-    #[default]
-    Fifo,
-    /// `"fair"`: round-robin between tenants, weighted by their shares (deficit round-robin),
-    /// first come first served within a tenant.
-    Fair,
-}
-
-impl QueueOrder {
-    /// The name used in the configuration file.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            QueueOrder::Fifo => "fifo",
-            QueueOrder::Fair => "fair",
-        }
-    }
-
-    /// The order named `name`, exactly as [`QueueOrder::as_str`] spells it.
-    pub fn from_name(name: &str) -> Option<QueueOrder> {
-        [QueueOrder::Fifo, QueueOrder::Fair]
-            .into_iter()
-            .find(|o| o.as_str() == name)
     }
 }
 

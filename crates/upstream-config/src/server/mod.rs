@@ -21,8 +21,6 @@ use crate::values::{CertAndKey, CertPair, file_path, header_name, secret, socket
 
 mod affinity;
 mod client_key;
-#[cfg(test)]
-mod tests;
 
 pub use affinity::CacheAffinity;
 pub use client_key::{ClientKey, Priority};

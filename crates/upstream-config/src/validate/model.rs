@@ -7,32 +7,31 @@ use std::collections::{BTreeMap, BTreeSet};
 use figment::value::{Dict, Value};
 
 use super::{optional, required};
+use crate::queueing::{Queueing, QueueingKeys};
 use crate::raw::{KeyPath, Reader};
-use crate::types::{Kind, ModelLimits, QueueOrder, Queueing};
-use crate::values::{OFF, on_off};
+use crate::types::{Kind, ModelLimits};
+use crate::values::on_off;
 
-const MODEL_KEYS: &[&str] = &[
-    "parallel",
-    "queue",
-    "queue_timeout",
-    "capacity",
-    "engine_model",
-    "queue_order",
-    "queue_keepalive",
-    "honor_sdk_timeout",
-    "prefetch",
-    "affinity",
-];
+/// A model table's keys: its limits and engine name, the queueing keys, then `affinity`.
+fn model_keys() -> Vec<&'static str> {
+    let mut keys = vec![
+        "parallel",
+        "queue",
+        "queue_timeout",
+        "capacity",
+        "engine_model",
+    ];
+    keys.extend(QueueingKeys::names());
+    keys.push("affinity");
+    keys
+}
+
 /// The model keys that only mean something for a model that queues.
-const QUEUEING_KEYS: &[&str] = &[
-    "queue",
-    "queue_timeout",
-    "capacity",
-    "queue_order",
-    "queue_keepalive",
-    "honor_sdk_timeout",
-    "prefetch",
-];
+fn queueing_keys() -> Vec<&'static str> {
+    let mut keys = vec!["queue", "queue_timeout", "capacity"];
+    keys.extend(QueueingKeys::names());
+    keys
+}
 
 const UNLIMITED: &str = "unlimited";
 const AUTO: &str = "auto";
@@ -165,72 +164,15 @@ fn engine_model(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> EngineMode
     EngineModel::Named(text.to_owned())
 }
 
-/// The model table's `queue_order`, `queue_keepalive`, `honor_sdk_timeout` and `prefetch`,
-/// defaults for those absent; `None` when any is wrong (reported). Whether they are allowed at
-/// all (not with `parallel = "unlimited"`) is `model_limits`' business.
+/// The model table's queueing keys (declared in [`crate::queueing`]), defaults for those
+/// absent; `None` when any is wrong (reported). Whether they are allowed at all (not with
+/// `parallel = "unlimited"`) is `model_limits`' business.
 fn queueing(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<Queueing> {
     // Not a table: `model_limits` reports it.
     let Value::Dict(_, t) = value else {
         return Some(Queueing::default());
     };
-    let defaults = Queueing::default();
-    let order = optional(r, t, path, "queue_order", defaults.order, |r, p, v| {
-        let text = r.string(p, v)?;
-        let order = QueueOrder::from_name(text);
-        if order.is_none() {
-            r.invalid(
-                p,
-                v,
-                format!(r#"unknown queue order {text:?} (expected "fifo" or "fair")"#),
-            );
-        }
-        order
-    });
-    let keepalive = optional(r, t, path, "queue_keepalive", None, |r, p, v| {
-        if matches!(v, Value::String(_, text) if text == OFF) {
-            return Some(None);
-        }
-        let every = r.duration(p, v, false)?;
-        let (min, max) = (Queueing::MIN_KEEPALIVE, Queueing::MAX_KEEPALIVE);
-        if every < min || every > max {
-            let message = format!(
-                "must be between {} and {} (or \"off\"), found {}",
-                humantime::format_duration(min),
-                humantime::format_duration(max),
-                humantime::format_duration(every)
-            );
-            r.invalid(p, v, message);
-            return None;
-        }
-        Some(Some(every))
-    });
-    let honor_sdk_timeout = optional(
-        r,
-        t,
-        path,
-        "honor_sdk_timeout",
-        defaults.honor_sdk_timeout,
-        Reader::boolean,
-    );
-    let prefetch = optional(r, t, path, "prefetch", defaults.prefetch, |r, p, v| {
-        let ahead = r.count(p, v, 0)?;
-        if ahead > Queueing::MAX_PREFETCH {
-            let message = format!(
-                "must be at most {}: it is how many requests wait inside the engine beyond its \
-                 slots, a handful at most",
-                Queueing::MAX_PREFETCH
-            );
-            r.invalid(p, v, message);
-            return None;
-        }
-        Some(ahead)
-    });
-    Some(Queueing {
-        order: order?,
-        keepalive: keepalive?,
-        honor_sdk_timeout: honor_sdk_timeout?,
-        prefetch: prefetch?,
-    })
+    QueueingKeys::read(r, t, path).build()
 }
 
 /// What `parallel` said.
@@ -248,7 +190,7 @@ fn model_limits(
     value: &Value,
     kind: Option<Kind>,
 ) -> Option<ModelLimits> {
-    let t = r.table(path, value, MODEL_KEYS)?;
+    let t = r.table(path, value, &model_keys())?;
     let parallel_path = path.key("parallel");
     let parallel = match t.get("parallel") {
         None => {
@@ -287,7 +229,7 @@ fn model_limits(
     if let Parallel::Unlimited = parallel {
         // An unlimited model holds no slot, so it has nothing to queue for or cap.
         let mut ok = true;
-        for &key in QUEUEING_KEYS {
+        for key in queueing_keys() {
             if let Some(v) = t.get(key) {
                 let message =
                     r#"not allowed with parallel = "unlimited" (nothing waits for a slot)"#;
