@@ -178,3 +178,59 @@ fn every_queueing_key_has_its_row_in_the_docs() {
         );
     }
 }
+
+/// The default column of each row of a docs section: key → cell (`column` counts from 0, the
+/// key being column 0).
+fn documented_defaults(docs: &str, heading: &str, column: usize) -> Vec<(String, String)> {
+    docs.lines()
+        .skip_while(|line| !line.starts_with(heading))
+        .skip(1)
+        .take_while(|line| !line.starts_with('#'))
+        .filter(|line| line.starts_with("| `"))
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split(" | ").collect();
+            let key = cells.first()?.trim_start_matches("| ").trim_matches('`');
+            Some((key.to_owned(), (*cells.get(column)?).to_owned()))
+        })
+        .collect()
+}
+
+/// Each default the effective configuration writes for a key is the one its docs row states
+/// (as written, or "printed as" it).
+fn assert_documented_defaults(text: &str, header: &str, heading: &str, column: usize) {
+    let docs = docs();
+    let defaults = documented_defaults(&docs, heading, column);
+    let lines = text
+        .lines()
+        .skip_while(|line| *line != header)
+        .skip(1)
+        .take_while(|line| !line.starts_with('['));
+    for (key, value) in lines.filter_map(|line| line.split_once(" = ")) {
+        let Some((_, cell)) = defaults.iter().find(|(documented, _)| documented == key) else {
+            continue;
+        };
+        if cell.contains("required") {
+            continue;
+        }
+        assert!(
+            cell.contains(&format!("`{value}`")),
+            "{header} {key}: the effective config says {value}, its docs row says {cell:?}"
+        );
+    }
+}
+
+#[test]
+fn documented_defaults_are_the_declared_ones() {
+    let text = effective(&format!(
+        "[server]\nlisten = \"127.0.0.1:8080\"\n[cluster]\nredis_url = \"redis://h:1/0\"\n\
+         {UPSTREAMS}"
+    ));
+    assert_documented_defaults(&text, "[server]", "## `[server]`", 2);
+    assert_documented_defaults(&text, "[cluster]", "## `[cluster]`", 1);
+    assert_documented_defaults(
+        &text,
+        "[upstreams.a.models.m]",
+        "## `[upstreams.NAME.models.MODEL]`",
+        2,
+    );
+}

@@ -6,7 +6,8 @@
 //! Why a declaration rather than code per key: a key used to be written in nine places (the
 //! known-key list, the read, the default, the struct field and its default constant, the
 //! effective view's field and its line). Forgetting one compiled; now there is one place, and
-//! `tests/config/declared.rs` checks that each key is in the effective config and the docs.
+//! `src/declared_tests.rs` checks that each key is in the effective config and in the docs, with
+//! the default the docs state.
 //!
 //! Checks between keys (a certificate needs its key, two listeners must differ) are not
 //! declarations: they stay plain code after the reads (`validate`), where they read best.
