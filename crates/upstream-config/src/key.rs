@@ -309,7 +309,6 @@ macro_rules! table {
             $(pub(crate) $field: Option<$ty>,)*
         }
 
-        #[allow(dead_code, reason = "not every table needs every part")]
         impl $keys {
             $(
                 fn $field() -> impl $crate::key::Declared<$ty> {

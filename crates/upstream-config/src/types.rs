@@ -1,4 +1,6 @@
-//! The validated configuration: what the gateway reads.
+//! The validated configuration: what the gateway reads. The whole [`Config`], and the types of
+//! the tables read by hand (`[upstreams.NAME]`, a model's limits); the tables declared key by
+//! key have their types with their declarations (`server`, `cluster`, `queueing`).
 //!
 //! Values of these types only come out of the validation pass (the structs are
 //! `#[non_exhaustive]`, so they cannot be built by hand outside this crate), so the gateway can
