@@ -17,6 +17,7 @@ use figment::value::Value;
 use crate::key::{self, Flat, table};
 use crate::raw::{KeyPath, Reader};
 use crate::secret::Secret;
+use crate::show::Shown;
 use crate::values::{CertAndKey, CertPair, file_path, header_name, secret, socket_addr};
 
 mod affinity;
@@ -195,7 +196,7 @@ table! {
         /// pages out. The admin listener never answers CORS.
         cors_origins: Vec<String> = key::list("cors_origins", cors_origins)
             // Left out of the effective configuration when empty, as it always was.
-            .show(|origins| (!origins.is_empty()).then_some(crate::show::Shown::List(origins)));
+            .show(|origins| (!origins.is_empty()).then_some(Shown::List(origins)));
     }
 }
 
