@@ -339,11 +339,17 @@ impl Kind {
     /// - `llama-server`: 4 s. Its HTTP server, cpp-httplib, closes a keep-alive connection idle
     ///   for `CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND` = 5 s (`vendor/cpp-httplib/httplib.h`;
     ///   llama-server does not change it); one second of margin for a loaded machine.
-    /// - others: no bound of their own (`idle_timeout` alone).
+    /// - `vllm`: 4 s. `vllm serve` runs uvicorn with `timeout_keep_alive` =
+    ///   `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, 5 s unless set (`vllm/envs.py`).
+    /// - `openai`: 4 s. The servers most often behind it (SGLang, KServe's model server,
+    ///   LiteLLM) are uvicorn, whose `timeout_keep_alive` is 5 s by default; a connection
+    ///   closed early only costs a new TCP connection, one reused while closing costs a request.
+    /// - `ollama`: no bound of its own (`idle_timeout` alone): Go's `net/http` server, which
+    ///   Ollama starts without an `IdleTimeout`, keeps idle connections open.
     pub const fn max_pool_idle(self) -> Option<Duration> {
         match self {
-            Kind::LlamaServer => Some(Duration::from_secs(4)),
-            Kind::Vllm | Kind::Ollama | Kind::OpenAi => None,
+            Kind::LlamaServer | Kind::Vllm | Kind::OpenAi => Some(Duration::from_secs(4)),
+            Kind::Ollama => None,
         }
     }
 
