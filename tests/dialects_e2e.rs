@@ -95,6 +95,13 @@ async fn cut_stream(
     (stream.headers, id, text)
 }
 
+/// Sends `body` to `path` with the fake told to hang: the request holds its slot until it is
+/// dropped.
+async fn hang(gw: &Gateway, path: &str, body: String) -> Open {
+    let addr = gw.api_addr();
+    open(addr, post(addr, path, body, &[("x-fake-fail", "hang")])).await
+}
+
 /// A gateway whose model "qwen" (on a fake llama-server) has one slot, taken by a request that
 /// hangs, and `queue` places waiting at most `queue_timeout`; `extra` is added to the model's
 /// table. The fake, the gateway and the request holding the slot.
@@ -110,17 +117,7 @@ async fn one_slot_held(
         upstream("gpu", &fake.url(), "qwen", 1, queue, queue_timeout)
     ))
     .await;
-    let addr = gw.api_addr();
-    let held = open(
-        addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("qwen", false),
-            &[("x-fake-fail", "hang")],
-        ),
-    )
-    .await;
+    let held = hang(&gw, "/v1/chat/completions", chat_body("qwen", false)).await;
     let key = authority(fake.addr());
     eventually("the slot taken", SOON, || {
         gw.limiter().in_flight(&key, "qwen") == 1
@@ -239,26 +236,8 @@ async fn refusals_speak_the_routes_dialect() {
     .await;
     let addr = gw.api_addr();
     // Fill both models' only slot.
-    let held = open(
-        addr,
-        post(
-            addr,
-            "/v1/messages",
-            messages_body("qwen", false),
-            &[("x-fake-fail", "hang")],
-        ),
-    )
-    .await;
-    let held_o = open(
-        addr,
-        post(
-            addr,
-            "/api/chat",
-            ollama_chat_body("o", false),
-            &[("x-fake-fail", "hang")],
-        ),
-    )
-    .await;
+    let held = hang(&gw, "/v1/messages", messages_body("qwen", false)).await;
+    let held_o = hang(&gw, "/api/chat", ollama_chat_body("o", false)).await;
     let (key, key_o) = (authority(fake.addr()), authority(o.addr()));
     eventually("both slots taken", SOON, || {
         gw.limiter().in_flight(&key, "qwen") == 1 && gw.limiter().in_flight(&key_o, "o") == 1

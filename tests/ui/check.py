@@ -18,11 +18,9 @@ import argparse
 import concurrent.futures
 import json
 import re
-import sys
 import time
-import urllib.error
-import urllib.request
 
+from common import http_call as http, run, wait_until
 from playwright.sync_api import expect, sync_playwright
 
 MODEL = "chat-model"
@@ -38,29 +36,6 @@ def parse_args():
     parser.add_argument("--chromium", required=True)
     parser.add_argument("--screenshot", required=True)
     return parser.parse_args()
-
-
-def http(method, url, headers=None, body=None, timeout=30):
-    """(status, body text); an HTTP error status is an answer, not an exception."""
-    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-
-
-def wait_until(what, check, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if check():
-                return
-        except (urllib.error.URLError, ConnectionError):
-            pass  # not up yet
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def chat(api, hold_ms=0, prompt="hi"):
@@ -213,8 +188,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as error:
-        print(f"FAILED: {error}", file=sys.stderr)
-        sys.exit(1)
+    run(main)

@@ -21,12 +21,10 @@ import argparse
 import http.server
 import json
 import re
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
+from common import http_call, run, wait_until
 from playwright.sync_api import sync_playwright
 
 MODEL = "chat-model"
@@ -97,29 +95,6 @@ def serve_page(port):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Page)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
-
-
-def http_call(method, url, headers=None, body=None, timeout=30):
-    """(status, body text); an HTTP error status is an answer, not an exception."""
-    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-
-
-def wait_until(what, check, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if check():
-                return
-        except (urllib.error.URLError, ConnectionError):
-            pass  # not up yet
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def fake_metric(fake, name):
@@ -222,8 +197,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as error:
-        print(f"FAILED: {error}", file=sys.stderr)
-        sys.exit(1)
+    run(main)

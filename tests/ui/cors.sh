@@ -40,12 +40,6 @@ ui_start "$work/fake.log" \
   "$FAKE_UPSTREAM_BIN" --kind llama-server --parallel 1 --port "$fake" --model chat-model
 ui_start "$work/slotgate.log" "$SLOTGATE_BIN" serve --config "$work/slotgate.toml"
 
-status=0
-timeout 120 "$venv/bin/python" tests/ui/cors.py \
+ui_check 120 tests/ui/cors.py \
   --api "http://127.0.0.1:$api" --fake "http://127.0.0.1:$fake" --key "$key" \
-  --allowed-port "$allowed" --other-port "$other" --chromium "$chromium" || status=$?
-if [ "$status" -ne 0 ]; then
-  echo "--- slotgate log (last 40 lines)"
-  tail -n 40 "$work/slotgate.log"
-fi
-exit "$status"
+  --allowed-port "$allowed" --other-port "$other" --chromium "$chromium"

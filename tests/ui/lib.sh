@@ -78,3 +78,16 @@ for s in socks:
     s.close()
 PY
 }
+
+# `ui_check LIMIT SCRIPT ARGS…`: runs the Python SCRIPT in the venv, killed after LIMIT seconds;
+# on failure shows the end of the gateway's log ($work/slotgate.log). Returns SCRIPT's status.
+ui_check() {
+  local limit=$1 status=0
+  shift
+  timeout "$limit" "$venv/bin/python" "$@" || status=$?
+  if [ "$status" -ne 0 ]; then
+    echo "--- slotgate log (last 40 lines)"
+    tail -n 40 "$work/slotgate.log"
+  fi
+  return "$status"
+}

@@ -53,13 +53,7 @@ done
 ui_start "$work/slotgate.log" "$SLOTGATE_BIN" serve --config "$work/slotgate.toml"
 
 mkdir -p "$(dirname "$screenshot")"
-status=0
-timeout 180 "$venv/bin/python" tests/ui/check.py \
+ui_check 180 tests/ui/check.py \
   --api "http://127.0.0.1:$api" --admin "http://127.0.0.1:$admin" --token "$token" \
   --fake "host-a=http://127.0.0.1:$port_a" --fake "host-b=http://127.0.0.1:$port_b" \
-  --chromium "$chromium" --screenshot "$screenshot" || status=$?
-if [ "$status" -ne 0 ]; then
-  echo "--- slotgate log (last 40 lines)"
-  tail -n 40 "$work/slotgate.log"
-fi
-exit "$status"
+  --chromium "$chromium" --screenshot "$screenshot"
