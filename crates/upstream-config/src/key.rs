@@ -38,6 +38,12 @@ pub(crate) trait Declared<T> {
     /// Appends what leaving the keys unset means, for the effective configuration's leading
     /// comment (most keys have nothing to say).
     fn unset(&self, _value: &T, _notes: &mut Vec<&'static str>) {}
+    /// Appends the names of the keys that take effect only at start: a reload that changes
+    /// them is reported ([`Declared::restart_required`]). Most keys are read live.
+    fn at_start(&self, _names: &mut Vec<&'static str>) {}
+    /// Appends the name of each key read only at start whose value differs between `old` and
+    /// `new`.
+    fn restart_required(&self, _old: &T, _new: &T, _changed: &mut Vec<&'static str>) {}
 }
 
 /// One key.
@@ -47,6 +53,9 @@ pub(crate) struct Key<T> {
     read: ReadFn<T>,
     show: ShowFn<T>,
     unset: Option<&'static str>,
+    /// Taken only at start (a long-lived structure is built from it): a reload that changes it
+    /// is reported, not applied.
+    at_start: bool,
 }
 
 enum Absent<T> {
@@ -62,6 +71,7 @@ pub(crate) struct Defaulted<T> {
     name: &'static str,
     read: ReadFn<T>,
     show: ShowFn<T>,
+    at_start: bool,
 }
 
 impl<T> Defaulted<T> {
@@ -73,12 +83,19 @@ impl<T> Defaulted<T> {
             read: self.read,
             show: self.show,
             unset: None,
+            at_start: self.at_start,
         }
     }
 
     /// Shows the value another way than its type does.
     pub(crate) fn show(mut self, show: ShowFn<T>) -> Self {
         self.show = show;
+        self
+    }
+
+    /// The key takes effect only at start ([`Key::read_at_start`]).
+    pub(crate) fn read_at_start(mut self) -> Self {
+        self.at_start = true;
         self
     }
 }
@@ -94,6 +111,15 @@ impl<T> Key<T> {
     /// with `note` (the key's path and what its absence means).
     pub(crate) fn unset(mut self, note: &'static str) -> Self {
         self.unset = Some(note);
+        self
+    }
+
+    /// The key takes effect only at start: the gateway builds something long-lived from it
+    /// (a listener, a pool, an index), so a reload that changes it is reported in its
+    /// `restart_required` rather than applied. `docs/configuration.md` says "Read at start" on
+    /// its row (`src/declared_tests.rs` checks both ways).
+    pub(crate) fn read_at_start(mut self) -> Self {
+        self.at_start = true;
         self
     }
 }
@@ -112,6 +138,7 @@ pub(crate) fn required<T: Show + 'static>(
         read: Box::new(read),
         show: T::show,
         unset: None,
+        at_start: false,
     }
 }
 
@@ -130,6 +157,7 @@ where
         read: Box::new(move |r, p, v| read(r, p, v).map(Some)),
         show: Option::<T>::show,
         unset: None,
+        at_start: false,
     }
 }
 
@@ -147,6 +175,7 @@ where
         read: Box::new(read),
         show: Vec::<T>::show,
         unset: None,
+        at_start: false,
     }
 }
 
@@ -159,6 +188,7 @@ pub(crate) fn defaulted<T: Show + 'static>(
         name,
         read: Box::new(read),
         show: T::show,
+        at_start: false,
     }
 }
 
@@ -188,7 +218,7 @@ fn read_boolean(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<boo
     r.boolean(path, value)
 }
 
-impl<T: Clone> Declared<T> for Key<T> {
+impl<T: Clone + PartialEq> Declared<T> for Key<T> {
     fn names(&self, names: &mut Vec<&'static str>) {
         names.push(self.name);
     }
@@ -216,6 +246,18 @@ impl<T: Clone> Declared<T> for Key<T> {
             && (self.show)(value).is_none()
         {
             notes.push(note);
+        }
+    }
+
+    fn at_start(&self, names: &mut Vec<&'static str>) {
+        if self.at_start {
+            names.push(self.name);
+        }
+    }
+
+    fn restart_required(&self, old: &T, new: &T, changed: &mut Vec<&'static str>) {
+        if self.at_start && old != new {
+            changed.push(self.name);
         }
     }
 }
@@ -275,6 +317,8 @@ pub(crate) fn read_optional<'f, 'v, T>(
 /// - `$keys::build(self)`: the struct, when every key was right;
 /// - `$keys::show(&value)` and `$keys::unset(&value)`: the effective configuration's lines
 ///   and leading notes;
+/// - `$keys::at_start()` and `$keys::restart_required(&old, &new, &mut changed)`: the keys
+///   read only at start ([`Key::read_at_start`]), and those of them that differ;
 /// - `Flat<$name>` as a [`Declared`], to write the table's keys inside another one.
 ///
 /// Each entry is `FIELD: TYPE = DECLARATION;` or, for a default that is a public constant of
@@ -350,6 +394,27 @@ macro_rules! table {
             pub(crate) fn unset(value: &$name, notes: &mut Vec<&'static str>) {
                 $($crate::key::Declared::unset(&Self::$field(), &value.$field, notes);)*
             }
+
+            #[allow(dead_code, reason = "a table without keys read at start never asks")]
+            pub(crate) fn at_start() -> Vec<&'static str> {
+                let mut names = Vec::new();
+                $($crate::key::Declared::at_start(&Self::$field(), &mut names);)*
+                names
+            }
+
+            #[allow(dead_code, reason = "a table without keys read at start never asks")]
+            pub(crate) fn restart_required(
+                old: &$name,
+                new: &$name,
+                changed: &mut Vec<&'static str>,
+            ) {
+                $($crate::key::Declared::restart_required(
+                    &Self::$field(),
+                    &old.$field,
+                    &new.$field,
+                    changed,
+                );)*
+            }
         }
 
         impl $crate::key::Declared<$name> for $crate::key::Flat<$name> {
@@ -376,6 +441,19 @@ macro_rules! table {
 
             fn unset(&self, value: &$name, notes: &mut Vec<&'static str>) {
                 $keys::unset(value, notes);
+            }
+
+            fn at_start(&self, names: &mut Vec<&'static str>) {
+                names.extend($keys::at_start());
+            }
+
+            fn restart_required(
+                &self,
+                old: &$name,
+                new: &$name,
+                changed: &mut Vec<&'static str>,
+            ) {
+                $keys::restart_required(old, new, changed);
             }
         }
     };

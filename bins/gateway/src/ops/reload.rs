@@ -22,8 +22,8 @@
 //! The listeners' certificates are read again with the rest: a renewed certificate is presented
 //! from the next TLS handshake on, and open connections are not dropped. Keys that only take
 //! effect at start (the listeners' addresses, turning TLS on or off, connection and client
-//! settings) are reported, and keep their running values until a restart. Reloads are
-//! serialised.
+//! settings, the affinity indexes: [`Server::restart_required`]) are reported, and keep their
+//! running values until a restart. Reloads are serialised.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -307,7 +307,8 @@ fn summarise(old: &Generation, new: &Generation) -> Reloaded {
             .filter(|(name, upstream)| before.get(*name).is_some_and(|old| old != *upstream))
             .map(|(name, _)| name.clone())
             .collect(),
-        restart_required: restart_required(&old.config.server, &new.config.server),
+        // Each key read only at start says so in its declaration (`slotgate_config::Server`).
+        restart_required: old.config.server.restart_required(&new.config.server),
     }
 }
 
@@ -329,78 +330,4 @@ fn body_limits_over_budget(server: &Server, budget: usize) -> Vec<String> {
         )
     })
     .collect()
-}
-
-/// The `[server]` keys read only at start that differ between `old` and `new`.
-fn restart_required(old: &Server, new: &Server) -> Vec<&'static str> {
-    let mut keys = Vec::new();
-    let mut check = |key, differs: bool| {
-        if differs {
-            keys.push(key);
-        }
-    };
-    check("server.listen", old.listen != new.listen);
-    check("server.admin_listen", old.admin_listen != new.admin_listen);
-    // A renewed certificate is put in force; turning TLS on or off is not.
-    check("server.tls_cert", old.tls.is_some() != new.tls.is_some());
-    check(
-        "server.admin_tls_cert",
-        old.admin_tls.is_some() != new.admin_tls.is_some(),
-    );
-    check(
-        "server.header_read_timeout",
-        old.header_read_timeout != new.header_read_timeout,
-    );
-    check(
-        "server.max_connections",
-        old.max_connections != new.max_connections,
-    );
-    check(
-        "server.connect_timeout",
-        old.connect_timeout != new.connect_timeout,
-    );
-    check(
-        "server.first_byte_timeout",
-        old.first_byte_timeout != new.first_byte_timeout,
-    );
-    check("server.idle_timeout", old.idle_timeout != new.idle_timeout);
-    check("server.drain_grace", old.drain_grace != new.drain_grace);
-    check(
-        "server.admin_max_connections",
-        old.admin_max_connections != new.admin_max_connections,
-    );
-    check(
-        "server.max_buffered_body_bytes",
-        old.max_buffered_body_bytes != new.max_buffered_body_bytes,
-    );
-    check(
-        "server.client_idle_timeout",
-        old.client_idle_timeout != new.client_idle_timeout,
-    );
-    check(
-        "server.h2_max_concurrent_streams",
-        old.h2_max_concurrent_streams != new.h2_max_concurrent_streams,
-    );
-    check(
-        "server.h2_keep_alive_interval",
-        old.h2_keep_alive_interval != new.h2_keep_alive_interval,
-    );
-    check(
-        "server.tcp_keepalive",
-        old.tcp_keepalive != new.tcp_keepalive,
-    );
-    check(
-        "server.client_write_timeout",
-        old.client_write_timeout != new.client_write_timeout,
-    );
-    // The Responses affinity record is made once, with its bounds, at start.
-    check(
-        "server.response_affinity_entries",
-        old.response_affinity_entries != new.response_affinity_entries,
-    );
-    check(
-        "server.response_affinity_ttl",
-        old.response_affinity_ttl != new.response_affinity_ttl,
-    );
-    keys
 }
