@@ -242,7 +242,11 @@ fn documented_at_start(docs: &str) -> Vec<String> {
         .skip(1)
         .take_while(|line| !line.starts_with('#'))
         .filter_map(|line| line.strip_prefix("| `"))
-        .filter(|row| row.rsplit(" | ").next().is_some_and(|rule| rule.contains("Read at start")))
+        .filter(|row| {
+            row.rsplit(" | ")
+                .next()
+                .is_some_and(|rule| rule.contains("Read at start"))
+        })
         .filter_map(|row| row.split(" |").next())
         .flat_map(|cell| cell.split([',', '/']))
         .map(|key| key.trim().trim_matches('`').to_owned())
@@ -337,7 +341,9 @@ fn restart_required_names_each_changed_key_read_at_start() {
         "#,
     );
     assert!(with_tls.restart_required(&renewed).is_empty());
-    let without_admin_tls = config("listen = \"127.0.0.1:8080\"\nadmin_listen = \"127.0.0.1:9090\"\ntls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"");
+    let without_admin_tls = config(
+        "listen = \"127.0.0.1:8080\"\nadmin_listen = \"127.0.0.1:9090\"\ntls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"",
+    );
     assert_eq!(
         with_tls.restart_required(&without_admin_tls),
         ["server.admin_tls_cert"]
