@@ -1,6 +1,7 @@
 //! Every declared key (`[server]`, `[cluster]`, a model's queueing keys) shows in the effective
 //! configuration, in declaration order, and has its row in `docs/configuration.md`, so a new
-//! key cannot be forgotten in either.
+//! key cannot be forgotten in either; and a `[server]` key is declared read at start exactly
+//! when its row says "Read at start", so a reload reports every key it cannot apply.
 
 use crate::Config;
 use crate::cluster::ClusterKeys;

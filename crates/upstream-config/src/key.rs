@@ -1,13 +1,15 @@
 //! A table's keys, each declared once: its name, what it is when absent (required, or its
-//! default), how its value is read and checked, and how it shows in the effective
-//! configuration. The [`table!`] macro turns a list of such declarations into the public
-//! struct, its default constants, the list of known keys, the reading pass, and the rendering.
+//! default), how its value is read and checked, how it shows in the effective configuration,
+//! and whether it takes effect only at start. The [`table!`] macro turns a list of such
+//! declarations into the public struct, its default constants, the list of known keys, the
+//! reading pass, the rendering, and which changed keys a reload cannot apply.
 //!
 //! Why a declaration rather than code per key: a key used to be written in nine places (the
 //! known-key list, the read, the default, the struct field and its default constant, the
-//! effective view's field and its line). Forgetting one compiled; now there is one place, and
+//! effective view's field and its line), and a key read only at start in a tenth (the reload's
+//! hand list, which had missed five). Forgetting one compiled; now there is one place, and
 //! `src/declared_tests.rs` checks that each key is in the effective config and in the docs, with
-//! the default the docs state.
+//! the default the docs state, and marked "Read at start" there exactly when declared so.
 //!
 //! Checks between keys (a certificate needs its key, two listeners must differ) are not
 //! declarations: they stay plain code after the reads (`validate`), where they read best.
