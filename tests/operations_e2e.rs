@@ -840,7 +840,8 @@ async fn a_reload_cannot_raise_a_body_limit_past_the_budget_in_force() {
 
 /// The cache-aware index and the Responses record are built once, at start, with their
 /// bounds: a reload that changes their keys applies everything else and names them in its
-/// answer's `restart_required` (they were once left out, and such a change did nothing).
+/// answer's `restart_required` (the affinity keys were once left out, and such a change did
+/// nothing, silently), as long as the file differs from what the gateway started with.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_reports_the_affinity_keys_that_wait_for_a_restart() {
     let a = fake(2, "qwen").await;
@@ -879,6 +880,13 @@ async fn a_reload_reports_the_affinity_keys_that_wait_for_a_restart() {
         ]),
         "{answer}"
     );
+    // The index still runs with the start's values: the same file again says so again.
+    let again = gw.reload().await.expect("the same file again");
+    assert_eq!(again.restart_required.len(), 6, "{again:?}");
+    // Back to the start's values: nothing waits for a restart any more.
+    std::fs::write(&path, config("")).unwrap();
+    let back = gw.reload().await.expect("the start's file");
+    assert!(back.restart_required.is_empty(), "{back:?}");
     gw.shutdown().await;
     a.shutdown().await;
     std::fs::remove_file(&path).unwrap();

@@ -47,6 +47,9 @@ pub(crate) struct Reloader {
     /// `max_buffered_body_bytes` as read at start: the budget in force whatever later files
     /// say, which every reloaded body limit must fit in.
     body_budget: usize,
+    /// The `[server]` table the gateway started with: what the keys read only at start still
+    /// are, whatever reloads came since. A reload reports those its file has otherwise.
+    started: Server,
     live: Arc<Live>,
     limiter: Limiter,
     metrics: Metrics,
@@ -88,7 +91,8 @@ pub struct Reloaded {
     pub removed: Vec<String>,
     /// Upstreams whose settings or models changed.
     pub changed: Vec<String>,
-    /// `[server]` keys that changed but only take effect at the next start.
+    /// `[server]` keys whose new value differs from the one the gateway started with, which
+    /// stays in force until the next start.
     pub restart_required: Vec<&'static str>,
 }
 
@@ -151,6 +155,8 @@ impl Reloader {
         Self {
             source,
             body_budget,
+            // Made at start, before any reload: the generation in force is the first.
+            started: live.current().config.server.clone(),
             live,
             limiter,
             metrics,
@@ -242,7 +248,7 @@ impl Reloader {
         )
         .await;
 
-        let reloaded = summarise(&old, &new);
+        let reloaded = summarise(&old, &new, &self.started);
         let old_keys = old.routes.keys();
         let new_keys = new.routes.keys();
         let old_series = series(&old);
@@ -287,7 +293,10 @@ fn series(generation: &Generation) -> BTreeSet<(String, String)> {
         .collect()
 }
 
-fn summarise(old: &Generation, new: &Generation) -> Reloaded {
+/// What changed from `old` to `new`; the keys read only at start are compared with `started`,
+/// the values still in force (against `old`, a second reload of the same file would say
+/// nothing, and going back to the start's value would be reported).
+fn summarise(old: &Generation, new: &Generation, started: &Server) -> Reloaded {
     let before = &old.config.upstreams;
     let after = &new.config.upstreams;
     Reloaded {
@@ -308,7 +317,7 @@ fn summarise(old: &Generation, new: &Generation) -> Reloaded {
             .map(|(name, _)| name.clone())
             .collect(),
         // Each key read only at start says so in its declaration (`slotgate_config::Server`).
-        restart_required: old.config.server.restart_required(&new.config.server),
+        restart_required: started.restart_required(&new.config.server),
     }
 }
 
