@@ -210,9 +210,9 @@ impl Server {
     /// The longest tenant name, from a key's `name` or the [`Server::tenant_header`], in bytes.
     pub const MAX_TENANT_LEN: usize = client_key::MAX_TENANT_LEN;
 
-    /// The keys that take effect only at start and differ between `self` (the configuration
-    /// in force) and `new`, as `server.KEY`, in declaration order: a reload to `new` applies
-    /// everything else and leaves these as they are until a restart. Turning TLS on or off
+    /// The keys that take effect only at start and differ between `self` (the table the
+    /// gateway started with) and `new`, as `server.KEY`, in declaration order: a reload to
+    /// `new` applies everything else and leaves these as they are until a restart. Turning TLS on or off
     /// counts under `server.tls_cert` (`server.admin_tls_cert`); a renewed certificate does
     /// not count, a reload puts it in force.
     ///
