@@ -32,18 +32,18 @@
 //!
 //! The parts: [`error`] (the type, and the conversions that belong to no other step),
 //! [`bad_request`] (a request unusable as it is), [`classify`] (reason, outcome, what is
-//! counted, and [`record`]), [`document`] (the problem document in the client's dialect,
+//! counted, and [`record`]), [`render`] (the problem document in the client's dialect,
 //! [`respond`]).
 
 mod bad_request;
 mod classify;
-mod document;
 mod error;
+mod render;
 
 pub(crate) use self::bad_request::BadRequest;
 pub(crate) use self::classify::record;
-pub(crate) use self::document::{ANTHROPIC_REQUEST_ID, dialect, document, respond};
 pub(crate) use self::error::{Deadline, Error, GET_ONLY, POST_ONLY, Unavailable, allow, not_found};
+pub(crate) use self::render::{ANTHROPIC_REQUEST_ID, dialect, document, respond};
 
 #[cfg(test)]
 mod tests;

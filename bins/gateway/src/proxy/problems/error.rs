@@ -1,7 +1,6 @@
 //! What can stop a request: the one [`Error`] type of the request path, its kinds by whose side
 //! failed, the conversions into it that belong to no other step ([`Error::forwarding`],
-//! [`BadRequest`](super::bad_request::BadRequest)), and the constructors the endpoint table
-//! uses ([`allow`], [`not_found`]).
+//! [`BadRequest`]), and the constructors the endpoint table uses ([`allow`], [`not_found`]).
 
 use std::time::Duration;
 
