@@ -1,5 +1,7 @@
 //! Test fixtures: a configuration generation built from TOML, without binding or probing
-//! anything, for the unit tests of the lifecycle steps (admit, route, reload).
+//! anything, for the unit tests of the lifecycle steps (admit, route, choose, retry, reload);
+//! the routing tables those tests share ([`table`], [`vllm_m`]); and a request read and routed
+//! as the request path does it ([`routed`], [`chat_for_m`]).
 
 use std::sync::Arc;
 
@@ -59,6 +61,39 @@ impl Built {
 /// A valid configuration.
 pub(crate) fn config(toml: &str) -> Config {
     Config::from_toml_str(toml).expect("a valid test configuration")
+}
+
+/// The configuration of a step test: `[server]` on a loopback port of its own with the
+/// `server` lines, then each of `tables` (upstreams, aliases).
+pub(crate) fn table(server: &str, tables: &[String]) -> String {
+    let mut toml = format!("[server]\nlisten = \"127.0.0.1:0\"\n{server}\n");
+    for table in tables {
+        toml.push('\n');
+        toml.push_str(table);
+    }
+    toml
+}
+
+/// Upstream `name`, a vLLM at `127.0.0.1:{port}` with `weight`, serving model `m` with 2
+/// slots, a queue of 4 and a 5 s `queue_timeout`: the host of the step tests' tables.
+pub(crate) fn vllm_m(name: &str, port: u16, weight: f64) -> String {
+    format!(
+        r#"[upstreams.{name}]
+url = "http://127.0.0.1:{port}"
+kind = "vllm"
+weight = {weight:?}
+
+[upstreams.{name}.models.m]
+parallel = 2
+queue = 4
+queue_timeout = "5s"
+"#
+    )
+}
+
+/// The upstreams' names, in the order given.
+pub(crate) fn names(ranked: &[&Arc<Target>]) -> Vec<String> {
+    ranked.iter().map(|t| t.upstream.name.clone()).collect()
 }
 
 /// An empty cache-aware router with `generation`'s `[server]` affinity settings.
@@ -124,4 +159,10 @@ pub(crate) async fn routed(
         request_id: http::HeaderValue::from_static("req-1"),
         access: Access::default(),
     }
+}
+
+/// A chat completion for `m` (`{"model":"m"}`), read and routed in `generation` by
+/// [`routed`].
+pub(crate) async fn chat_for_m(generation: Arc<Generation>) -> crate::proxy::choose::Routed {
+    routed(generation, "/v1/chat/completions", r#"{"model":"m"}"#).await
 }

@@ -30,11 +30,14 @@
 //! ## One request, file by file
 //!
 //! The source is grouped by role: [`proxy`] is the request path, [`upstreams`] what is known
-//! about the engines, [`ops`] the operator's side, and a few leaf modules hold what all of them
-//! share ([`base`]: the upstream URL, [`request_id`], [`error`]: the boxed error and its chain,
-//! [`metrics`]: the metric handles, [`shutdown`], [`tls`]: TLS to the upstreams and on the
-//! gateway's own listeners). Each layer imports only the ones below it
-//! (`ops` → `proxy` → `upstreams` → leaves), and `scripts/module-cycles.py` fails CI on a circle.
+//! about the engines, [`ops`] the operator's side, and three leaves hold what all of them share:
+//! [`support`] ([`support::base`]: the upstream URL, [`support::request_id`],
+//! [`support::error`]: the boxed error and its chain, [`support::shutdown`]), [`metrics`]: the
+//! metric families and their handles, and [`tls`]: TLS to the upstreams and on the gateway's
+//! own listeners. Each layer imports only the ones below it (`ops` → `proxy` → `upstreams` →
+//! leaves), and `scripts/module-cycles.py` fails CI on a circle. Besides them, `fixtures`
+//! (unit-test set-ups) and `fuzzing` (the fuzz targets' entry points) are compiled only for
+//! tests and fuzzing.
 //!
 //! [`proxy::service`] calls the steps in order; each step has its own module, whose header
 //! names it by the same number:
@@ -108,8 +111,6 @@ use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tracing::info;
 
-mod base;
-mod error;
 #[cfg(test)]
 mod fixtures;
 // The entry points of the fuzz targets (`fuzz/`, docs/fuzzing.md): compiled only under
@@ -120,8 +121,7 @@ pub mod fuzzing;
 mod metrics;
 mod ops;
 mod proxy;
-mod request_id;
-mod shutdown;
+mod support;
 mod tls;
 mod upstreams;
 
@@ -136,7 +136,7 @@ use crate::ops::status::sampler;
 use crate::proxy::live::{Generation, Live};
 use crate::proxy::server::{self, ServerCounters, ServerSettings};
 use crate::proxy::service;
-use crate::shutdown::{ShutdownSignal, ShutdownTrigger, shutdown_pair};
+use crate::support::shutdown::{ShutdownSignal, ShutdownTrigger, shutdown_pair};
 use crate::tls::listener::ListenerSlots;
 use crate::upstreams::probe::Prober;
 use crate::upstreams::{monitor, slot_discovery};

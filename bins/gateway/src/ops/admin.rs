@@ -37,8 +37,8 @@ use crate::ops::status::page::{self, Asset, CONTENT_SECURITY_POLICY};
 use crate::ops::upstream_doc::{StoreDoc, UpstreamDoc, rfc3339, upstream_status};
 use crate::proxy::live::{Generation, Live};
 use crate::proxy::problems::{Error, GET_ONLY, POST_ONLY, allow, not_found};
-use crate::request_id::{REQUEST_ID, request_id};
-use crate::shutdown::ShutdownSignal;
+use crate::support::request_id::{REQUEST_ID, request_id};
+use crate::support::shutdown::ShutdownSignal;
 
 mod error;
 pub(crate) use error::AdminError;

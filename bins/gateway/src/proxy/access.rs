@@ -37,8 +37,8 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tracing::info;
 
-use crate::error::BoxError;
 use crate::proxy::route::Route;
+use crate::support::error::BoxError;
 use crate::upstreams::state::UpstreamState;
 
 /// The tracing target of the access log.

@@ -60,7 +60,7 @@ use slotgate_problem::{Dialect, Framing, Problem};
 use tokio::time::{Instant, Sleep};
 use tracing::warn;
 
-use crate::error::{BoxError, chain};
+use crate::support::error::{BoxError, chain};
 use crate::upstreams::target::AnswerNames;
 use events::Events;
 use meter::Meter;

@@ -34,9 +34,9 @@ use http::{Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
 
-use crate::base::Base;
-use crate::error::BoxError;
-use crate::request_id::REQUEST_ID;
+use crate::support::base::Base;
+use crate::support::error::BoxError;
+use crate::support::request_id::REQUEST_ID;
 use crate::tls;
 use crate::upstreams::pool::{Pool, PoolError};
 

@@ -51,7 +51,6 @@ use tokio::time::{Interval, MissedTickBehavior};
 use http::Response;
 use http::header::{self, HeaderValue};
 
-use crate::error::BoxError;
 use crate::metrics::Metrics;
 use crate::proxy::admit::{InLine, Queued, Refused, Slot};
 use crate::proxy::answer::{Answerer, Streamed, mark_upstream};
@@ -59,6 +58,7 @@ use crate::proxy::body::last_message;
 use crate::proxy::choose::Routed;
 use crate::proxy::problems::{self, Error, Unavailable};
 use crate::proxy::send::{Sender, Sent};
+use crate::support::error::BoxError;
 use crate::upstreams::target::Target;
 
 /// What the body does with the slot once granted: send the request and start the engine's

@@ -18,10 +18,10 @@ use slotgate_limiter::Limiter;
 use slotgate_limiter_redis::RedisLimiter;
 use slotgate_limiter_redis::Settings;
 
-use crate::error::chain;
 use crate::metrics::{Metrics, observe};
 use crate::proxy::auth::{ApiKeys, ApiKeysError};
 use crate::proxy::route::Routes;
+use crate::support::error::chain;
 use crate::tls::listener::{ListenerCerts, ListenerTlsError};
 use crate::upstreams::cluster::{self, ClusterError};
 use crate::upstreams::health::HealthPolicy;

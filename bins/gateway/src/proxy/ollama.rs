@@ -19,13 +19,13 @@
 use http::{HeaderValue, Request, Response};
 use slotgate_config::Kind;
 
-use crate::error::BoxError;
 use crate::proxy::answer::{Streamed, passed_through};
 use crate::proxy::forward::ForwardError;
 use crate::proxy::live::Generation;
 use crate::proxy::problems::Error;
 use crate::proxy::route::{Route, Routes};
 use crate::proxy::send::Sender;
+use crate::support::error::BoxError;
 use crate::upstreams::state::Upstreams;
 
 /// The path of Ollama's version endpoint, passed through to an Ollama upstream.

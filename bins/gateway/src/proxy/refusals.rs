@@ -26,7 +26,7 @@ use pin_project_lite::pin_project;
 use slotgate_problem::{CONTENT_TYPE, Problem};
 use tracing::debug;
 
-use crate::request_id::request_id;
+use crate::support::request_id::request_id;
 
 pin_project! {
     /// A connection's IO that answers hyper's own refusals with problem documents.

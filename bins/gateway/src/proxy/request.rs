@@ -43,10 +43,10 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::error::BoxError;
 use crate::metrics::{Bound, Metrics};
 use crate::proxy::endpoint::{Endpoint, ModelIn, Weighed};
 use crate::proxy::problems::{BadRequest, Error};
+use crate::support::error::BoxError;
 
 /// The request-body bytes the whole gateway may buffer at once (`max_buffered_body_bytes`).
 #[derive(Debug)]

@@ -12,7 +12,6 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response};
 use http_body::Body;
 
-use crate::error::BoxError;
 use crate::proxy::affinity::ResponseAffinity;
 use crate::proxy::answer::{Streamed, mark_state, passed_through};
 use crate::proxy::choose::{Routed, Steer};
@@ -21,6 +20,7 @@ use crate::proxy::live::Generation;
 use crate::proxy::problems::{Error, GET_ONLY, POST_ONLY};
 use crate::proxy::request::{self, BodyBudget};
 use crate::proxy::send::Sender;
+use crate::support::error::BoxError;
 use crate::upstreams::state::UpstreamState;
 use crate::upstreams::target::Target;
 

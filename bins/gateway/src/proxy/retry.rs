@@ -18,12 +18,12 @@ use std::time::Duration;
 use http::{HeaderValue, Response, StatusCode};
 use tracing::info;
 
-use crate::error::BoxError;
 use crate::proxy::access::Access;
 use crate::proxy::admit::Slot;
 use crate::proxy::answer::Streamed;
 use crate::proxy::choose::Routed;
 use crate::proxy::problems::{Error, Unavailable};
+use crate::support::error::BoxError;
 use crate::upstreams::state::UpstreamState;
 use crate::upstreams::target::Target;
 

@@ -19,11 +19,11 @@ use http::{HeaderValue, Response, StatusCode};
 use hyper::body::Incoming;
 use tracing::warn;
 
-use crate::error::{BoxError, chain};
 use crate::proxy::admit::{Sending, Slot};
 use crate::proxy::choose::Routed;
 use crate::proxy::forward::{Authorization, Destination, ForwardError, Forwarder};
 use crate::proxy::problems::Error;
+use crate::support::error::{BoxError, chain};
 use crate::upstreams::health::{HealthPolicy, Verdict, judge};
 use crate::upstreams::state::UpstreamState;
 use crate::upstreams::target::Target;

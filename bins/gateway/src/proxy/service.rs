@@ -26,7 +26,6 @@ use slotgate_config::Kind;
 use slotgate_problem::Dialect;
 use tracing::debug;
 
-use crate::error::BoxError;
 use crate::metrics::Metrics;
 use crate::proxy::access::{Access, Counted, Logged};
 use crate::proxy::admit::{self, Admitted, Fallback, Refused};
@@ -45,8 +44,9 @@ use crate::proxy::responses::{self, FollowUp};
 use crate::proxy::retry::{HeldAnswer, Tries, retrying};
 use crate::proxy::send::{Answered, Sender, Sent};
 use crate::proxy::{models, ollama};
-use crate::request_id::{REQUEST_ID, request_id};
-use crate::shutdown::ShutdownSignal;
+use crate::support::error::BoxError;
+use crate::support::request_id::{REQUEST_ID, request_id};
+use crate::support::shutdown::ShutdownSignal;
 use crate::upstreams::target::Target;
 
 /// The body of every API response: a buffered document (a problem, the model list), an

@@ -11,7 +11,7 @@ use slotgate_limiter::{KeyHandle, Limiter, QueueOrder};
 use slotgate_limiter_redis::RedisLimiter;
 use tracing::{error, info, warn};
 
-use crate::error::chain;
+use crate::support::error::chain;
 use crate::upstreams::health::Status;
 use crate::upstreams::probe::ProbeError;
 use crate::upstreams::state::{UpstreamError, UpstreamState};

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
-use crate::error::chain;
+use crate::support::error::chain;
 use crate::upstreams::probe::ProbeError;
 
 /// Why there is no reading of an engine's load.

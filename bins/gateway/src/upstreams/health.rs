@@ -63,7 +63,7 @@ use http::StatusCode;
 use parking_lot::Mutex;
 use slotgate_config::{Kind, Server};
 
-use crate::error::chain;
+use crate::support::error::chain;
 use crate::upstreams::probe::{ProbeError, ProbeTarget, Prober};
 
 /// The health-check settings (from `[server]`; a reload may change them).

@@ -21,8 +21,8 @@ use std::sync::Arc;
 use slotgate_config::Kind;
 use tracing::{debug, info, warn};
 
-use crate::error::chain;
-use crate::shutdown::ShutdownSignal;
+use crate::support::error::chain;
+use crate::support::shutdown::ShutdownSignal;
 use crate::upstreams::fan_out::fan_out;
 use crate::upstreams::health::{self, HealthPolicy};
 use crate::upstreams::places::gate::BoundRead;

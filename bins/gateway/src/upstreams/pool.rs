@@ -58,8 +58,8 @@ use slotgate_config::Kind;
 use tower_service::Service;
 use tracing::debug;
 
-use crate::base::Base;
-use crate::error::BoxError;
+use crate::support::base::Base;
+use crate::support::error::BoxError;
 use crate::tls::Connector;
 
 /// The body of every request the pool sends: the request path has read it whole.

@@ -32,8 +32,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use slotgate_exposition::Samples;
 
-use crate::base::Base;
-use crate::error::BoxError;
+use crate::support::base::Base;
+use crate::support::error::BoxError;
 use crate::tls::{self, Connector};
 
 /// Largest probe answer read: a router listing hundreds of models fits easily; anything larger

@@ -46,7 +46,7 @@ use std::time::{Duration, SystemTime};
 use parking_lot::RwLock;
 use slotgate_config::Kind;
 
-use crate::error::chain;
+use crate::support::error::chain;
 use crate::upstreams::probe::{ModelCard, ModelList, ProbeError, ProbeTarget, Prober};
 
 /// What a discovery found.

@@ -21,8 +21,8 @@ use slotgate_config::{Config, Kind, Secret, Server, Upstream};
 use tracing::{info, warn};
 use url::Url;
 
-use crate::base::{Base, BaseError};
-use crate::error::chain;
+use crate::support::base::{Base, BaseError};
+use crate::support::error::chain;
 use crate::tls::{self, Connector, TlsError, UpstreamTls};
 use crate::upstreams::health::{Health, HealthPolicy, Status};
 use crate::upstreams::places::gate::Gate;

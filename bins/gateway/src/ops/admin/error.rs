@@ -15,8 +15,8 @@ use bytes::Bytes;
 use http::{HeaderValue, Response};
 use slotgate_problem::{Dialect, Problem};
 
-use crate::error::BoxError;
 use crate::proxy::problems::{self, Error};
+use crate::support::error::BoxError;
 
 /// Why an admin request failed.
 #[derive(Debug, thiserror::Error)]
@@ -81,7 +81,7 @@ mod tests {
     use super::AdminError;
     use crate::proxy::problems::Error;
 
-    fn cause() -> crate::error::BoxError {
+    fn cause() -> crate::support::error::BoxError {
         Box::new(std::io::Error::other("no file"))
     }
 

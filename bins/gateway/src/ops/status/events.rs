@@ -19,11 +19,11 @@ use parking_lot::Mutex;
 use tokio::time::{Interval, MissedTickBehavior};
 use tracing::warn;
 
-use crate::error::chain;
 use crate::ops::status::document;
 use crate::ops::status::history::{History, SAMPLE_EVERY};
 use crate::proxy::live::Live;
-use crate::shutdown::ShutdownSignal;
+use crate::support::error::chain;
+use crate::support::shutdown::ShutdownSignal;
 
 /// The `Content-Type` of the stream.
 pub(crate) const CONTENT_TYPE: &str = "text/event-stream; charset=utf-8";

@@ -10,7 +10,7 @@ use tokio::time::MissedTickBehavior;
 
 use crate::ops::status::history::{History, KeySample, Refusals, SAMPLE_EVERY};
 use crate::proxy::live::{Generation, Live};
-use crate::shutdown::ShutdownSignal;
+use crate::support::shutdown::ShutdownSignal;
 
 /// Samples into `history` until `stop` fires.
 pub(crate) async fn run(live: Arc<Live>, history: Arc<Mutex<History>>, mut stop: ShutdownSignal) {

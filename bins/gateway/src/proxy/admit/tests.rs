@@ -13,7 +13,7 @@ use super::{Admitted, Fallback, Refused, admit, take};
 use crate::fixtures::Built;
 use crate::proxy::client::Deadlines;
 use crate::proxy::problems::Error;
-use crate::shutdown::shutdown_pair;
+use crate::support::shutdown::shutdown_pair;
 
 /// One slot and one place in the queue on `a`; the same on `b`, which is there to fall through
 /// to. `a` keeps its slot 2 s after a client leaves mid-send.

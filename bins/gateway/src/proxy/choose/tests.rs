@@ -3,47 +3,15 @@
 use std::sync::Arc;
 
 use super::{Chooser, Routed, Steer, eligible};
-use crate::fixtures::{Built, cache, routed, target};
+use crate::fixtures::{self, Built, cache, chat_for_m, names, routed, target, vllm_m};
 use crate::proxy::endpoint::Endpoint;
 use crate::proxy::problems::Error;
 use crate::upstreams::target::Target;
 
 /// `m` on three upstreams, ranked `b`, `a`, `c` by weight; `o` on an Ollama upstream that does
 /// not allow model management.
-const TABLE: &str = r#"
-[server]
-listen = "127.0.0.1:0"
-
-[upstreams.a]
-url = "http://127.0.0.1:9"
-kind = "vllm"
-weight = 2.0
-
-[upstreams.a.models.m]
-parallel = 2
-queue = 4
-queue_timeout = "5s"
-
-[upstreams.b]
-url = "http://127.0.0.1:10"
-kind = "vllm"
-weight = 3.0
-
-[upstreams.b.models.m]
-parallel = 2
-queue = 4
-queue_timeout = "5s"
-
-[upstreams.c]
-url = "http://127.0.0.1:11"
-kind = "vllm"
-
-[upstreams.c.models.m]
-parallel = 2
-queue = 4
-queue_timeout = "5s"
-
-[upstreams.ol]
+fn table() -> String {
+    let ollama = r#"[upstreams.ol]
 url = "http://127.0.0.1:12"
 kind = "ollama"
 
@@ -52,9 +20,15 @@ parallel = 1
 queue = 1
 queue_timeout = "5s"
 "#;
-
-fn names(ranked: &[&Arc<Target>]) -> Vec<String> {
-    ranked.iter().map(|t| t.upstream.name.clone()).collect()
+    fixtures::table(
+        "",
+        &[
+            vllm_m("a", 9, 2.0),
+            vllm_m("b", 10, 3.0),
+            vllm_m("c", 11, 1.0),
+            ollama.to_owned(),
+        ],
+    )
 }
 
 /// What a prefix-cache affinity does: moves the upstream it prefers first.
@@ -83,8 +57,7 @@ impl Steer for Refuse {
 
 #[tokio::test(start_paused = true)]
 async fn without_steers_the_order_is_the_ranking() {
-    let generation = Arc::new(Built::new(TABLE).generation);
-    let mut routed = routed(generation, "/v1/chat/completions", r#"{"model":"m"}"#).await;
+    let mut routed = chat_for_m(Arc::new(Built::new(&table()).generation)).await;
     let route = Arc::clone(&routed.route);
     let chosen = Chooser::new(Vec::new(), cache(&routed.generation))
         .choose(&mut routed, &route)
@@ -94,8 +67,7 @@ async fn without_steers_the_order_is_the_ranking() {
 
 #[tokio::test(start_paused = true)]
 async fn a_steer_moves_its_host_first_and_the_rest_keep_their_order() {
-    let generation = Arc::new(Built::new(TABLE).generation);
-    let mut routed = routed(generation, "/v1/chat/completions", r#"{"model":"m"}"#).await;
+    let mut routed = chat_for_m(Arc::new(Built::new(&table()).generation)).await;
     let route = Arc::clone(&routed.route);
     let chooser = Chooser::new(vec![Box::new(Prefer("c"))], cache(&routed.generation));
     assert_eq!(
@@ -115,14 +87,9 @@ async fn a_steer_moves_its_host_first_and_the_rest_keep_their_order() {
 
 #[tokio::test(start_paused = true)]
 async fn a_steer_only_sees_eligible_targets_and_may_refuse() {
-    let built = Built::new(TABLE);
+    let built = Built::new(&table());
     built.target("m", "c").upstream.set_draining(true);
-    let mut routed = routed(
-        Arc::new(built.generation),
-        "/v1/chat/completions",
-        r#"{"model":"m"}"#,
-    )
-    .await;
+    let mut routed = chat_for_m(Arc::new(built.generation)).await;
     let route = Arc::clone(&routed.route);
     // A draining upstream is not ranked, so no steer can bring it back.
     let chooser = Chooser::new(vec![Box::new(Prefer("c"))], cache(&routed.generation));
@@ -144,7 +111,7 @@ async fn a_steer_only_sees_eligible_targets_and_may_refuse() {
 /// `c` has a free slot, and the placement stays with the request for the answer step.
 #[tokio::test(start_paused = true)]
 async fn the_host_that_holds_the_prompt_goes_first() {
-    let generation = Arc::new(Built::new(TABLE).generation);
+    let generation = Arc::new(Built::new(&table()).generation);
     let body = format!(
         r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#,
         "a long question ".repeat(256)
@@ -168,7 +135,7 @@ async fn the_host_that_holds_the_prompt_goes_first() {
 
 #[test]
 fn an_endpoint_no_upstream_serves_or_allows_is_refused_by_name() {
-    let built = Built::new(TABLE);
+    let built = Built::new(&table());
     let route = built.generation.routes.resolve("o").expect("o");
     let rerank = Endpoint::find("/v1/rerank").expect("an endpoint");
     assert!(matches!(

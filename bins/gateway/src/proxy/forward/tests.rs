@@ -5,8 +5,8 @@ use http::header::HeaderValue;
 use http::uri::PathAndQuery;
 
 use super::{CREDENTIALS, copy_end_to_end, end_to_end};
-use crate::base::Base;
-use crate::request_id::{REQUEST_ID, request_id};
+use crate::support::base::Base;
+use crate::support::request_id::{REQUEST_ID, request_id};
 
 #[test]
 fn keeps_the_upstream_path_prefix() {

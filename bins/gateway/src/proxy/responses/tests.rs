@@ -7,35 +7,15 @@ use std::time::Duration;
 use http::Method;
 
 use super::{FollowUp, find};
-use crate::fixtures::{Built, cache, routed};
+use crate::fixtures::{self, Built, cache, routed, vllm_m};
 use crate::proxy::affinity::{LocalAffinity, ResponseAffinity};
 use crate::proxy::choose::Chooser;
 use crate::proxy::problems::Error;
 
 /// `m` on two upstreams, `b` ranked first.
-const TABLE: &str = r#"
-[server]
-listen = "127.0.0.1:0"
-
-[upstreams.a]
-url = "http://127.0.0.1:9"
-kind = "vllm"
-
-[upstreams.a.models.m]
-parallel = 2
-queue = 4
-queue_timeout = "5s"
-
-[upstreams.b]
-url = "http://127.0.0.1:10"
-kind = "vllm"
-weight = 2.0
-
-[upstreams.b.models.m]
-parallel = 2
-queue = 4
-queue_timeout = "5s"
-"#;
+fn table() -> String {
+    fixtures::table("", &[vllm_m("a", 9, 1.0), vllm_m("b", 10, 2.0)])
+}
 
 #[test]
 fn the_endpoints_under_an_id_and_their_methods() {
@@ -74,7 +54,7 @@ async fn a_follow_up_goes_only_to_the_upstream_that_holds_its_conversation() {
     record.record("resp_1", "a");
     let follow_up = r#"{"model":"m","previous_response_id":"resp_1"}"#;
     assert_eq!(
-        chosen(Built::new(TABLE), Arc::clone(&record), follow_up)
+        chosen(Built::new(&table()), Arc::clone(&record), follow_up)
             .await
             .expect("a"),
         ["a"]
@@ -82,7 +62,7 @@ async fn a_follow_up_goes_only_to_the_upstream_that_holds_its_conversation() {
     // A first request is ranked as usual.
     let first = r#"{"model":"m"}"#;
     assert_eq!(
-        chosen(Built::new(TABLE), record, first)
+        chosen(Built::new(&table()), record, first)
             .await
             .expect("both"),
         ["b", "a"]
@@ -92,12 +72,12 @@ async fn a_follow_up_goes_only_to_the_upstream_that_holds_its_conversation() {
 #[tokio::test(start_paused = true)]
 async fn a_follow_up_whose_holder_is_unknown_or_down_is_refused() {
     let follow_up = r#"{"model":"m","previous_response_id":"resp_1"}"#;
-    let unknown = chosen(Built::new(TABLE), affinity(), follow_up).await;
+    let unknown = chosen(Built::new(&table()), affinity(), follow_up).await;
     assert!(matches!(unknown, Err(Error::ResponseNotFound { id, .. }) if id == "resp_1"));
 
     let record = affinity();
     record.record("resp_1", "a");
-    let built = Built::new(TABLE);
+    let built = Built::new(&table());
     built.target("m", "a").upstream.set_draining(true);
     let down = chosen(built, record, follow_up).await;
     assert!(matches!(

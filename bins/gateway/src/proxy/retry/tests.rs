@@ -7,48 +7,24 @@ use std::time::Duration;
 use http::StatusCode;
 
 use super::Tries;
-use crate::fixtures::{Built, routed};
+use crate::fixtures::{self, Built, chat_for_m, vllm_m};
 use crate::proxy::problems::Error;
 
-/// `m` on three upstreams, ranked `a`, `b`, `c`.
-const TABLE: &str = r#"
-[server]
-listen = "127.0.0.1:0"
-engine_error_retries = 1
-
-[upstreams.a]
-url = "http://127.0.0.1:9"
-kind = "vllm"
-weight = 3.0
-
-[upstreams.a.models.m]
-parallel = 2
-queue = 4
-queue_timeout = "5s"
-
-[upstreams.b]
-url = "http://127.0.0.1:10"
-kind = "vllm"
-weight = 2.0
-
-[upstreams.b.models.m]
-parallel = 2
-queue = 4
-queue_timeout = "5s"
-
-[upstreams.c]
-url = "http://127.0.0.1:11"
-kind = "vllm"
-
-[upstreams.c.models.m]
-parallel = 2
-queue = 4
-queue_timeout = "5s"
-"#;
+/// `m` on three upstreams, ranked `a`, `b`, `c`; one retry of an engine's error answer.
+fn table() -> String {
+    fixtures::table(
+        "engine_error_retries = 1",
+        &[
+            vllm_m("a", 9, 3.0),
+            vllm_m("b", 10, 2.0),
+            vllm_m("c", 11, 1.0),
+        ],
+    )
+}
 
 #[test]
 fn targets_come_best_first_and_an_error_answer_goes_on_while_retries_and_targets_last() {
-    let built = Built::new(TABLE);
+    let built = Built::new(&table());
     let route = built.generation.routes.resolve("m").expect("m");
     let mut tries = Tries::new(route.ranked(), 1);
     let first = tries.next_target().expect("a");
@@ -75,8 +51,7 @@ fn targets_come_best_first_and_an_error_answer_goes_on_while_retries_and_targets
 
 #[tokio::test(start_paused = true)]
 async fn a_full_queue_wins_naming_the_best_ranked_host_and_the_soonest_retry() {
-    let generation = Arc::new(Built::new(TABLE).generation);
-    let routed = routed(generation, "/v1/chat/completions", r#"{"model":"m"}"#).await;
+    let routed = chat_for_m(Arc::new(Built::new(&table()).generation)).await;
     let route = Arc::clone(&routed.route);
     let mut tries = Tries::new(route.ranked(), 0);
     let a = tries.next_target().expect("a");
@@ -101,8 +76,7 @@ async fn a_full_queue_wins_naming_the_best_ranked_host_and_the_soonest_retry() {
 
 #[tokio::test(start_paused = true)]
 async fn too_heavy_only_when_nothing_else_failed() {
-    let generation = Arc::new(Built::new(TABLE).generation);
-    let routed = routed(generation, "/v1/chat/completions", r#"{"model":"m"}"#).await;
+    let routed = chat_for_m(Arc::new(Built::new(&table()).generation)).await;
     let route = Arc::clone(&routed.route);
 
     let mut tries = Tries::new(route.ranked(), 0);
@@ -131,8 +105,7 @@ async fn too_heavy_only_when_nothing_else_failed() {
 
 #[tokio::test(start_paused = true)]
 async fn no_candidate_at_all_is_unavailable() {
-    let generation = Arc::new(Built::new(TABLE).generation);
-    let routed = routed(generation, "/v1/chat/completions", r#"{"model":"m"}"#).await;
+    let routed = chat_for_m(Arc::new(Built::new(&table()).generation)).await;
     let tries = Tries::new(Vec::new(), 1);
     assert!(matches!(
         tries.exhausted(&routed),

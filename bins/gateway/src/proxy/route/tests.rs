@@ -3,38 +3,13 @@
 
 use std::sync::Arc;
 
-use crate::fixtures::Built;
+use crate::fixtures::{self, Built, names, vllm_m};
 use crate::proxy::admit::take;
-use crate::shutdown::shutdown_pair;
+use crate::support::shutdown::shutdown_pair;
 
 /// `m` on two upstreams (`b` preferred by weight), `auto` on a third, and an alias.
-const TABLE: &str = r#"
-[server]
-listen = "127.0.0.1:0"
-
-[aliases]
-chat = "m"
-
-[upstreams.a]
-url = "http://127.0.0.1:9"
-kind = "vllm"
-
-[upstreams.a.models.m]
-parallel = 2
-queue = 4
-queue_timeout = "5s"
-
-[upstreams.b]
-url = "http://127.0.0.1:10"
-kind = "vllm"
-weight = 2.0
-
-[upstreams.b.models.m]
-parallel = 2
-queue = 4
-queue_timeout = "5s"
-
-[upstreams.c]
+fn table() -> String {
+    let auto = r#"[upstreams.c]
 url = "http://127.0.0.1:11"
 kind = "llama-server"
 
@@ -43,14 +18,20 @@ parallel = "auto"
 queue = 4
 queue_timeout = "5s"
 "#;
-
-fn names(ranked: &[&Arc<crate::upstreams::target::Target>]) -> Vec<String> {
-    ranked.iter().map(|t| t.upstream.name.clone()).collect()
+    fixtures::table(
+        "",
+        &[
+            "[aliases]\nchat = \"m\"\n".to_owned(),
+            vllm_m("a", 9, 1.0),
+            vllm_m("b", 10, 2.0),
+            auto.to_owned(),
+        ],
+    )
 }
 
 #[test]
 fn an_alias_is_the_same_route_with_the_same_keys() {
-    let built = Built::new(TABLE);
+    let built = Built::new(&table());
     let routes = &built.generation.routes;
     let by_model = routes.resolve("m").expect("m");
     let by_alias = routes.resolve("chat").expect("chat");
@@ -69,7 +50,7 @@ fn an_alias_is_the_same_route_with_the_same_keys() {
 
 #[tokio::test(start_paused = true)]
 async fn ranking_follows_free_slots_times_weight_and_leaves_out_what_cannot_serve() {
-    let built = Built::new(TABLE);
+    let built = Built::new(&table());
     let route = Arc::clone(built.generation.routes.resolve("m").expect("m"));
     // c's slot count is not known yet: left out; b has the larger weight.
     assert_eq!(names(&route.ranked()), ["b", "a"]);
@@ -99,13 +80,13 @@ async fn ranking_follows_free_slots_times_weight_and_leaves_out_what_cannot_serv
 
 #[tokio::test(start_paused = true)]
 async fn a_request_in_flight_keeps_its_slot_across_a_reload_and_counts_in_the_new_table() {
-    let built = Built::new(TABLE);
+    let built = Built::new(&table());
     let old = built.target("m", "a");
     let (_trigger, mut stop) = shutdown_pair();
     let slot = take(&old, 1, &mut stop).await.expect("a slot");
 
     // The reload grows a's `parallel` to 3.
-    let next = built.next(&TABLE.replacen("parallel = 2", "parallel = 3", 1));
+    let next = built.next(&table().replacen("parallel = 2", "parallel = 3", 1));
     let new = crate::fixtures::target(&next, "m", "a");
     assert!(!Arc::ptr_eq(&old, &new), "a new table");
     let reading = new.reading();

@@ -18,11 +18,46 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tracing::debug;
 
-use super::Activity;
+use super::ServerCounters;
+use crate::proxy::server::activity::Activity;
+use crate::support::shutdown::ShutdownSignal;
+
+/// How often the accept loop, holding a new connection at the limit, looks again for an idle
+/// connection to shed (one that was busy may have gone idle).
+const SHED_RETRY: Duration = Duration::from_millis(250);
+
+/// At the connection limit, with a new connection accepted: sheds the connection idle the
+/// longest, and waits for a place (looking again every [`SHED_RETRY`] while every connection
+/// is busy). `None` when the server stops meanwhile.
+pub(super) async fn make_room(
+    name: &'static str,
+    limit: &Arc<Semaphore>,
+    roster: &Roster,
+    counters: &ServerCounters,
+    shutdown: &mut ShutdownSignal,
+) -> Option<OwnedSemaphorePermit> {
+    loop {
+        if roster.shed_oldest_idle() {
+            counters.idle_shed.inc();
+            debug!(
+                listener = name,
+                "at the connection limit: closing the connection idle the longest"
+            );
+        }
+        tokio::select! {
+            biased;
+            () = shutdown.fired() => return None,
+            permit = Arc::clone(limit).acquire_owned() => return permit.ok(),
+            () = tokio::time::sleep(SHED_RETRY) => {}
+        }
+    }
+}
 
 /// Every open connection of one listener, for shedding the idle ones.
 #[derive(Debug, Default)]

@@ -6,7 +6,7 @@ use slotgate_config::{CertAndKey, Config};
 use tempfile::TempDir;
 
 use super::{CertSlot, ListenerCert, ListenerCerts};
-use crate::error::chain;
+use crate::support::error::chain;
 
 /// A self-signed certificate for `name` and its key, written to `dir`.
 fn leaf(dir: &TempDir, name: &str) -> CertAndKey {

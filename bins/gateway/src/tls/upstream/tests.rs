@@ -7,7 +7,7 @@ use slotgate_config::{Config, Upstream};
 use tempfile::NamedTempFile;
 
 use super::{UpstreamTls, is_tls_failure};
-use crate::error::chain;
+use crate::support::error::chain;
 
 fn upstream_with(tls_keys: &str) -> Upstream {
     let toml = format!(

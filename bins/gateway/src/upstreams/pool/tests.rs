@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::{Pool, PoolError, PoolSettings};
-use crate::base::Base;
+use crate::support::base::Base;
 use crate::tls::{self, UpstreamTls};
 
 /// What the scripted upstream saw.

@@ -20,9 +20,11 @@ use std::sync::Arc;
 use slotgate_admission::AdmitError;
 use slotgate_limiter::Ticket;
 
-use super::{Admission, Queued, Refused, Slot, Waiting};
+use super::{Admission, Queued, Waiting};
+use crate::proxy::admit::refused::Refused;
+use crate::proxy::admit::slot::Slot;
 use crate::proxy::client::Deadlines;
-use crate::shutdown::ShutdownSignal;
+use crate::support::shutdown::ShutdownSignal;
 use crate::upstreams::cluster::SharedKey;
 use crate::upstreams::target::Target;
 
@@ -36,9 +38,7 @@ pub(super) fn join(
 ) -> Admission {
     let weight = ticket.weight_units();
     let now = tokio::time::Instant::now();
-    let wait = target
-        .queue_timeout
-        .map(|timeout| deadlines.wait(now, timeout, target.queueing.honor_sdk_timeout));
+    let wait = super::wait_from(target, deadlines, now);
     let (shared, place) = key.acquire(ticket);
     let retry_after = key.store_retry_after();
     let local = target.key.clone();
@@ -61,16 +61,6 @@ pub(super) fn join(
             .observe(shared_slot.waited() + permit.waited());
         Ok(Slot::new(permit, Some(shared_slot), hold, metrics))
     };
-    let mut stop = stop.clone();
-    Admission::Queued(Queued {
-        acquire: Waiting::Shared(Box::pin(slot), place),
-        wait,
-        timer: wait.map(|wait| Box::pin(tokio::time::sleep_until(wait.until))),
-        stop: Box::pin(async move { stop.fired().await }),
-        since: now,
-        armed: true,
-        hold: Arc::clone(&target.hold),
-        metrics: Arc::clone(&target.metrics),
-        place: None,
-    })
+    let acquire = Waiting::Shared(Box::pin(slot), place);
+    Admission::Queued(Queued::new(acquire, now, wait, target, stop))
 }
