@@ -57,11 +57,13 @@ fi
 step "unit, integration and property tests (nextest)"
 cargo nextest run --workspace --all-targets --locked --no-fail-fast
 
-step "status page in headless Chromium (tests/ui/run.sh; installs chromium and Playwright if missing)"
-# A block of its own: the page's browser test, bounded inside the script (< 3 min once set up).
+step "browser tests in headless Chromium: the status page, CORS (tests/ui/; installs chromium and Playwright if missing)"
+# A block of its own: the status page (run.sh) and a page on another origin calling the API
+# (cors.sh), each bounded inside its script (< 3 min together once set up).
 ui_started=$SECONDS
 tests/ui/run.sh target/ui/status-page.png
-echo "status page browser test: $((SECONDS - ui_started))s"
+tests/ui/cors.sh
+echo "browser tests: $((SECONDS - ui_started))s"
 
 step "doc tests"
 cargo test --workspace --doc --locked

@@ -1,6 +1,6 @@
 //! The official clients of the APIs past chat through the gateway (#14): the OpenAI Python SDK
 //! (`responses.create` plain, streamed and with `previous_response_id` across two upstreams; a
-//! multipart transcription), the `anthropic` SDK (`messages.create` plain and streamed) and the
+//! multipart transcription; a Responses stream the gateway cuts raising `APIError`), the `anthropic` SDK (`messages.create` plain and streamed) and the
 //! `ollama` client (`chat` and `generate`, streamed).
 //!
 //! The test makes a virtualenv in the cache outside the repository (`support::venv_cache`) with
@@ -51,8 +51,10 @@ async fn the_official_clients_of_every_api_work_through_the_gateway() {
     .await;
     let b = start(FakeConfig::vllm(4).model("m")).await;
     let o = start(FakeConfig::ollama(4).model("o")).await;
+    // Issue #31: an engine whose streams the gateway gives up on after 300 ms of silence.
+    let s = start(FakeConfig::llama_server(4).model("stall")).await;
     let gw = gateway(&format!(
-        "{}{}{}{}{}",
+        "{}{}{}{}{}{}",
         server(""),
         upstream_of("vllm", "a", &a.url(), "m"),
         // Issue #31: one slot and no queue (a refusal at once), and one slot with a queue (a
@@ -61,6 +63,11 @@ async fn the_official_clients_of_every_api_work_through_the_gateway() {
          [upstreams.a.models.\"org/slow\"]\nparallel = 1\nqueue = 4\nqueue_timeout = \"30s\"\n",
         upstream_of("vllm", "b", &b.url(), "m"),
         upstream_of("ollama", "o", &o.url(), "o"),
+        upstream_of("llama-server", "s", &s.url(), "stall").replacen(
+            "kind = \"llama-server\"\n",
+            "kind = \"llama-server\"\nstream_idle_timeout = \"300ms\"\n",
+            1
+        ),
     ))
     .await;
     let base = format!("http://{}", gw.api_addr());
@@ -92,7 +99,7 @@ async fn the_official_clients_of_every_api_work_through_the_gateway() {
         "both upstreams made responses"
     );
     gw.shutdown().await;
-    for fake in [a, b, o] {
+    for fake in [a, b, o, s] {
         fake.shutdown().await;
     }
 }

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use fake_upstream::{FakeConfig, FakeUpstream};
 use serde_json::{Value, json};
+use slotgate_gateway::Gateway;
 use support::{
-    authority, chat_body, eventually, fake, gateway, open, post, send, server, upstream,
+    Open, authority, chat_body, eventually, fake, gateway, open, post, send, server, upstream,
 };
 
 const SOON: Duration = Duration::from_secs(10);
@@ -58,8 +59,9 @@ fn last_error_event(text: &str) -> Value {
     serde_json::from_str(data).unwrap_or_else(|e| panic!("not JSON ({e}): {data}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_anthropic_stream_that_stalls_ends_with_a_named_error_event() {
+/// A gateway in front of a fake llama-server serving "qwen" that gives up on a stream silent for
+/// 300 ms (`upstream-stalled`), and the fake.
+async fn stalling_gateway() -> (FakeUpstream, Gateway) {
     let fake = fake(4, "qwen").await;
     let gw = gateway(&format!(
         "{}[upstreams.gpu]\nurl = \"{}\"\nkind = \"llama-server\"\n\
@@ -69,25 +71,68 @@ async fn an_anthropic_stream_that_stalls_ends_with_a_named_error_event() {
         fake.url()
     ))
     .await;
+    (fake, gw)
+}
+
+/// Streams `body` to `path` with the fake told to `fail` mid-stream; asserts the head is a 200
+/// and the stream ends cleanly, and returns the head's headers, the request id and the whole
+/// text.
+async fn cut_stream(
+    gw: &Gateway,
+    path: &str,
+    body: String,
+    fail: &str,
+) -> (http::HeaderMap, String, String) {
     let addr = gw.api_addr();
-    for fail in ["stall-after-chunks=3", "die-after-chunks=3"] {
-        let mut stream = open(
-            addr,
-            post(
-                addr,
-                "/v1/messages",
-                messages_body("qwen", true),
-                &[("x-fake-fail", fail)],
-            ),
-        )
+    let mut stream = open(addr, post(addr, path, body, &[("x-fake-fail", fail)]))
         .await
         .head()
         .await;
-        assert_eq!(stream.status, 200);
-        let id = stream.headers["x-request-id"].to_str().unwrap().to_owned();
-        assert_eq!(stream.headers["request-id"].to_str().unwrap(), id, "{fail}");
-        let rest = stream.rest().await.expect("a clean end of the stream");
-        let text = String::from_utf8_lossy(&rest);
+    assert_eq!(stream.status, 200, "{path} {fail}");
+    let id = stream.headers["x-request-id"].to_str().unwrap().to_owned();
+    let rest = stream.rest().await.expect("a clean end of the stream");
+    let text = String::from_utf8_lossy(&rest).into_owned();
+    (stream.headers, id, text)
+}
+
+/// Sends `body` to `path` with the fake told to hang: the request holds its slot until it is
+/// dropped.
+async fn hang(gw: &Gateway, path: &str, body: String) -> Open {
+    let addr = gw.api_addr();
+    open(addr, post(addr, path, body, &[("x-fake-fail", "hang")])).await
+}
+
+/// A gateway whose model "qwen" (on a fake llama-server) has one slot, taken by a request that
+/// hangs, and `queue` places waiting at most `queue_timeout`; `extra` is added to the model's
+/// table. The fake, the gateway and the request holding the slot.
+async fn one_slot_held(
+    queue: usize,
+    queue_timeout: &str,
+    extra: &str,
+) -> (FakeUpstream, Gateway, Open) {
+    let fake = fake(4, "qwen").await;
+    let gw = gateway(&format!(
+        "{}{}{extra}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 1, queue, queue_timeout)
+    ))
+    .await;
+    let held = hang(&gw, "/v1/chat/completions", chat_body("qwen", false)).await;
+    let key = authority(fake.addr());
+    eventually("the slot taken", SOON, || {
+        gw.limiter().in_flight(&key, "qwen") == 1
+    })
+    .await;
+    (fake, gw, held)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anthropic_stream_that_stalls_ends_with_a_named_error_event() {
+    let (fake, gw) = stalling_gateway().await;
+    for fail in ["stall-after-chunks=3", "die-after-chunks=3"] {
+        let (headers, id, text) =
+            cut_stream(&gw, "/v1/messages", messages_body("qwen", true), fail).await;
+        assert_eq!(headers["request-id"].to_str().unwrap(), id, "{fail}");
         let event = last_error_event(&text);
         assert_eq!(event["type"], "error", "{fail}: {event}");
         assert_eq!(event["error"]["type"], "timeout_error", "{fail}: {event}");
@@ -109,6 +154,40 @@ async fn an_anthropic_stream_that_stalls_ends_with_a_named_error_event() {
     fake.shutdown().await;
 }
 
+/// OpenAI's Responses stream names every event after its `type`; OpenAI's own in-stream error
+/// is `{"type":"error","code","message",…}` with no `error` member, which openai-python 3.57
+/// yields as a `ResponseErrorEvent` and does not raise. The gateway's ending is a `data:` event
+/// whose JSON has an `error` member, the one thing both OpenAI SDKs raise `APIError` at
+/// (`_streaming.py` `Stream.__stream__`; `tests/api_sdk/check.py` sees it raised).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_responses_stream_that_stalls_ends_with_the_error_event_the_openai_sdks_raise() {
+    let (fake, gw) = stalling_gateway().await;
+    let body = json!({"model": "qwen", "input": "hello there", "stream": true}).to_string();
+    for fail in ["stall-after-chunks=3", "die-after-chunks=3"] {
+        let (_, id, text) = cut_stream(&gw, "/v1/responses", body.clone(), fail).await;
+        assert!(
+            text.starts_with("event: response.created\n"),
+            "{fail}: {text}"
+        );
+        let last = text.trim_end().rsplit("\n\n").next().unwrap_or_default();
+        let data = last
+            .strip_prefix("data: ")
+            .unwrap_or_else(|| panic!("{fail}: the last event is no data event: {text}"));
+        let doc: Value = serde_json::from_str(data).unwrap_or_else(|e| panic!("{e}: {data}"));
+        assert_eq!(doc["error"]["code"], "upstream_stalled", "{fail}: {doc}");
+        assert_eq!(doc["error"]["type"], "server_error", "{fail}: {doc}");
+        assert!(doc["error"]["message"].is_string(), "{doc}");
+        assert!(
+            doc["type"].as_str().unwrap().ends_with("/upstream-stalled"),
+            "{doc}"
+        );
+        assert_eq!(doc["request_id"], id.as_str(), "{doc}");
+        assert!(!text.contains("response.completed"), "{fail}: {text}");
+    }
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ollama_stream_that_dies_ends_with_a_string_error_line() {
     let o = ollama_fake("o").await;
@@ -118,22 +197,13 @@ async fn an_ollama_stream_that_dies_ends_with_a_string_error_line() {
         ollama_upstream(&o.url(), "o", 2, 2)
     ))
     .await;
-    let addr = gw.api_addr();
-    let mut stream = open(
-        addr,
-        post(
-            addr,
-            "/api/chat",
-            ollama_chat_body("o", true),
-            &[("x-fake-fail", "die-after-chunks=2")],
-        ),
+    let (_, _, text) = cut_stream(
+        &gw,
+        "/api/chat",
+        ollama_chat_body("o", true),
+        "die-after-chunks=2",
     )
-    .await
-    .head()
     .await;
-    assert_eq!(stream.status, 200);
-    let rest = stream.rest().await.expect("a clean end of the stream");
-    let text = String::from_utf8_lossy(&rest);
     assert!(text.ends_with('\n'), "{text}");
     let lines: Vec<Value> = text
         .lines()
@@ -166,26 +236,8 @@ async fn refusals_speak_the_routes_dialect() {
     .await;
     let addr = gw.api_addr();
     // Fill both models' only slot.
-    let held = open(
-        addr,
-        post(
-            addr,
-            "/v1/messages",
-            messages_body("qwen", false),
-            &[("x-fake-fail", "hang")],
-        ),
-    )
-    .await;
-    let held_o = open(
-        addr,
-        post(
-            addr,
-            "/api/chat",
-            ollama_chat_body("o", false),
-            &[("x-fake-fail", "hang")],
-        ),
-    )
-    .await;
+    let held = hang(&gw, "/v1/messages", messages_body("qwen", false)).await;
+    let held_o = hang(&gw, "/api/chat", ollama_chat_body("o", false)).await;
     let (key, key_o) = (authority(fake.addr()), authority(o.addr()));
     eventually("both slots taken", SOON, || {
         gw.limiter().in_flight(&key, "qwen") == 1 && gw.limiter().in_flight(&key_o, "o") == 1
@@ -259,29 +311,8 @@ async fn refusals_speak_the_routes_dialect() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_anthropic_stream_refused_ends_with_a_named_error_event() {
-    let fake = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}queue_keepalive = \"1s\"\n",
-        server(""),
-        upstream("gpu", &fake.url(), "qwen", 1, 8, "500ms")
-    ))
-    .await;
+    let (fake, gw, held) = one_slot_held(8, "500ms", "queue_keepalive = \"1s\"\n").await;
     let addr = gw.api_addr();
-    let held = open(
-        addr,
-        post(
-            addr,
-            "/v1/messages",
-            messages_body("qwen", true),
-            &[("x-fake-fail", "hang")],
-        ),
-    )
-    .await;
-    let key = authority(fake.addr());
-    eventually("the slot taken", SOON, || {
-        gw.limiter().in_flight(&key, "qwen") == 1
-    })
-    .await;
     let mut queued = open(
         addr,
         post(addr, "/v1/messages", messages_body("qwen", true), &[]),
@@ -404,29 +435,8 @@ async fn anthropics_key_header_and_encoded_model_ids_are_understood() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_pythons_read_timeout_bounds_the_queue_wait() {
-    let fake = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server(""),
-        upstream("gpu", &fake.url(), "qwen", 1, 4, "60s")
-    ))
-    .await;
+    let (fake, gw, held) = one_slot_held(4, "60s", "").await;
     let addr = gw.api_addr();
-    let held = open(
-        addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("qwen", false),
-            &[("x-fake-fail", "hang")],
-        ),
-    )
-    .await;
-    let key = authority(fake.addr());
-    eventually("the slot taken", SOON, || {
-        gw.limiter().in_flight(&key, "qwen") == 1
-    })
-    .await;
     // All openai-python 3.x sends for `timeout=0.5`.
     let reply = send(post(
         addr,

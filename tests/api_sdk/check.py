@@ -1,15 +1,17 @@
 """The official clients of the APIs past chat, against a running slotgate.
 
 Run by tests/api_sdk.rs with the gateway's base URL. Behind the gateway: two vLLM fakes "a" and
-"b" serving model "m" (each remembering only the Responses it made), and an Ollama fake serving
-model "o".
+"b" serving model "m" (each remembering only the Responses it made), an Ollama fake serving
+model "o", and a llama-server fake serving "stall" whose silent streams the gateway gives up on
+after 300 ms.
 
 - OpenAI SDK: `responses.create` plain and streamed; `previous_response_id` follow-ups, which
   only the upstream that made the response can answer; a multipart transcription.
 - anthropic SDK: `messages.create` plain and streamed.
 - ollama client: `chat` and `generate`, streamed (its default), and `list`.
 - Off the happy path (issue #31): anthropic sees `overloaded_error` with its request id on a
-  full queue and an error (not a short answer) on a cut stream; ollama sees a string error, as a
+  full queue and an error (not a short answer) on a cut stream; openai raises `APIError` at a
+  Responses stream the gateway cuts; ollama sees a string error, as a
   refusal and at a cut stream's last line; openai's `models.retrieve` of an id with a slash, and
   its `timeout=2` refused at once by a queue that cannot serve in time.
 
@@ -184,6 +186,37 @@ try:
     expect(False, "a cut Ollama stream raises")
 except ollama.ResponseError as error:
     expect(isinstance(error.error, str), f"a cut Ollama stream raises a string error: {error.error!r}")
+
+# OpenAI Responses, a stream the engine stalls or cuts: the gateway's last event carries an
+# `error` member, which the SDK raises as `APIError` (OpenAI's own `{"type": "error", …}` event
+# has none, and the SDK would only yield it). Both by iterating and with the stream helper.
+for fail in ("stall-after-chunks=3", "die-after-chunks=3"):
+    seen = []
+    try:
+        for event in client.responses.create(
+            model="stall", input="hello", stream=True, extra_headers={"x-fake-fail": fail}
+        ):
+            seen.append(event.type)
+        expect(False, f"a cut Responses stream raises ({fail}): {seen}")
+    except openai.APIStatusError as error:
+        expect(False, f"a cut Responses stream is no status error: {error!r}")
+    except openai.APIError as error:
+        expect(error.code == "upstream_stalled", f"{fail}: APIError upstream_stalled: {error.code}")
+        expect(error.type == "server_error", f"of type server_error: {error.type}")
+        expect(seen[:1] == ["response.created"], f"after the events before the cut: {seen}")
+        expect("response.completed" not in seen, "and no completion")
+try:
+    with client.responses.stream(
+        model="stall", input="hello", extra_headers={"x-fake-fail": "stall-after-chunks=3"}
+    ) as stream:
+        for _ in stream:
+            pass
+        stream.get_final_response()
+    expect(False, "a stalled Responses stream raises through responses.stream()")
+except openai.APIStatusError as error:
+    expect(False, f"a stalled Responses stream is no status error: {error!r}")
+except openai.APIError as error:
+    expect(error.code == "upstream_stalled", f"responses.stream() raises it too: {error.code}")
 
 # OpenAI: `models.retrieve` of an id with a slash (the SDK sends it as %2F).
 expect(client.models.retrieve("org/slow").id == "org/slow", "models.retrieve with a slash")

@@ -6,7 +6,8 @@ Behind the gateway: two fake llama-servers, "host-a" and "host-b", each with 2 s
 Checks, in order, each wait bounded:
 1. the page loads with no console error and asks for the token;
 2. a wrong token is refused, and the refusal is shown;
-3. with the right token, every upstream and model is shown;
+3. with the right token, every upstream and model is shown, and after a few answers each
+   host's cache hit share;
 4. under a burst, the slot and queue numbers on the page rise, then fall back to 0;
 5. draining host-a from the page makes the gateway stop sending it requests (the fake's own
    request counter stands still), and undraining brings them back;
@@ -17,11 +18,9 @@ import argparse
 import concurrent.futures
 import json
 import re
-import sys
 import time
-import urllib.error
-import urllib.request
 
+from common import http_call as http, run, wait_until
 from playwright.sync_api import expect, sync_playwright
 
 MODEL = "chat-model"
@@ -39,31 +38,8 @@ def parse_args():
     return parser.parse_args()
 
 
-def http(method, url, headers=None, body=None, timeout=30):
-    """(status, body text); an HTTP error status is an answer, not an exception."""
-    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-
-
-def wait_until(what, check, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if check():
-                return
-        except (urllib.error.URLError, ConnectionError):
-            pass  # not up yet
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
-
-
-def chat(api, hold_ms=0):
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
+def chat(api, hold_ms=0, prompt="hi"):
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": prompt}]}).encode()
     headers = {"content-type": "application/json"}
     if hold_ms:
         headers["x-fake-hold-ms"] = str(hold_ms)
@@ -137,6 +113,18 @@ def main():
                 expect(card.locator(f'[data-model="{MODEL}"] [data-field="parallel"]')).to_have_text("2")
                 expect(card.locator(f'[data-model="{MODEL}"] [data-field="in-flight"]')).to_have_text("0")
 
+            # A few answers first, so the figures the screenshot shows have values: each
+            # host's cache hit share, from the prompt tokens its engine reported.
+            # Four at once reach both hosts; then, one after the other, a prompt long enough
+            # for its repeats to hit a cache (the gateway sends them where it is).
+            statuses = [f.result(timeout=60) for f in burst(pool, api, 4, 300)]
+            prompt = " ".join(f"word{i}" for i in range(40))
+            statuses += [chat(api, prompt=prompt) for _ in range(3)]
+            assert statuses == [200] * 7, statuses
+            cache_hit = re.compile(r"\d+% of \d+ reported")
+            for cell in page.locator('[data-field="cache-hit"]').all():
+                expect(cell).to_have_text(cache_hit)
+
             # 4. A burst: 4 run, 4 queue (2 and 2 per host), then all drains away.
             in_flight = page.locator(f'[data-model="{MODEL}"] [data-field="in-flight"]')
             queued = page.locator(f'[data-model="{MODEL}"] [data-field="queued"]')
@@ -150,8 +138,6 @@ def main():
             expect(queued).to_have_text(["0", "0"], timeout=WAIT_MS)
             # The waits of the queued ones reached the page's percentiles.
             expect(page.locator('[data-field="queue-wait"]').first).to_contain_text("in 5 min")
-            # Each host's cache hit share, from the prompt tokens its engine reported.
-            expect(page.locator('[data-field="cache-hit"]').first).to_contain_text("reported")
 
             # 5. Drain host-a from the page; the gateway stops sending it requests.
             card_a = page.locator('[data-upstream="host-a"]')
@@ -202,8 +188,4 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except AssertionError as error:
-        print(f"FAILED: {error}", file=sys.stderr)
-        sys.exit(1)
+    run(main)

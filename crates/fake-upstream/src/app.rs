@@ -685,7 +685,10 @@ impl Script {
     /// Ends the stream with the kind's in-stream error event.
     fn fail(mut self, status: u16, message: &str, outcome: Outcome) -> Option<(Emit, Self)> {
         self.done = true;
-        let events = kinds::stream_error_events(self.kind, self.endpoint, status, message);
+        // The events sent so far are numbered from 0, so the error's is their count.
+        let sequence = u64::from(self.sent);
+        let events =
+            kinds::stream_error_events(self.kind, self.endpoint, status, message, sequence);
         self.tail.extend(events.into_iter().map(Emit::Event));
         self.tail.push_back(Emit::End(outcome));
         let first = self.tail.pop_front()?;

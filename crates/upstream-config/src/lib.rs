@@ -39,16 +39,27 @@
 //! Secrets (`server.api_keys`, `server.admin_token`, `upstreams.*.api_key`) are [`Secret`]s:
 //! redacted in `Debug`, in the effective config and in error messages.
 
+mod cluster;
+#[cfg(test)]
+mod declared_tests;
 mod effective;
 mod error;
+mod key;
 mod load;
+mod queueing;
 mod raw;
+mod secret;
+mod server;
+mod show;
 mod types;
 mod validate;
+mod values;
 
+pub use cluster::{Cluster, StoreDown};
 pub use error::{ConfigError, Issue};
 pub use load::{ENV_PREFIX, env_provider};
-pub use types::{
-    CacheAffinity, CertAndKey, ClientKey, Cluster, Config, Kind, ModelLimits, Priority, QueueOrder,
-    Queueing, Secret, Server, StoreDown, Upstream,
-};
+pub use queueing::{QueueOrder, Queueing};
+pub use secret::Secret;
+pub use server::{CacheAffinity, ClientKey, Priority, Server};
+pub use types::{Config, Kind, ModelLimits, Upstream};
+pub use values::CertAndKey;

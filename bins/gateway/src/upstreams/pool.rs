@@ -31,8 +31,9 @@
 //!   may have started it): the client gets `502 upstream-bad-response`, as from any proxy. The driver
 //!   notices an upstream's idle close at once, so this needs the close and the reuse to meet
 //!   within the same instant; an `idle_timeout` below the engine's own keep-alive timeout rules
-//!   it out, which is why a llama-server upstream's pool keeps connections idle for at most 4 s
-//!   (`Kind::max_pool_idle`: cpp-httplib closes them at 5 s).
+//!   it out, which is why the pool of an engine whose keep-alive timeout is known keeps
+//!   connections idle for at most 4 s (`Kind::max_pool_idle`: llama-server's cpp-httplib and
+//!   vLLM's uvicorn close them at 5 s).
 //!
 //! Only HTTP/1.1: the upstream connector offers no other protocol (see [`tls`](crate::tls)).
 //! The probes ([`probe`](crate::upstreams::probe)) keep hyper-util's client: they make a new

@@ -155,11 +155,18 @@ pub(crate) fn stream(answer: &Answer<'_>, previous: Option<&str>) -> Vec<Step> {
     steps
 }
 
-/// The `error` event a failed stream ends with.
-pub(crate) fn stream_error(message: &str) -> Vec<bytes::Bytes> {
+/// The `error` event a failed stream ends with, numbered `sequence` (OpenAI's
+/// `ResponseErrorEvent`: `type`, `code`, `message`, `param`, `sequence_number`; PROTOCOLS.md §8).
+pub(crate) fn stream_error(message: &str, sequence: u64) -> Vec<bytes::Bytes> {
     vec![named_event(
         "error",
-        &json!({"type": "error", "code": "server_error", "message": message, "param": null}),
+        &json!({
+            "type": "error",
+            "code": "server_error",
+            "message": message,
+            "param": null,
+            "sequence_number": sequence,
+        }),
     )]
 }
 

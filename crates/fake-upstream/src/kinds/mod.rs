@@ -109,15 +109,17 @@ pub(crate) fn error_for(
 }
 
 /// The events a failed stream ends with, in the route's own shape (and the kind's, for the
-/// OpenAI-compatible routes: see [`stream_error`]).
+/// OpenAI-compatible routes: see [`stream_error`]). `sequence` is the error event's
+/// `sequence_number` on a Responses stream.
 pub(crate) fn stream_error_events(
     kind: Kind,
     endpoint: Endpoint,
     status: u16,
     message: &str,
+    sequence: u64,
 ) -> Vec<Bytes> {
     match endpoint {
-        Endpoint::Responses => responses::stream_error(message),
+        Endpoint::Responses => responses::stream_error(message, sequence),
         Endpoint::Messages => anthropic::stream_error(status, message),
         Endpoint::OllamaChat | Endpoint::OllamaGenerate => ollama_api::stream_error(message),
         _ => {

@@ -92,6 +92,37 @@ async fn responses_plain_and_streamed() {
     assert_eq!(fake.observer().snapshot().received, 2);
 }
 
+/// An error inside a Responses stream is OpenAI's `error` event (PROTOCOLS.md §8), numbered
+/// after the events before it.
+#[tokio::test]
+async fn a_responses_stream_error_is_openais_error_event() {
+    let fake = FakeUpstream::start(FakeConfig::vllm(2).tokens(3))
+        .await
+        .unwrap();
+    let streamed = json!({"model": "fake-model", "input": "hi", "stream": true});
+    let fail = [("x-fake-fail", "error-after-chunks=2")];
+    let response = send(
+        fake.addr(),
+        request(Method::POST, "/v1/responses", Some(&streamed), &fail),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    let data = last.strip_prefix("event: error\ndata: ").expect(&text);
+    let error: Value = serde_json::from_str(data).unwrap();
+    assert_eq!(error["type"], "error");
+    assert_eq!(error["code"], "server_error");
+    assert!(error["message"].is_string());
+    assert_eq!(error["param"], Value::Null);
+    assert_eq!(error["sequence_number"], 2);
+    assert!(
+        error.get("error").is_none(),
+        "OpenAI's event has no `error` member"
+    );
+}
+
 #[tokio::test]
 async fn responses_are_remembered_only_where_they_were_made() {
     let a = FakeUpstream::start(FakeConfig::vllm(2)).await.unwrap();

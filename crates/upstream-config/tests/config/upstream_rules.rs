@@ -279,6 +279,27 @@ fn cancel_grace_defaults_by_kind_and_may_be_zero() {
 }
 
 #[test]
+fn pooled_connections_idle_below_each_engines_keep_alive() {
+    use std::time::Duration;
+
+    // llama-server (cpp-httplib) and uvicorn (vLLM, SGLang, KServe) close an idle keep-alive
+    // connection at 5 s: the gateway's pool must let go first. Ollama (Go net/http) keeps them.
+    let four = Some(Duration::from_secs(4));
+    for (kind, bound) in [
+        ("llama-server", four),
+        ("vllm", four),
+        ("openai", four),
+        ("ollama", None),
+    ] {
+        assert_eq!(
+            Kind::from_name(kind).unwrap().max_pool_idle(),
+            bound,
+            "{kind}"
+        );
+    }
+}
+
+#[test]
 fn stream_timeout_defaults_to_an_hour_and_may_be_none() {
     use std::time::Duration;
 
