@@ -54,8 +54,9 @@ use crate::proxy::route::Route;
 use crate::upstreams::hold::HoldStats;
 use crate::upstreams::target::Target;
 
-/// The most blocks hashed per request: 1 MiB of text at the default block size. A longer
-/// prompt is routed by its first megabyte.
+/// The most blocks hashed per request: about 1 MiB of text at the default block size (more
+/// where blocks grow inside long messages, less where many messages end in short blocks). A
+/// longer prompt is routed by its beginning.
 const MAX_BLOCKS: usize = 2048;
 
 /// A prediction below this many tokens is not checked against the engine's report: too small
