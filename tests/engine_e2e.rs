@@ -2,8 +2,9 @@
 //! random-weight model, loopback only). The fake upstream proves the gateway's logic; these
 //! tests prove that the gateway is right about the real engine: that it never lets the engine
 //! queue behind its back, that a client leaving frees the engine's slot, that the OpenAI SDK
-//! reads the real engine's stream through it, and that health and residency work against the
-//! real endpoints.
+//! reads the real engine's stream through it, that health and residency work against the
+//! real endpoints, and ([`router_mode`]) that in router mode requests for a model that is not
+//! loaded wait in the gateway rather than inside the router.
 //!
 //! The engine comes from `LLAMA_SERVER`/`TINY_MODEL` or from `tests/engine/setup.sh` (see
 //! `tests/engine_support`); a missing engine fails the suite, it is never skipped. Every engine
@@ -15,6 +16,8 @@
 //! polls under a generous deadline.
 
 mod engine_support;
+#[path = "engine_e2e/router_mode.rs"]
+mod router_mode;
 mod support;
 
 use std::sync::Arc;

@@ -838,6 +838,60 @@ async fn a_reload_cannot_raise_a_body_limit_past_the_budget_in_force() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// The cache-aware index and the Responses record are built once, at start, with their
+/// bounds: a reload that changes their keys applies everything else and names them in its
+/// answer's `restart_required` (the affinity keys were once left out, and such a change did
+/// nothing, silently), as long as the file differs from what the gateway started with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_reports_the_affinity_keys_that_wait_for_a_restart() {
+    let a = fake(2, "qwen").await;
+    let config = |extra: &str| {
+        format!(
+            "{}{}",
+            server(extra),
+            upstream_of("llama-server", "a", &a.url(), "qwen", 1, 2)
+        )
+    };
+    let path = temp_file("reload-affinity.toml", &config(""));
+    let gw = gateway_from_file(&path).await;
+    let admin = gw.admin_addr().unwrap();
+    std::fs::write(
+        &path,
+        config(
+            "affinity = \"off\"\naffinity_entries = 1024\naffinity_ttl = \"5m\"\n\
+             affinity_block_bytes = 1024\nsession_headers = [\"x-conversation\"]\n\
+             response_affinity_ttl = \"1h\"\nmax_body_bytes = 4096",
+        ),
+    )
+    .unwrap();
+    let answer = admin_request(admin, "POST", "/admin/reload", None).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let answer = answer.json();
+    assert_eq!(answer["reloaded"], true, "{answer}");
+    assert_eq!(
+        answer["restart_required"],
+        serde_json::json!([
+            "server.response_affinity_ttl",
+            "server.affinity",
+            "server.affinity_entries",
+            "server.affinity_ttl",
+            "server.affinity_block_bytes",
+            "server.session_headers",
+        ]),
+        "{answer}"
+    );
+    // The index still runs with the start's values: the same file again says so again.
+    let again = gw.reload().await.expect("the same file again");
+    assert_eq!(again.restart_required.len(), 6, "{again:?}");
+    // Back to the start's values: nothing waits for a restart any more.
+    std::fs::write(&path, config("")).unwrap();
+    let back = gw.reload().await.expect("the start's file");
+    assert!(back.restart_required.is_empty(), "{back:?}");
+    gw.shutdown().await;
+    a.shutdown().await;
+    std::fs::remove_file(&path).unwrap();
+}
+
 // === /v1/models ===
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -146,8 +146,13 @@ async fn an_interleaved_burst_swaps_once_and_never_waits_inside_the_engine() {
     }
 
     // Never two models' requests inside the engine at once: the gateway held the other one.
+    assert_eq!(fake.observer().inference_requests().len(), 16);
+    assert_never_two_models_at_once(&fake);
+}
+
+/// No two requests for different models were inside the engine at the same time.
+fn assert_never_two_models_at_once(fake: &FakeUpstream) {
     let records = fake.observer().inference_requests();
-    assert_eq!(records.len(), 16);
     for x in &records {
         for y in &records {
             if x.model != y.model {
@@ -160,6 +165,129 @@ async fn an_interleaved_burst_swaps_once_and_never_waits_inside_the_engine() {
             }
         }
     }
+}
+
+/// Requests of `models` waiting for their place, by the admin API.
+fn waiting_for_place(doc: &Value, models: &[&str]) -> u64 {
+    models
+        .iter()
+        .map(|m| model_doc(doc, m)["waiting_for_place"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// The router's bound not read yet (its `/props` did not answer the check before serving): a
+/// burst arriving meanwhile waits in the gateway for it, then collates as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_that_arrives_before_the_bound_is_read_waits_for_it_and_still_collates() {
+    let fake = router().await;
+    fake.set_router_props(false);
+    // Many failed reads before the gateway stops waiting for the bound: the test says when.
+    let toml = config("llama-server", &fake.url(), "").replace(
+        "health_check_interval = \"100ms\"",
+        "health_check_interval = \"100ms\"\neject_after_failures = 1000",
+    );
+    let gw = gateway(&toml).await;
+    let (addr, admin) = (gw.api_addr(), gw.admin_addr().unwrap());
+    let doc = upstream_status(admin, "r").await;
+    assert!(doc["residency"]["max_loaded_models"].is_null(), "{doc}");
+    assert_eq!(doc["health"]["status"], "healthy", "{doc}");
+
+    let hold = [("x-fake-hold-ms", "100")];
+    let burst: Vec<_> = (0..16)
+        .map(|i| {
+            let model = if i % 2 == 0 { "a" } else { "b" };
+            tokio::spawn(async move { chat(addr, model, false, &hold).await })
+        })
+        .collect();
+    wait_for(admin, "the whole burst waits for the bound", |d| {
+        waiting_for_place(d, &["a", "b"]) == 16
+    })
+    .await;
+    assert!(fake.observer().inference_requests().is_empty());
+    fake.set_router_props(true);
+    for reply in burst {
+        let reply = reply.await.unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    let loads = fake.model_loads("a").unwrap() + fake.model_loads("b").unwrap();
+    assert!(loads <= 2, "{loads} loads for an interleaved burst of 16");
+    assert_never_two_models_at_once(&fake);
+}
+
+/// Once a load was timed, a refusal for the model while it is not loaded says to come back no
+/// sooner than a load takes (`Retry-After`), and a stream waiting for its place is told as much
+/// (`eta_s`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_and_eta_s_include_the_measured_load_time() {
+    let fake = FakeUpstream::start(
+        FakeConfig::llama_server(2)
+            .router(true)
+            .model("a")
+            .unloaded_model("b")
+            .models_max(1)
+            .model_load_delay(Duration::from_millis(1500)),
+    )
+    .await
+    .unwrap();
+    let toml = config("llama-server", &fake.url(), "").replace(
+        "[upstreams.r.models.b]\nparallel = 2\nqueue = 16\nqueue_timeout = \"30s\"\n",
+        "[upstreams.r.models.b]\nparallel = 2\nqueue = 16\nqueue_timeout = \"300ms\"\n\
+         queue_keepalive = \"1s\"\n",
+    );
+    let gw = gateway(&toml).await;
+    let (addr, admin) = (gw.api_addr(), gw.admin_addr().unwrap());
+    // One load of "b" (by the engine itself, so no request's hold time includes it), timed by
+    // the checks; then a request for "b", whose short hold is the typical one.
+    assert!(fake.load_model("b").await);
+    let doc = wait_for(admin, "b's load timed", |d| {
+        d["residency"]["models"]["b"]["last_load_seconds"].is_number()
+    })
+    .await;
+    let load = doc["residency"]["models"]["b"]["last_load_seconds"]
+        .as_f64()
+        .unwrap();
+    let reply = chat(addr, "b", false, &[]).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    // "a" takes the place back and keeps it busy; "b" is seen unloaded.
+    let busy = open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body("a", false),
+            &[("x-fake-fail", "hang")],
+        ),
+    )
+    .await;
+    wait_for(admin, "a loaded and busy, b unloaded", |d| {
+        d["residency"]["models"]["a"]["state"] == "loaded"
+            && d["residency"]["models"]["b"]["state"] == "unloaded"
+            && model_doc(d, "a")["in_flight"] == 1
+    })
+    .await;
+
+    // "b" waits for its place past its queue_timeout: refused, told to come back after a load.
+    let reply = chat(addr, "b", false, &[]).await;
+    reply.assert_problem(503, "queue-timeout");
+    #[expect(clippy::cast_precision_loss, reason = "a few seconds")]
+    let retry_after = reply.retry_after() as f64;
+    assert!(
+        retry_after >= load,
+        "Retry-After {retry_after} < load {load}"
+    );
+
+    // A stream for "b" waiting for its place: its first comment's eta_s counts the load too.
+    let text = chat(addr, "b", true, &[]).await.text();
+    let first = text
+        .lines()
+        .find(|l| l.starts_with(':'))
+        .unwrap_or_else(|| panic!("a comment: {text}"));
+    let eta: f64 = first
+        .strip_prefix(": waiting for a model place models_ahead=0 eta_s=")
+        .and_then(|eta| eta.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{first:?}"));
+    assert!(eta >= load, "eta_s {eta} < load {load}: {text}");
+    busy.disconnect();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -247,19 +375,7 @@ async fn ollama_with_max_loaded_models_holds_the_other_model_in_the_gateway() {
         let reply = reply.await.unwrap();
         assert_eq!(reply.status, 200, "{}", reply.text());
     }
-    let records = fake.observer().inference_requests();
-    for x in &records {
-        for y in &records {
-            if x.model != y.model {
-                assert!(
-                    !overlap(x, y),
-                    "{:?} and {:?} overlapped in the engine",
-                    x.id,
-                    y.id
-                );
-            }
-        }
-    }
+    assert_never_two_models_at_once(&fake);
     assert!(fake.model_loads("b").unwrap() <= 1);
 }
 

@@ -120,6 +120,34 @@ pub struct EngineOptions {
     /// polling `/metrics` or `/slots` instead would change what is measured (see
     /// [`Engine::log_lines_with`]).
     pub verbose: bool,
+    /// Router mode instead of one model (`alias` is then unused).
+    pub router: Option<RouterOptions>,
+}
+
+/// A llama-server in router mode (`--models-dir`): each model a copy of the tiny model under
+/// its own name, none loaded at start, loaded on demand by the router.
+#[derive(Debug, Clone)]
+pub struct RouterOptions {
+    /// The model names (`NAME.gguf` in the models folder).
+    pub models: Vec<String>,
+    /// `--models-max`: how many models it holds at once.
+    pub models_max: usize,
+}
+
+impl EngineOptions {
+    /// A router serving `models`, at most `models_max` of them loaded at once, each with the
+    /// default 2 slots (`-np 2`) and a small context (`-c 1024`, 512 tokens a slot: the requests
+    /// here are short, and a small cache is allocated faster at each load).
+    pub fn router(models: &[&str], models_max: usize) -> Self {
+        Self {
+            context: 1024,
+            router: Some(RouterOptions {
+                models: models.iter().map(|&m| m.to_owned()).collect(),
+                models_max,
+            }),
+            ..Self::default()
+        }
+    }
 }
 
 impl Default for EngineOptions {
@@ -132,6 +160,7 @@ impl Default for EngineOptions {
             alias: "tiny".to_owned(),
             port: None,
             verbose: false,
+            router: None,
         }
     }
 }
@@ -159,12 +188,10 @@ impl Engine {
                 .join(format!("llama-server-{port}-{}.log", std::process::id()));
             let log_file = std::fs::File::create(&log).expect("create the engine log");
             let child = Command::new(&paths.server)
-                .arg("-m")
-                .arg(&paths.model)
+                .args(model_args(&options, paths, port))
                 .args(["--host", "127.0.0.1", "--port", &port.to_string()])
                 .args(["--parallel", &options.parallel.to_string()])
                 .args(["-c", &options.context.to_string()])
-                .args(["--alias", &options.alias])
                 // One thread: the machine has two cores and other tests run beside this one.
                 .args(["-t", "1", "--no-webui", "--metrics", "--slots", "--jinja"])
                 .args(options.verbose.then_some("-v"))
@@ -337,6 +364,36 @@ impl EngineApi {
         prometheus_value(&reply.text(), &format!("llamacpp:{name}"))
             .unwrap_or_else(|| panic!("/metrics has no llamacpp:{name}"))
     }
+}
+
+/// What the server serves: `-m MODEL --alias ALIAS`, or for a router `--models-dir DIR
+/// --models-max N` with DIR a fresh folder (in the target's temporary folder, named after the
+/// port) holding one hard link (a copy where links fail) of the tiny model per name.
+fn model_args(options: &EngineOptions, paths: &EnginePaths, port: u16) -> Vec<std::ffi::OsString> {
+    let Some(router) = &options.router else {
+        return vec![
+            "-m".into(),
+            paths.model.clone().into(),
+            "--alias".into(),
+            options.alias.clone().into(),
+        ];
+    };
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("llama-router-{port}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create the router's models folder");
+    for name in &router.models {
+        let file = dir.join(format!("{name}.gguf"));
+        if std::fs::hard_link(&paths.model, &file).is_err() {
+            std::fs::copy(&paths.model, &file).expect("copy the tiny model");
+        }
+    }
+    vec![
+        "--models-dir".into(),
+        dir.into(),
+        "--models-max".into(),
+        router.models_max.to_string().into(),
+    ]
 }
 
 /// A port nobody listens on right now.

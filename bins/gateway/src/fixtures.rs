@@ -24,6 +24,13 @@ impl Built {
         let metrics = Metrics::new();
         let generation = Generation::build(config(toml), None, &limiter, &metrics)
             .expect("the test configuration is accepted");
+        // As the check before serving finds single-model engines: no bound of their own, so a
+        // llama-server's requests are not held for one.
+        for upstream in generation.upstreams.iter() {
+            upstream
+                .places
+                .report(crate::upstreams::places::gate::BoundRead::Read(None), 1);
+        }
         Self {
             generation,
             limiter,

@@ -207,6 +207,15 @@ impl FakeUpstream {
             .store(!healthy, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Makes a router's own `/props` (no `?model=`) fail with a 500 (`false`) or answer again
+    /// (`true`), as a router too busy to answer its probes in time would look: its `/models`
+    /// still answers. No effect outside router mode.
+    pub fn set_router_props(&self, answers: bool) {
+        self.app
+            .router_props_down
+            .store(!answers, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Whether a model is resident: `None` for an unknown model, `Some(false)` while loading.
     pub fn is_loaded(&self, model: &str) -> Option<bool> {
         self.app.registry.get(model).map(|m| m.is_loaded())

@@ -41,6 +41,8 @@ pub(crate) struct App {
     pub(crate) started_unix_nanos: u128,
     /// Set by `FakeUpstream::set_healthy(false)`.
     pub(crate) unhealthy: AtomicBool,
+    /// Set by `FakeUpstream::set_router_props(false)`.
+    pub(crate) router_props_down: AtomicBool,
     /// The Responses API answers this instance created (when the store is on).
     pub(crate) responses: ResponseStore,
     answer_ids: AtomicU64,
@@ -62,6 +64,7 @@ impl App {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos()),
             unhealthy: AtomicBool::new(false),
+            router_props_down: AtomicBool::new(false),
             responses: ResponseStore::default(),
             answer_ids: AtomicU64::new(0),
             observer,

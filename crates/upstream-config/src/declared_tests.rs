@@ -1,6 +1,7 @@
 //! Every declared key (`[server]`, `[cluster]`, a model's queueing keys) shows in the effective
 //! configuration, in declaration order, and has its row in `docs/configuration.md`, so a new
-//! key cannot be forgotten in either.
+//! key cannot be forgotten in either; and a `[server]` key is declared read at start exactly
+//! when its row says "Read at start", so a reload reports every key it cannot apply.
 
 use crate::Config;
 use crate::cluster::ClusterKeys;
@@ -232,5 +233,120 @@ fn documented_defaults_are_the_declared_ones() {
         "[upstreams.a.models.m]",
         "## `[upstreams.NAME.models.MODEL]`",
         2,
+    );
+}
+
+/// The `[server]` keys whose docs row says "Read at start" (in its last column, the rule).
+fn documented_at_start(docs: &str) -> Vec<String> {
+    docs.lines()
+        .skip_while(|line| !line.starts_with("## `[server]`"))
+        .skip(1)
+        .take_while(|line| !line.starts_with('#'))
+        .filter_map(|line| line.strip_prefix("| `"))
+        .filter(|row| {
+            row.rsplit(" | ")
+                .next()
+                .is_some_and(|rule| rule.contains("Read at start"))
+        })
+        .filter_map(|row| row.split(" |").next())
+        .flat_map(|cell| cell.split([',', '/']))
+        .map(|key| key.trim().trim_matches('`').to_owned())
+        .collect()
+}
+
+/// A key the gateway takes only at start is declared so (then a reload that changes it is
+/// reported in `restart_required`) exactly when its docs row tells the operator so.
+#[test]
+fn keys_read_at_start_are_the_ones_the_docs_say() {
+    let mut documented = documented_at_start(&docs());
+    documented.sort();
+    assert_eq!(
+        documented,
+        sorted(ServerKeys::at_start()),
+        "the `[server]` rows of docs/configuration.md that say \"Read at start\" and the keys \
+         declared `read_at_start` differ"
+    );
+}
+
+/// Every key read at start is reported by a reload that changes it, under its `server.` name,
+/// in declaration order; a key read live is not.
+#[test]
+fn restart_required_names_each_changed_key_read_at_start() {
+    let config = |server: &str| {
+        Config::from_toml_str(&format!("[server]\n{server}\n{UPSTREAMS}"))
+            .unwrap_or_else(|e| panic!("{e}\n{server}"))
+            .server
+    };
+    let old = config("listen = \"127.0.0.1:8080\"");
+    let new = config(
+        r#"
+        listen = "127.0.0.1:8081"
+        admin_listen = "127.0.0.1:9090"
+        response_affinity_entries = 10
+        response_affinity_ttl = "1h"
+        affinity = "off"
+        affinity_entries = 1024
+        affinity_ttl = "5m"
+        affinity_block_bytes = 1024
+        session_headers = []
+        header_read_timeout = "1s"
+        connect_timeout = "1s"
+        first_byte_timeout = "1s"
+        idle_timeout = "1s"
+        max_connections = 10
+        admin_max_connections = 10
+        max_buffered_body_bytes = 1073741824
+        client_idle_timeout = "1s"
+        h2_max_concurrent_streams = 10
+        h2_keep_alive_interval = "1s"
+        tcp_keepalive = "1s"
+        client_write_timeout = "1s"
+        drain_grace = "1s"
+        tls_cert = "/c.pem"
+        tls_key = "/k.pem"
+        admin_tls_cert = "/ac.pem"
+        admin_tls_key = "/ak.pem"
+        max_body_bytes = 1024
+        body_read_timeout = "1s"
+        health_check_interval = "1s"
+        access_log = false
+        "#,
+    );
+    let expected: Vec<String> = ServerKeys::at_start()
+        .into_iter()
+        .filter(|key| !matches!(*key, "tls_key" | "admin_tls_key"))
+        .map(|key| format!("server.{key}"))
+        .collect();
+    assert_eq!(old.restart_required(&new), expected);
+    assert!(old.restart_required(&old).is_empty());
+
+    // A renewed certificate is put in force by the reload; only turning TLS on or off waits.
+    let renewed = config(
+        r#"
+        listen = "127.0.0.1:8080"
+        admin_listen = "127.0.0.1:9090"
+        tls_cert = "/new.pem"
+        tls_key = "/new-key.pem"
+        admin_tls_cert = "/ac.pem"
+        admin_tls_key = "/ak.pem"
+        "#,
+    );
+    let with_tls = config(
+        r#"
+        listen = "127.0.0.1:8080"
+        admin_listen = "127.0.0.1:9090"
+        tls_cert = "/c.pem"
+        tls_key = "/k.pem"
+        admin_tls_cert = "/ac.pem"
+        admin_tls_key = "/ak.pem"
+        "#,
+    );
+    assert!(with_tls.restart_required(&renewed).is_empty());
+    let without_admin_tls = config(
+        "listen = \"127.0.0.1:8080\"\nadmin_listen = \"127.0.0.1:9090\"\ntls_cert = \"/c.pem\"\ntls_key = \"/k.pem\"",
+    );
+    assert_eq!(
+        with_tls.restart_required(&without_admin_tls),
+        ["server.admin_tls_cert"]
     );
 }

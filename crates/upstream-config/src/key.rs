@@ -1,13 +1,15 @@
 //! A table's keys, each declared once: its name, what it is when absent (required, or its
-//! default), how its value is read and checked, and how it shows in the effective
-//! configuration. The [`table!`] macro turns a list of such declarations into the public
-//! struct, its default constants, the list of known keys, the reading pass, and the rendering.
+//! default), how its value is read and checked, how it shows in the effective configuration,
+//! and whether it takes effect only at start. The [`table!`] macro turns a list of such
+//! declarations into the public struct, its default constants, the list of known keys, the
+//! reading pass, the rendering, and which changed keys a reload cannot apply.
 //!
 //! Why a declaration rather than code per key: a key used to be written in nine places (the
 //! known-key list, the read, the default, the struct field and its default constant, the
-//! effective view's field and its line). Forgetting one compiled; now there is one place, and
+//! effective view's field and its line), and a key read only at start in a tenth (the reload's
+//! hand list, which had missed five). Forgetting one compiled; now there is one place, and
 //! `src/declared_tests.rs` checks that each key is in the effective config and in the docs, with
-//! the default the docs state.
+//! the default the docs state, and marked "Read at start" there exactly when declared so.
 //!
 //! Checks between keys (a certificate needs its key, two listeners must differ) are not
 //! declarations: they stay plain code after the reads (`validate`), where they read best.
@@ -38,6 +40,12 @@ pub(crate) trait Declared<T> {
     /// Appends what leaving the keys unset means, for the effective configuration's leading
     /// comment (most keys have nothing to say).
     fn unset(&self, _value: &T, _notes: &mut Vec<&'static str>) {}
+    /// Appends the names of the keys that take effect only at start: a reload that changes
+    /// them is reported ([`Declared::restart_required`]). Most keys are read live.
+    fn at_start(&self, _names: &mut Vec<&'static str>) {}
+    /// Appends the name of each key read only at start whose value differs between `old` and
+    /// `new`.
+    fn restart_required(&self, _old: &T, _new: &T, _changed: &mut Vec<&'static str>) {}
 }
 
 /// One key.
@@ -47,6 +55,9 @@ pub(crate) struct Key<T> {
     read: ReadFn<T>,
     show: ShowFn<T>,
     unset: Option<&'static str>,
+    /// Taken only at start (a long-lived structure is built from it): a reload that changes it
+    /// is reported, not applied.
+    at_start: bool,
 }
 
 enum Absent<T> {
@@ -62,6 +73,7 @@ pub(crate) struct Defaulted<T> {
     name: &'static str,
     read: ReadFn<T>,
     show: ShowFn<T>,
+    at_start: bool,
 }
 
 impl<T> Defaulted<T> {
@@ -73,12 +85,19 @@ impl<T> Defaulted<T> {
             read: self.read,
             show: self.show,
             unset: None,
+            at_start: self.at_start,
         }
     }
 
     /// Shows the value another way than its type does.
     pub(crate) fn show(mut self, show: ShowFn<T>) -> Self {
         self.show = show;
+        self
+    }
+
+    /// The key takes effect only at start ([`Key::read_at_start`]).
+    pub(crate) fn read_at_start(mut self) -> Self {
+        self.at_start = true;
         self
     }
 }
@@ -94,6 +113,15 @@ impl<T> Key<T> {
     /// with `note` (the key's path and what its absence means).
     pub(crate) fn unset(mut self, note: &'static str) -> Self {
         self.unset = Some(note);
+        self
+    }
+
+    /// The key takes effect only at start: the gateway builds something long-lived from it
+    /// (a listener, a pool, an index), so a reload that changes it is reported in its
+    /// `restart_required` rather than applied. `docs/configuration.md` says "Read at start" on
+    /// its row (`src/declared_tests.rs` checks both ways).
+    pub(crate) fn read_at_start(mut self) -> Self {
+        self.at_start = true;
         self
     }
 }
@@ -112,6 +140,7 @@ pub(crate) fn required<T: Show + 'static>(
         read: Box::new(read),
         show: T::show,
         unset: None,
+        at_start: false,
     }
 }
 
@@ -130,6 +159,7 @@ where
         read: Box::new(move |r, p, v| read(r, p, v).map(Some)),
         show: Option::<T>::show,
         unset: None,
+        at_start: false,
     }
 }
 
@@ -147,6 +177,7 @@ where
         read: Box::new(read),
         show: Vec::<T>::show,
         unset: None,
+        at_start: false,
     }
 }
 
@@ -159,6 +190,7 @@ pub(crate) fn defaulted<T: Show + 'static>(
         name,
         read: Box::new(read),
         show: T::show,
+        at_start: false,
     }
 }
 
@@ -188,7 +220,7 @@ fn read_boolean(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<boo
     r.boolean(path, value)
 }
 
-impl<T: Clone> Declared<T> for Key<T> {
+impl<T: Clone + PartialEq> Declared<T> for Key<T> {
     fn names(&self, names: &mut Vec<&'static str>) {
         names.push(self.name);
     }
@@ -216,6 +248,18 @@ impl<T: Clone> Declared<T> for Key<T> {
             && (self.show)(value).is_none()
         {
             notes.push(note);
+        }
+    }
+
+    fn at_start(&self, names: &mut Vec<&'static str>) {
+        if self.at_start {
+            names.push(self.name);
+        }
+    }
+
+    fn restart_required(&self, old: &T, new: &T, changed: &mut Vec<&'static str>) {
+        if self.at_start && old != new {
+            changed.push(self.name);
         }
     }
 }
@@ -275,6 +319,8 @@ pub(crate) fn read_optional<'f, 'v, T>(
 /// - `$keys::build(self)`: the struct, when every key was right;
 /// - `$keys::show(&value)` and `$keys::unset(&value)`: the effective configuration's lines
 ///   and leading notes;
+/// - `$keys::at_start()` and `$keys::restart_required(&old, &new, &mut changed)`: the keys
+///   read only at start ([`Key::read_at_start`]), and those of them that differ;
 /// - `Flat<$name>` as a [`Declared`], to write the table's keys inside another one.
 ///
 /// Each entry is `FIELD: TYPE = DECLARATION;` or, for a default that is a public constant of
@@ -350,6 +396,27 @@ macro_rules! table {
             pub(crate) fn unset(value: &$name, notes: &mut Vec<&'static str>) {
                 $($crate::key::Declared::unset(&Self::$field(), &value.$field, notes);)*
             }
+
+            #[allow(dead_code, reason = "a table without keys read at start never asks")]
+            pub(crate) fn at_start() -> Vec<&'static str> {
+                let mut names = Vec::new();
+                $($crate::key::Declared::at_start(&Self::$field(), &mut names);)*
+                names
+            }
+
+            #[allow(dead_code, reason = "a table without keys read at start never asks")]
+            pub(crate) fn restart_required(
+                old: &$name,
+                new: &$name,
+                changed: &mut Vec<&'static str>,
+            ) {
+                $($crate::key::Declared::restart_required(
+                    &Self::$field(),
+                    &old.$field,
+                    &new.$field,
+                    changed,
+                );)*
+            }
         }
 
         impl $crate::key::Declared<$name> for $crate::key::Flat<$name> {
@@ -376,6 +443,19 @@ macro_rules! table {
 
             fn unset(&self, value: &$name, notes: &mut Vec<&'static str>) {
                 $keys::unset(value, notes);
+            }
+
+            fn at_start(&self, names: &mut Vec<&'static str>) {
+                names.extend($keys::at_start());
+            }
+
+            fn restart_required(
+                &self,
+                old: &$name,
+                new: &$name,
+                changed: &mut Vec<&'static str>,
+            ) {
+                $keys::restart_required(old, new, changed);
             }
         }
     };

@@ -341,8 +341,8 @@ impl Kind {
     ///   llama-server does not change it); one second of margin for a loaded machine.
     /// - `vllm`: 4 s. `vllm serve` runs uvicorn with `timeout_keep_alive` =
     ///   `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, 5 s unless set (`vllm/envs.py`).
-    /// - `openai`: 4 s. The servers most often behind it (SGLang, KServe's model server,
-    ///   LiteLLM) are uvicorn, whose `timeout_keep_alive` is 5 s by default; a connection
+    /// - `openai`: 4 s. The servers most often behind it (`SGLang`, KServe's model server,
+    ///   `LiteLLM`) are uvicorn, whose `timeout_keep_alive` is 5 s by default; a connection
     ///   closed early only costs a new TCP connection, one reused while closing costs a request.
     /// - `ollama`: no bound of its own (`idle_timeout` alone): Go's `net/http` server, which
     ///   Ollama starts without an `IdleTimeout`, keeps idle connections open.

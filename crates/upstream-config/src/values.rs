@@ -113,12 +113,27 @@ pub struct CertAndKey {
 pub(crate) struct CertPair {
     cert: &'static str,
     key: &'static str,
+    /// Whether the pair is there at all is taken only at start (a listener is plain or TLS
+    /// from its start); the files themselves are read again by every reload.
+    on_off_at_start: bool,
 }
 
 impl CertPair {
     /// The pair `cert` / `key`, e.g. `tls_cert` / `tls_key`.
     pub(crate) fn new(cert: &'static str, key: &'static str) -> Self {
-        CertPair { cert, key }
+        CertPair {
+            cert,
+            key,
+            on_off_at_start: false,
+        }
+    }
+
+    /// Setting or removing the pair takes effect only at start, and a reload that does it is
+    /// reported under the certificate's key; a renewed certificate (other paths, or the same
+    /// paths with new contents) is put in force by the reload.
+    pub(crate) fn on_off_at_start(mut self) -> Self {
+        self.on_off_at_start = true;
+        self
     }
 }
 
@@ -135,6 +150,23 @@ impl Declared<Option<CertAndKey>> for CertPair {
         if let Some(pair) = value {
             shown.push((self.cert, Shown::Text(display(&pair.cert))));
             shown.push((self.key, Shown::Text(display(&pair.key))));
+        }
+    }
+
+    fn at_start(&self, names: &mut Vec<&'static str>) {
+        if self.on_off_at_start {
+            names.extend([self.cert, self.key]);
+        }
+    }
+
+    fn restart_required(
+        &self,
+        old: &Option<CertAndKey>,
+        new: &Option<CertAndKey>,
+        changed: &mut Vec<&'static str>,
+    ) {
+        if self.on_off_at_start && old.is_some() != new.is_some() {
+            changed.push(self.cert);
         }
     }
 }

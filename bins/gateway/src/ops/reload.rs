@@ -22,8 +22,8 @@
 //! The listeners' certificates are read again with the rest: a renewed certificate is presented
 //! from the next TLS handshake on, and open connections are not dropped. Keys that only take
 //! effect at start (the listeners' addresses, turning TLS on or off, connection and client
-//! settings) are reported, and keep their running values until a restart. Reloads are
-//! serialised.
+//! settings, the affinity indexes: [`Server::restart_required`]) are reported, and keep their
+//! running values until a restart. Reloads are serialised.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -47,6 +47,9 @@ pub(crate) struct Reloader {
     /// `max_buffered_body_bytes` as read at start: the budget in force whatever later files
     /// say, which every reloaded body limit must fit in.
     body_budget: usize,
+    /// The `[server]` table the gateway started with: what the keys read only at start still
+    /// are, whatever reloads came since. A reload reports those its file has otherwise.
+    started: Server,
     live: Arc<Live>,
     limiter: Limiter,
     metrics: Metrics,
@@ -88,7 +91,8 @@ pub struct Reloaded {
     pub removed: Vec<String>,
     /// Upstreams whose settings or models changed.
     pub changed: Vec<String>,
-    /// `[server]` keys that changed but only take effect at the next start.
+    /// `[server]` keys whose new value differs from the one the gateway started with, which
+    /// stays in force until the next start.
     pub restart_required: Vec<&'static str>,
 }
 
@@ -151,6 +155,8 @@ impl Reloader {
         Self {
             source,
             body_budget,
+            // Made at start, before any reload: the generation in force is the first.
+            started: live.current().config.server.clone(),
             live,
             limiter,
             metrics,
@@ -242,7 +248,7 @@ impl Reloader {
         )
         .await;
 
-        let reloaded = summarise(&old, &new);
+        let reloaded = summarise(&old, &new, &self.started);
         let old_keys = old.routes.keys();
         let new_keys = new.routes.keys();
         let old_series = series(&old);
@@ -287,7 +293,10 @@ fn series(generation: &Generation) -> BTreeSet<(String, String)> {
         .collect()
 }
 
-fn summarise(old: &Generation, new: &Generation) -> Reloaded {
+/// What changed from `old` to `new`; the keys read only at start are compared with `started`,
+/// the values still in force (against `old`, a second reload of the same file would say
+/// nothing, and going back to the start's value would be reported).
+fn summarise(old: &Generation, new: &Generation, started: &Server) -> Reloaded {
     let before = &old.config.upstreams;
     let after = &new.config.upstreams;
     Reloaded {
@@ -307,7 +316,8 @@ fn summarise(old: &Generation, new: &Generation) -> Reloaded {
             .filter(|(name, upstream)| before.get(*name).is_some_and(|old| old != *upstream))
             .map(|(name, _)| name.clone())
             .collect(),
-        restart_required: restart_required(&old.config.server, &new.config.server),
+        // Each key read only at start says so in its declaration (`slotgate_config::Server`).
+        restart_required: started.restart_required(&new.config.server),
     }
 }
 
@@ -329,78 +339,4 @@ fn body_limits_over_budget(server: &Server, budget: usize) -> Vec<String> {
         )
     })
     .collect()
-}
-
-/// The `[server]` keys read only at start that differ between `old` and `new`.
-fn restart_required(old: &Server, new: &Server) -> Vec<&'static str> {
-    let mut keys = Vec::new();
-    let mut check = |key, differs: bool| {
-        if differs {
-            keys.push(key);
-        }
-    };
-    check("server.listen", old.listen != new.listen);
-    check("server.admin_listen", old.admin_listen != new.admin_listen);
-    // A renewed certificate is put in force; turning TLS on or off is not.
-    check("server.tls_cert", old.tls.is_some() != new.tls.is_some());
-    check(
-        "server.admin_tls_cert",
-        old.admin_tls.is_some() != new.admin_tls.is_some(),
-    );
-    check(
-        "server.header_read_timeout",
-        old.header_read_timeout != new.header_read_timeout,
-    );
-    check(
-        "server.max_connections",
-        old.max_connections != new.max_connections,
-    );
-    check(
-        "server.connect_timeout",
-        old.connect_timeout != new.connect_timeout,
-    );
-    check(
-        "server.first_byte_timeout",
-        old.first_byte_timeout != new.first_byte_timeout,
-    );
-    check("server.idle_timeout", old.idle_timeout != new.idle_timeout);
-    check("server.drain_grace", old.drain_grace != new.drain_grace);
-    check(
-        "server.admin_max_connections",
-        old.admin_max_connections != new.admin_max_connections,
-    );
-    check(
-        "server.max_buffered_body_bytes",
-        old.max_buffered_body_bytes != new.max_buffered_body_bytes,
-    );
-    check(
-        "server.client_idle_timeout",
-        old.client_idle_timeout != new.client_idle_timeout,
-    );
-    check(
-        "server.h2_max_concurrent_streams",
-        old.h2_max_concurrent_streams != new.h2_max_concurrent_streams,
-    );
-    check(
-        "server.h2_keep_alive_interval",
-        old.h2_keep_alive_interval != new.h2_keep_alive_interval,
-    );
-    check(
-        "server.tcp_keepalive",
-        old.tcp_keepalive != new.tcp_keepalive,
-    );
-    check(
-        "server.client_write_timeout",
-        old.client_write_timeout != new.client_write_timeout,
-    );
-    // The Responses affinity record is made once, with its bounds, at start.
-    check(
-        "server.response_affinity_entries",
-        old.response_affinity_entries != new.response_affinity_entries,
-    );
-    check(
-        "server.response_affinity_ttl",
-        old.response_affinity_ttl != new.response_affinity_ttl,
-    );
-    keys
 }

@@ -175,7 +175,6 @@ pub(crate) fn join(
         .places
         .enter(&target.place_name, max_waiting)
     {
-        Entered::Open => join_slot(target, ticket, deadlines, stop),
         Entered::Go(pass) => Ok(join_slot(target, ticket, deadlines, stop)?.with_place(Some(pass))),
         Entered::Full => Err(Refused::Full),
         // A model without a queue (`parallel = "unlimited"`) never waits in the gateway: it

@@ -1,6 +1,7 @@
 //! The background checks: every `server.health_check_interval`, each upstream's health
 //! ([`crate::upstreams::health`]) and then, if it is healthy, its resident models
-//! ([`crate::upstreams::residency`]); then the slot counts of `parallel = "auto"` models that are not
+//! ([`crate::upstreams::residency`]) and, for a llama-server, how many models it holds at once
+//! ([`places`](crate::upstreams::places)); then the slot counts of `parallel = "auto"` models that are not
 //! known or are due again ([`crate::upstreams::slot_discovery`]), and the engines' own busy counts
 //! ([`crate::upstreams::reconcile`]).
 //!
@@ -17,13 +18,15 @@
 
 use std::sync::Arc;
 
-use tracing::{debug, info};
+use slotgate_config::Kind;
+use tracing::{debug, info, warn};
 
 use crate::error::chain;
 use crate::shutdown::ShutdownSignal;
 use crate::upstreams::fan_out::fan_out;
 use crate::upstreams::health::{self, HealthPolicy};
-use crate::upstreams::probe::Prober;
+use crate::upstreams::places::gate::BoundRead;
+use crate::upstreams::probe::{ProbeError, Prober};
 use crate::upstreams::residency;
 use crate::upstreams::state::UpstreamState;
 use crate::upstreams::target::Target;
@@ -58,16 +61,19 @@ pub(crate) async fn check_upstream(
     if result.is_err() {
         return;
     }
-    match residency::discover(prober, upstream.kind, target).await {
+    let discovered = residency::discover(prober, upstream.kind, target).await;
+    if let Ok(discovery) = &discovered
+        // Engines that load on demand: a router (it reports states) and Ollama (its `/api/ps`
+        // may list nothing).
+        && (!discovery.states.is_empty() || upstream.kind == Kind::Ollama)
+    {
+        upstream.places.observe(discovery.running());
+    }
+    // After what is loaded is known: requests held for the bound go by it.
+    report_bound(upstream, discovered.as_ref(), policy);
+    match discovered {
         Ok(discovery) => {
             let names = discovery.resident.names();
-            // Engines that load on demand: a router (it reports states) and Ollama (its
-            // `/api/ps` may list nothing).
-            if !discovery.states.is_empty() || upstream.kind == slotgate_config::Kind::Ollama {
-                upstream
-                    .places
-                    .observe(discovery.running(), discovery.max_instances);
-            }
             if upstream.residency.record(Ok(discovery)) {
                 info!(upstream = %upstream.name, resident = ?names, "resident models changed");
             }
@@ -78,6 +84,37 @@ pub(crate) async fn check_upstream(
                 .residency
                 .record::<residency::Resident>(Err(&error));
         }
+    }
+}
+
+/// Tells a llama-server's gate what the discovery read of its bound, warning when the gate
+/// stops waiting for it ([`places::gate`](crate::upstreams::places::gate)).
+fn report_bound(
+    upstream: &UpstreamState,
+    discovered: Result<&residency::Discovery, &ProbeError>,
+    policy: &HealthPolicy,
+) {
+    if upstream.kind == Kind::LlamaServer
+        && upstream
+            .places
+            .report(bound_read(discovered), policy.eject_after)
+    {
+        warn!(
+            upstream = %upstream.name,
+            checks = policy.eject_after,
+            "could not read how many models the engine holds at once: requests no longer wait \
+             for it (set max_loaded_models on a router)"
+        );
+    }
+}
+
+/// What a llama-server's discovery read of its bound: a router's `max_instances` (or that it
+/// reports none), a single-model server's "no bound", or nothing when the engine did not answer.
+fn bound_read(discovered: Result<&residency::Discovery, &ProbeError>) -> BoundRead {
+    match discovered {
+        Ok(discovery) if discovery.props_unread => BoundRead::Unread,
+        Ok(discovery) => BoundRead::Read(discovery.max_instances),
+        Err(_) => BoundRead::Unread,
     }
 }
 

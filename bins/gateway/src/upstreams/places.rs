@@ -28,7 +28,12 @@
 //!    requests' own run time.
 //!
 //! Without a capacity (an engine that does not say and no setting) every request goes at once:
-//! the behaviour of an upstream that never swaps.
+//! the behaviour of an upstream that never swaps. Its admissions are counted all the same, so
+//! a bound that appears later (read from the engine, or set by a reload) finds them.
+//!
+//! *Held*: while the bound is not known yet (an engine that may report one, not read so far),
+//! nobody goes; requests wait, first come first served, and when the hold ends the rule above
+//! applies to them as to any waiter (see [`gate`] for when it ends).
 
 pub(crate) mod gate;
 #[cfg(test)]
@@ -75,6 +80,8 @@ struct Waiter {
 #[derive(Debug, Clone)]
 pub(crate) struct Places {
     capacity: Option<usize>,
+    /// The bound is not known yet: nobody goes.
+    held: bool,
     collate_for: Duration,
     models: BTreeMap<Arc<str>, Entry>,
     waiters: VecDeque<Waiter>,
@@ -99,6 +106,7 @@ impl Places {
     pub(crate) fn new(capacity: Option<usize>, collate_for: Duration) -> Self {
         Self {
             capacity: capacity.filter(|&n| n > 0),
+            held: false,
             collate_for,
             models: BTreeMap::new(),
             waiters: VecDeque::new(),
@@ -132,8 +140,7 @@ impl Places {
     /// Whether a request for `model` arriving now would go at once (rules 1 and 2, and no
     /// earlier waiter of its model), without changing anything.
     pub(crate) fn would_go(&self, model: &str, now: Instant) -> bool {
-        self.capacity.is_none()
-            || (!self.waiters.iter().any(|w| &*w.model == model) && self.may_go(model, now))
+        !self.waiters.iter().any(|w| &*w.model == model) && self.may_go(model, now)
     }
 
     /// An admitted request for `model` ended. Returns the tickets granted by it.
@@ -179,6 +186,18 @@ impl Places {
     pub(crate) fn set_capacity(&mut self, capacity: Option<usize>, now: Instant) -> Vec<Ticket> {
         self.capacity = capacity.filter(|&n| n > 0);
         self.pump(now)
+    }
+
+    /// Holds every request (`true`: the bound is not known yet) or lets them go by the rule
+    /// again. Returns the tickets granted.
+    pub(crate) fn set_held(&mut self, held: bool, now: Instant) -> Vec<Ticket> {
+        self.held = held;
+        self.pump(now)
+    }
+
+    /// Whether every request is held ([`set_held`](Self::set_held)).
+    pub(crate) fn is_held(&self) -> bool {
+        self.held
     }
 
     /// A new collation bound (a reload).
@@ -264,6 +283,9 @@ impl Places {
 
     /// Rules 1 and 2, for a request not behind earlier waiters of its model.
     fn may_go(&self, model: &str, now: Instant) -> bool {
+        if self.held {
+            return false;
+        }
         let Some(capacity) = self.capacity else {
             return true;
         };
@@ -296,6 +318,9 @@ impl Places {
     /// oldest waiter's model when it can take a place, with all its waiters.
     fn pump(&mut self, now: Instant) -> Vec<Ticket> {
         let mut granted = Vec::new();
+        if self.held {
+            return granted;
+        }
         loop {
             let closed = self.closed(now);
             let next = self

@@ -132,6 +132,9 @@ pub(crate) struct Discovery {
     pub(crate) expires: BTreeMap<String, String>,
     /// A llama-server router's `max_instances` (0: no bound).
     pub(crate) max_instances: Option<usize>,
+    /// A llama-server router whose own `/props` did not answer: `max_instances` is not known
+    /// (rather than not reported).
+    pub(crate) props_unread: bool,
 }
 
 impl From<Resident> for Discovery {
@@ -141,6 +144,7 @@ impl From<Resident> for Discovery {
             states: BTreeMap::new(),
             expires: BTreeMap::new(),
             max_instances: None,
+            props_unread: false,
         }
     }
 }
@@ -317,11 +321,10 @@ pub(crate) async fn discover(
             if !discovery.states.is_empty() {
                 // A router: its own `/props` says how many models it holds. Not having it only
                 // leaves the bound unknown; the residency stands.
-                discovery.max_instances = prober
-                    .llama_router_props(target)
-                    .await
-                    .ok()
-                    .and_then(|props| props.max_instances);
+                match prober.llama_router_props(target).await {
+                    Ok(props) => discovery.max_instances = props.max_instances,
+                    Err(_) => discovery.props_unread = true,
+                }
             }
             Ok(discovery)
         }

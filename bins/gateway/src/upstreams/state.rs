@@ -165,7 +165,12 @@ impl UpstreamState {
             probe_client,
             health: Health::new(),
             residency: Residency::new(),
-            places: Arc::new(Gate::new(upstream.max_loaded_models, upstream.collate_for)),
+            places: Arc::new(Gate::new(
+                upstream.max_loaded_models,
+                upstream.collate_for,
+                // A llama-server may be a router that reports its bound.
+                upstream.kind == Kind::LlamaServer,
+            )),
             draining: AtomicBool::new(false),
         })
     }

@@ -5,6 +5,7 @@
 
 use std::fmt::Write as _;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
@@ -93,6 +94,9 @@ pub(crate) async fn route(app: &App, req: Request<Incoming>) -> Reply {
         ),
         (Method::GET, "/slots") => return slots(app, &req).await,
         (Method::GET, "/props") if router && query_param(&req, "model").is_none() => {
+            if app.router_props_down.load(Ordering::Relaxed) {
+                return refused(&Refusal::new(500, "the router's /props is down (fake)"));
+            }
             json_response(200, &router_props(app))
         }
         (Method::GET, "/props") => match instance(app, &req).await {

@@ -47,28 +47,30 @@ table! {
     pub struct CacheAffinity, read as AffinityKeys {
         /// `affinity = "on" | "off"` (default on).
         enabled: bool = key::defaulted("affinity", read_on_off)
+            .read_at_start()
             .show(|on| Some(Shown::Str(on_off(*on)))),
             default DEFAULT_ENABLED = true;
         /// `affinity_entries`: the most prefix blocks remembered (about 40 bytes each).
-        entries: usize = key::count("affinity_entries", CacheAffinity::MIN_ENTRIES),
+        entries: usize = key::count("affinity_entries", CacheAffinity::MIN_ENTRIES).read_at_start(),
             default
             /// 65,536 blocks, under 3 MiB; at the default block size some 3,000
             /// conversations of 10 KiB of text each.
             DEFAULT_ENTRIES = 65_536;
         /// `affinity_ttl`: how long a block counts after it was last sent to a host.
-        ttl: Duration = key::defaulted("affinity_ttl", ttl),
+        ttl: Duration = key::defaulted("affinity_ttl", ttl).read_at_start(),
             default
             /// 30 minutes, longer than a person's pause between turns; an engine that evicted
             /// sooner says so in its answers, which shrinks the index.
             DEFAULT_TTL = Duration::from_secs(30 * 60);
         /// `affinity_block_bytes`: the size of a prefix block, in bytes of request text.
-        block_bytes: usize = key::defaulted("affinity_block_bytes", block_bytes),
+        block_bytes: usize = key::defaulted("affinity_block_bytes", block_bytes).read_at_start(),
             default
             /// 512 bytes, about 128 tokens.
             DEFAULT_BLOCK_BYTES = 512;
         /// `session_headers`: request headers that name a session, first present wins; lower
         /// case.
         session_headers: Vec<String> = key::defaulted("session_headers", session_headers)
+            .read_at_start()
             .or(default_session_headers());
     }
 }

@@ -10,6 +10,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use figment::value::Value;
@@ -36,10 +37,12 @@ table! {
             "listen",
             r#"the address of the OpenAI-compatible API, e.g. "127.0.0.1:8080""#,
             socket_addr,
-        );
+        )
+        .read_at_start();
         /// Where `/metrics`, `/healthz`, `/readyz` and `/admin/*` listen. `None` (the key is
         /// absent): no admin listener is started.
         admin_listen: Option<SocketAddr> = key::optional("admin_listen", socket_addr)
+            .read_at_start()
             .unset(
                 "server.admin_listen (no admin listener: no /metrics, /healthz, /readyz, /admin/*)",
             );
@@ -57,35 +60,36 @@ table! {
             DEFAULT_MAX_UPLOAD_BYTES = 25 * 1024 * 1024;
         /// Most Responses ids whose upstream is remembered for follow-ups (default
         /// [`Server::DEFAULT_RESPONSE_AFFINITY_ENTRIES`]); the oldest is forgotten first.
-        response_affinity_entries: usize = key::count("response_affinity_entries", 1),
+        response_affinity_entries: usize = key::count("response_affinity_entries", 1)
+            .read_at_start(),
             default
             /// 100 000 (some 10 MB).
             DEFAULT_RESPONSE_AFFINITY_ENTRIES = 100_000;
         /// How long a Responses id's upstream is remembered (default 24h).
-        response_affinity_ttl: Duration = key::duration("response_affinity_ttl"),
+        response_affinity_ttl: Duration = key::duration("response_affinity_ttl").read_at_start(),
             default DEFAULT_RESPONSE_AFFINITY_TTL = Duration::from_secs(24 * 3600);
         /// Cache-aware routing (`affinity`, `affinity_entries`, `affinity_ttl`,
         /// `affinity_block_bytes`, `session_headers`): see [`CacheAffinity`].
         cache_affinity: CacheAffinity = Flat::<CacheAffinity>::new();
         /// Time allowed for a client to send the request head (default 10s).
-        header_read_timeout: Duration = key::duration("header_read_timeout"),
+        header_read_timeout: Duration = key::duration("header_read_timeout").read_at_start(),
             default DEFAULT_HEADER_READ_TIMEOUT = Duration::from_secs(10);
         /// Time allowed to open a TCP connection to an upstream (default 5s).
-        connect_timeout: Duration = key::duration("connect_timeout"),
+        connect_timeout: Duration = key::duration("connect_timeout").read_at_start(),
             default DEFAULT_CONNECT_TIMEOUT = Duration::from_secs(5);
         /// Time allowed from sending a request upstream to its response head (default 300s: long
         /// prompts on a busy engine take a while before the first byte).
-        first_byte_timeout: Duration = key::duration("first_byte_timeout"),
+        first_byte_timeout: Duration = key::duration("first_byte_timeout").read_at_start(),
             default DEFAULT_FIRST_BYTE_TIMEOUT = Duration::from_secs(300);
         /// How long a pooled upstream connection may sit idle before it is closed (default 90s).
-        idle_timeout: Duration = key::duration("idle_timeout"),
+        idle_timeout: Duration = key::duration("idle_timeout").read_at_start(),
             default DEFAULT_IDLE_TIMEOUT = Duration::from_secs(90);
         /// Most client connections open at once on the API listener (default 1024).
-        max_connections: usize = key::count("max_connections", 1),
+        max_connections: usize = key::count("max_connections", 1).read_at_start(),
             default DEFAULT_MAX_CONNECTIONS = 1024;
         /// Most connections open at once on the admin listener (default 64). A cap of its own,
         /// so a flood on the API listener cannot keep a liveness probe out.
-        admin_max_connections: usize = key::count("admin_max_connections", 1),
+        admin_max_connections: usize = key::count("admin_max_connections", 1).read_at_start(),
             default DEFAULT_ADMIN_MAX_CONNECTIONS = 64;
         /// Time allowed for a client to send a whole request body, from the end of its head
         /// (default 30s). Past it the request gets 408 `body-timeout`; it applies to HTTP/2
@@ -95,35 +99,36 @@ table! {
         /// Request-body bytes the gateway buffers at once over all requests, queued ones
         /// included (default 256 MiB). A request that would go past it gets 503 `overloaded`:
         /// per-request limits alone cannot bound memory.
-        max_buffered_body_bytes: usize = key::count("max_buffered_body_bytes", 1),
+        max_buffered_body_bytes: usize = key::count("max_buffered_body_bytes", 1).read_at_start(),
             default
             /// 64 requests at the default body limit.
             DEFAULT_MAX_BUFFERED_BODY_BYTES = 256 * 1024 * 1024;
         /// How long a client connection may stay open with no request in flight before the
         /// gateway closes it (default 60s; HTTP/2 with a `GOAWAY`). HTTP/1 connections between
         /// requests are closed sooner, after `header_read_timeout`.
-        client_idle_timeout: Duration = key::duration("client_idle_timeout"),
+        client_idle_timeout: Duration = key::duration("client_idle_timeout").read_at_start(),
             default DEFAULT_CLIENT_IDLE_TIMEOUT = Duration::from_secs(60);
         /// Most HTTP/2 streams a client may have open at once on one connection (default 32).
-        h2_max_concurrent_streams: usize = key::count("h2_max_concurrent_streams", 1),
+        h2_max_concurrent_streams: usize = key::count("h2_max_concurrent_streams", 1)
+            .read_at_start(),
             default DEFAULT_H2_MAX_CONCURRENT_STREAMS = 32;
         /// How often the gateway PINGs an HTTP/2 client connection; one not answered within the
         /// same time closes the connection (default 20s).
-        h2_keep_alive_interval: Duration = key::duration("h2_keep_alive_interval"),
+        h2_keep_alive_interval: Duration = key::duration("h2_keep_alive_interval").read_at_start(),
             default DEFAULT_H2_KEEP_ALIVE_INTERVAL = Duration::from_secs(20);
         /// TCP keepalive idle time on client and upstream sockets (default 60s): a peer that
         /// vanished without a FIN (a dead host, a dropped NAT entry) is noticed by the kernel.
-        tcp_keepalive: Duration = key::duration("tcp_keepalive"),
+        tcp_keepalive: Duration = key::duration("tcp_keepalive").read_at_start(),
             default DEFAULT_TCP_KEEPALIVE = Duration::from_secs(60);
         /// Longest a client may leave a response unread (default 60s): once the gateway has
         /// handed it a piece of an answer that the client does not take (its TCP or HTTP/2
         /// window stays full), the connection is closed after this long, so its slot goes back.
         /// A slow reader that keeps taking bytes is never cut.
-        client_write_timeout: Duration = key::duration("client_write_timeout"),
+        client_write_timeout: Duration = key::duration("client_write_timeout").read_at_start(),
             default DEFAULT_CLIENT_WRITE_TIMEOUT = Duration::from_secs(60);
         /// On shutdown, how long in-flight requests get to finish (default 30s; may be 0).
         // Zero is meaningful here: stop without waiting for in-flight requests.
-        drain_grace: Duration = key::duration_or_zero("drain_grace"),
+        drain_grace: Duration = key::duration_or_zero("drain_grace").read_at_start(),
             default DEFAULT_DRAIN_GRACE = Duration::from_secs(30);
         /// How often each upstream is health-checked (default 5s).
         health_check_interval: Duration = key::duration("health_check_interval"),
@@ -183,9 +188,10 @@ table! {
             .unset("server.admin_token (the admin API is not authenticated)");
         /// `tls_cert` / `tls_key`: the API listener speaks TLS (h2 and HTTP/1.1 by ALPN) with
         /// this certificate. `None`: plain HTTP. This crate does not read the files.
-        tls: Option<CertAndKey> = CertPair::new("tls_cert", "tls_key");
+        tls: Option<CertAndKey> = CertPair::new("tls_cert", "tls_key").on_off_at_start();
         /// `admin_tls_cert` / `admin_tls_key`: the same for the admin listener.
-        admin_tls: Option<CertAndKey> = CertPair::new("admin_tls_cert", "admin_tls_key");
+        admin_tls: Option<CertAndKey> = CertPair::new("admin_tls_cert", "admin_tls_key")
+            .on_off_at_start();
         /// Write one access-log line per API request (tracing target `slotgate::access`, at
         /// `info`) when it ends (default `true`).
         access_log: bool = key::boolean("access_log"),
@@ -203,6 +209,57 @@ table! {
 impl Server {
     /// The longest tenant name, from a key's `name` or the [`Server::tenant_header`], in bytes.
     pub const MAX_TENANT_LEN: usize = client_key::MAX_TENANT_LEN;
+
+    /// The keys that take effect only at start and differ between `self` (the table the
+    /// gateway started with) and `new`, as `server.KEY`, in declaration order: a reload to
+    /// `new` applies everything else and leaves these as they are until a restart. Turning TLS on or off
+    /// counts under `server.tls_cert` (`server.admin_tls_cert`); a renewed certificate does
+    /// not count, a reload puts it in force.
+    ///
+    /// ```
+    /// use slotgate_config::Config;
+    ///
+    /// let config = |server: &str| Config::from_toml_str(&format!(r#"
+    ///     [server]
+    ///     listen = "127.0.0.1:8080"
+    ///     {server}
+    ///     [upstreams.a]
+    ///     url = "http://127.0.0.1:8081"
+    ///     kind = "llama-server"
+    ///     models.m = {{ parallel = 2, queue = 4, queue_timeout = "30s" }}
+    /// "#));
+    /// let old = config("")?.server;
+    /// let new = config(r#"affinity_ttl = "5m"
+    ///     max_body_bytes = 1024
+    ///     tcp_keepalive = "10s""#)?.server;
+    /// assert_eq!(old.restart_required(&new), ["server.affinity_ttl", "server.tcp_keepalive"]);
+    /// # Ok::<(), slotgate_config::ConfigError>(())
+    /// ```
+    pub fn restart_required(&self, new: &Server) -> Vec<&'static str> {
+        let mut changed = Vec::new();
+        ServerKeys::restart_required(self, new, &mut changed);
+        changed.into_iter().map(qualified).collect()
+    }
+}
+
+/// `server.KEY` for the `[server]` key `name`. The names are made once for the whole process
+/// (one short string per key, kept for good): a reload's answer lists `&'static str`s, and a
+/// declaration knows its key's name within its table only.
+fn qualified(name: &'static str) -> &'static str {
+    static QUALIFIED: OnceLock<Vec<(&'static str, &'static str)>> = OnceLock::new();
+    QUALIFIED
+        .get_or_init(|| {
+            ServerKeys::names()
+                .into_iter()
+                .map(|key| {
+                    let full: &'static str = Box::leak(format!("server.{key}").into_boxed_str());
+                    (key, full)
+                })
+                .collect()
+        })
+        .iter()
+        .find(|(key, _)| *key == name)
+        .map_or(name, |&(_, full)| full)
 }
 
 /// The effective configuration's note for an unset `api_keys_file`; `effective` widens it when
