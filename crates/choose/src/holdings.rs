@@ -27,6 +27,7 @@
 //! own hash instead of hashing them again.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry::{Occupied, Vacant};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
@@ -252,21 +253,20 @@ impl Holdings {
     pub fn record(&mut self, chain: &[u64], host: HostId, now: Instant) -> Prior {
         let now = self.seconds(now);
         self.expire(now);
+        let (ttl, half, bit) = (self.ttl_secs(), self.half(), host.bit());
         let mut prior = Prior::default();
         for (k, &hash) in chain.iter().enumerate() {
-            let entry = self.entry(hash, now);
-            if entry.hosts & host.bit() != 0 {
+            let entry = self.entry(hash, now, ttl, half);
+            if entry.hosts & bit != 0 {
                 prior = Prior {
                     elements: k + 1,
                     stamp: Some(Stamp(entry.stamp)),
                 };
             }
-            entry.hosts |= host.bit();
+            entry.hosts |= bit;
             entry.stamp = now;
             if let Some(&next) = chain.get(k + 1) {
-                if entry.next != 0 && entry.next != next {
-                    entry.forked = true;
-                }
+                entry.forked |= entry.next != 0 && entry.next != next;
                 entry.next = next;
             }
         }
@@ -310,23 +310,30 @@ impl Holdings {
         }
     }
 
-    /// The entry for `hash` in the current generation: moved there from the previous one, or
-    /// made; an expired one starts afresh.
-    fn entry(&mut self, hash: u64, now: u32) -> &mut Entry {
-        let ttl = self.ttl_secs();
-        if !self.current.contains_key(&hash) {
+    /// The entry for `hash` in the current generation (turned over at `half` entries): moved
+    /// there from the previous one, or made; one expired (older than `ttl`) starts afresh.
+    ///
+    /// One lookup in the current generation when the entry is there (a conversation's next
+    /// turn), a second in the previous one when it is not: this runs once per chain element of
+    /// every request sent.
+    fn entry(&mut self, hash: u64, now: u32, ttl: u32, half: usize) -> &mut Entry {
+        // Only a full generation needs to know before the insert whether the key is new (a new
+        // key turns it over); the entry API below cannot turn it over while it holds a slot.
+        if self.current.len() >= half && !self.current.contains_key(&hash) {
             let moved = self.previous.remove(&hash);
-            if self.current.len() >= self.half() {
-                self.previous = std::mem::take(&mut self.current);
-                self.since = now;
-            }
+            self.previous = std::mem::take(&mut self.current);
+            self.since = now;
             self.current
                 .insert(hash, moved.unwrap_or_else(|| Entry::fresh(now)));
         }
-        let entry = self
-            .current
-            .entry(hash)
-            .or_insert_with(|| Entry::fresh(now));
+        let entry = match self.current.entry(hash) {
+            Occupied(entry) => entry.into_mut(),
+            Vacant(slot) => slot.insert(
+                self.previous
+                    .remove(&hash)
+                    .unwrap_or_else(|| Entry::fresh(now)),
+            ),
+        };
         if !entry.is_live(now, ttl) {
             *entry = Entry::fresh(now);
         }

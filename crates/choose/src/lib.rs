@@ -101,7 +101,7 @@ pub use affinity::{Standing, Verdict, is_useful, prefer};
 pub use holdings::{Holdings, HostId, HostSet, Limits, Longest, MAX_HOSTS, Prior, Stamp};
 pub use info::Info;
 pub use placement::{LoadCost, by_load_cost};
-pub use prefix::{DEFAULT_BLOCK_BYTES, Prefix, PrefixBuilder};
+pub use prefix::{DEFAULT_BLOCK_BYTES, GROW_EVERY, Prefix, PrefixBuilder, block_size};
 pub use rank::{best, ranked};
 
 #[cfg(test)]

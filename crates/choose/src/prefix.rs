@@ -2,10 +2,19 @@
 //! that two requests whose prompts begin alike share the first hashes of their chains.
 //!
 //! The text is given as *segments* in the order the engine reads them (the system prompt, then
-//! each message). Each segment is cut into blocks of `block` bytes; block `k`'s hash is its
-//! bytes' own hash mixed with block `k - 1`'s chain hash ([`chain`]), so it stands for the whole
-//! text up to the end of block `k`. Two chains agree on element `k` exactly when (barring a 64-bit
-//! collision) the texts agree up to there.
+//! each message). Each segment is cut into blocks; block `k`'s hash is its bytes' own hash mixed
+//! with block `k - 1`'s chain hash ([`chain`]), so it stands for the whole text up to the end of
+//! block `k`. Two chains agree on element `k` exactly when (barring a 64-bit collision) the
+//! texts agree up to there.
+//!
+//! A segment's first [`GROW_EVERY`] blocks are `block` bytes, the next ones twice that, then
+//! four times, and from then on eight times ([`block_size`]): a long segment (a long system
+//! prompt, a pasted document) is cut into fewer, larger blocks past its start. Such a segment is
+//! the older part of every later turn of its conversation, resent whole each time, so every
+//! element it saves is a hash, a chain step and an index entry saved on every turn; a match
+//! still ends exactly at each message's end, and only a match that ends inside a long segment
+//! is coarser. Where the blocks fall depends only on the segment's own bytes, so a text resent
+//! is cut the same way.
 //!
 //! How a segment ends matters for a conversation's next turn, which resends the same text and
 //! adds to it:
@@ -21,19 +30,32 @@
 //! ([`PrefixBuilder::pin`]) adds an element of its own, covering no text, ahead of the blocks:
 //! every request of the session then shares at least that element.
 //!
-//! Hashing is xxHash's XXH3 (`xxhash-rust`), a fast non-cryptographic hash, **unseeded** for
-//! the blocks: XXH3 with a seed derives a 192-byte secret from the seed on every call over 240
+//! Hashing is xxHash's XXH3 (64 bits), a fast non-cryptographic hash, **unseeded** for the
+//! blocks: XXH3 with a seed derives a 192-byte secret from the seed on every call over 240
 //! bytes, which cost more than half as much as hashing a 512-byte block itself (issue #30's
 //! callgrind profile). The block hash is then chained with a cheap 64-bit mix. The cost is one
-//! pass over the prompt's bytes, at most `max_blocks` blocks of them, and one allocation per
-//! segment at most.
+//! pass over the prompt's bytes, at most `max_blocks` blocks of them, and no allocation once
+//! [`PrefixBuilder::reserve`] made room.
+//!
+//! The implementation is `twox-hash`'s, which picks its inner loop when it runs: AVX2 where the
+//! CPU has it (nearly every x86-64 server since 2013), else SSE2, NEON on ARM. A release build
+//! targets the x86-64 baseline, so a hash compiled in (`xxhash-rust`, before) runs SSE2 only:
+//! the AVX2 loop takes about 0.5 instructions per byte, SSE2's 0.8 (issue #30's profile). The
+//! values are XXH3's whatever the loop, so chains are the same on every machine.
 
-use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+use twox_hash::XxHash3_64;
 
 /// The block size the gateway uses unless configured otherwise: 512 bytes, about 128 tokens of
 /// English text, fine enough that a turn's new text is a few blocks, coarse enough that a
-/// 10,000-token conversation is some 80 entries of the index.
+/// 10,000-token conversation is at most some 80 entries of the index (fewer when its messages
+/// are long: [`block_size`]).
 pub const DEFAULT_BLOCK_BYTES: usize = 512;
+
+/// A segment's blocks double in size after every `GROW_EVERY` of them ([`block_size`]).
+pub const GROW_EVERY: usize = 4;
+
+/// The most a segment's blocks grow: `block << MAX_GROWTH` bytes (8 × `block`).
+const MAX_GROWTH: u32 = 3;
 
 /// Set apart from a block hash of the same bytes: the seed of a session element.
 const SESSION_TAG: u64 = 0x5e55_1011_5e55_1011;
@@ -120,6 +142,8 @@ pub struct PrefixBuilder {
     block: usize,
     max_blocks: usize,
     seed: u64,
+    /// The bytes of text the chain covers so far.
+    covered: usize,
     prefix: Prefix,
 }
 
@@ -132,22 +156,34 @@ impl PrefixBuilder {
             block: block.max(1),
             max_blocks,
             seed,
+            covered: 0,
             prefix: Prefix::default(),
         }
+    }
+
+    /// Makes room at once for the chain of a request of `text_bytes` bytes in `segments`
+    /// segments (at most `max_blocks` elements), so that it is built without growing.
+    pub fn reserve(&mut self, text_bytes: usize, segments: usize) {
+        let blocks = (text_bytes / self.block)
+            .saturating_add(segments)
+            .min(self.max_blocks)
+            .saturating_sub(self.prefix.len());
+        self.prefix.hashes.reserve_exact(blocks);
+        self.prefix.ends.reserve_exact(blocks);
     }
 
     /// Mixes `bytes` (a model name, a user id) into the seed. Only before the first element:
     /// afterwards it does nothing, so the chain always covers its text from the start.
     pub fn salt(&mut self, bytes: &[u8]) {
         if self.prefix.is_empty() {
-            self.seed = xxh3_64_with_seed(bytes, self.seed);
+            self.seed = XxHash3_64::oneshot_with_seed(self.seed, bytes);
         }
     }
 
     /// Adds a session element (covering no text) for session `id`, once, before the blocks.
     pub fn pin(&mut self, id: &[u8]) {
         if self.prefix.is_empty() && self.max_blocks > 0 {
-            let hash = xxh3_64_with_seed(id, self.seed ^ SESSION_TAG);
+            let hash = XxHash3_64::oneshot_with_seed(self.seed ^ SESSION_TAG, id);
             self.push(hash, 0);
             self.prefix.pinned = true;
         }
@@ -170,16 +206,22 @@ impl PrefixBuilder {
     }
 
     fn segment(&mut self, bytes: &[u8], partial: bool) {
-        let room = self.max_blocks.saturating_sub(self.prefix.len());
-        let blocks = bytes.len().div_ceil(self.block).min(room);
-        self.prefix.hashes.reserve(blocks);
-        self.prefix.ends.reserve(blocks);
         let mut previous = self.prefix.hashes.last().copied().unwrap_or(self.seed);
-        for block in bytes.chunks(self.block) {
-            if self.prefix.len() >= self.max_blocks || (!partial && block.len() < self.block) {
+        let mut rest = bytes;
+        let mut k = 0;
+        loop {
+            let size = block_size(self.block, k);
+            // A text's last, partial block is left out: it would differ once text is appended.
+            if rest.is_empty()
+                || self.prefix.len() >= self.max_blocks
+                || (!partial && rest.len() < size)
+            {
                 return;
             }
-            previous = self.push(chain(previous, xxh3_64(block)), block.len());
+            let (block, tail) = rest.split_at(size.min(rest.len()));
+            previous = self.push(chain(previous, block_hash(block)), block.len());
+            rest = tail;
+            k += 1;
         }
     }
 
@@ -187,11 +229,35 @@ impl PrefixBuilder {
     fn push(&mut self, hash: u64, bytes: usize) -> u64 {
         // 0 means "no successor" in the index.
         let hash = if hash == 0 { 1 } else { hash };
-        let end = self.prefix.total_bytes() + bytes;
+        self.covered += bytes;
         self.prefix.hashes.push(hash);
-        self.prefix.ends.push(end);
+        self.prefix.ends.push(self.covered);
         hash
     }
+}
+
+/// The size of a segment's block `k` (from 0) when blocks start at `block` bytes: `block` for
+/// the first [`GROW_EVERY`], doubling after each further `GROW_EVERY`, up to `8 × block`.
+///
+/// ```
+/// use slotgate_choose::block_size;
+///
+/// let sizes: Vec<usize> = (0..14).map(|k| block_size(512, k)).collect();
+/// assert_eq!(sizes[..4], [512; 4]);
+/// assert_eq!(sizes[4..8], [1024; 4]);
+/// assert_eq!(sizes[8..12], [2048; 4]);
+/// assert_eq!(sizes[12..], [4096; 2]);
+/// ```
+#[must_use]
+pub fn block_size(block: usize, k: usize) -> usize {
+    let growth = u32::try_from(k / GROW_EVERY).map_or(MAX_GROWTH, |g| g.min(MAX_GROWTH));
+    block.max(1).saturating_mul(1 << growth)
+}
+
+/// A block's own hash: XXH3 (64 bits, its default secret, no seed).
+#[inline]
+fn block_hash(block: &[u8]) -> u64 {
+    XxHash3_64::oneshot(block)
 }
 
 /// The chain's next element: the previous element (or the seed) mixed with a block's own hash.
@@ -233,6 +299,31 @@ mod tests {
         assert_eq!(t.total_bytes(), 8);
         // The full blocks agree: same bytes, same seeds.
         assert_eq!(m.hashes()[..2], t.hashes()[..]);
+    }
+
+    #[test]
+    fn a_long_segment_is_cut_into_growing_blocks() {
+        let text: Vec<u8> = (0..200_u8).collect();
+        let m = chain(4, 1, |b| b.message(&text));
+        let ends: Vec<usize> = (1..=m.len()).map(|k| m.bytes_through(k)).collect();
+        // 4 × 4 bytes, 4 × 8, 4 × 16, then 32 at a time, the last block partial.
+        let expected = [4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 112, 144, 176, 200];
+        assert_eq!(ends, expected);
+        // A text keeps its full blocks only, cut the same way.
+        let t = chain(4, 1, |b| b.text(&text));
+        assert_eq!(t.total_bytes(), 176);
+        assert_eq!(m.hashes()[..t.len()], t.hashes()[..]);
+        // Each segment starts again from `block` bytes.
+        let two = chain(4, 1, |b| {
+            b.message(&text[..20]);
+            b.message(&text[..20]);
+        });
+        let ends: Vec<usize> = (1..=two.len()).map(|k| two.bytes_through(k)).collect();
+        assert_eq!(ends, [4, 8, 12, 16, 20, 24, 28, 32, 36, 40]);
+        // A text that grows keeps its chain past the growth too.
+        let longer: Vec<u8> = (0..255_u8).collect();
+        let grown = chain(4, 1, |b| b.text(&longer));
+        assert!(grown.hashes().starts_with(t.hashes()));
     }
 
     #[test]
@@ -301,7 +392,8 @@ mod tests {
         b.message(b"0123456789");
         let p = b.finish();
         assert_eq!(p.len(), 5);
-        assert_eq!(p.total_bytes(), 5);
+        // Four blocks of 1 byte, then one of 2.
+        assert_eq!(p.total_bytes(), 6);
         let mut b = PrefixBuilder::new(0, 0, 0);
         b.pin(b"s");
         b.message(b"abc");

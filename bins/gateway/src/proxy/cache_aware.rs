@@ -54,8 +54,9 @@ use crate::proxy::route::Route;
 use crate::upstreams::hold::HoldStats;
 use crate::upstreams::target::Target;
 
-/// The most blocks hashed per request: 1 MiB of text at the default block size. A longer
-/// prompt is routed by its first megabyte.
+/// The most blocks hashed per request: about 1 MiB of text at the default block size (more
+/// where blocks grow inside long messages, less where many messages end in short blocks). A
+/// longer prompt is routed by its beginning.
 const MAX_BLOCKS: usize = 2048;
 
 /// A prediction below this many tokens is not checked against the engine's report: too small
@@ -144,23 +145,28 @@ impl CacheAware {
         if prefix.is_empty() {
             return None;
         }
-        // Each target's id, in `ranked`'s order, and the longest match among them.
-        let (ids, longest) = {
+        // The longest useful match among the targets, and the first of them (in `ranked`'s
+        // order) that holds it. The ids are looked up twice rather than kept: a list per request
+        // cost more than a second pass over a few names.
+        let (useful, holder) = {
             let mut state = self.state.lock();
-            let ids: Vec<Option<HostId>> = ranked
+            let among: HostSet = ranked
                 .iter()
-                .map(|target| state.id(&target.upstream.authority))
+                .filter_map(|target| state.id(&target.upstream.authority))
                 .collect();
-            let among: HostSet = ids.iter().flatten().copied().collect();
-            let longest = state.index.longest(prefix.hashes(), among, Instant::now());
-            (ids, longest)
+            let useful = state
+                .index
+                .longest(prefix.hashes(), among, Instant::now())
+                .filter(|longest| slotgate_choose::is_useful(longest, &prefix, self.block_bytes));
+            let holder = useful.and_then(|longest| {
+                ranked.iter().position(|target| {
+                    state
+                        .id(&target.upstream.authority)
+                        .is_some_and(|id| longest.hosts.contains(id))
+                })
+            });
+            (useful, holder)
         };
-        let useful = longest
-            .filter(|longest| slotgate_choose::is_useful(longest, &prefix, self.block_bytes));
-        let holder = useful.and_then(|longest| {
-            ids.iter()
-                .position(|id| id.is_some_and(|id| longest.hosts.contains(id)))
-        });
         // What a host without the prefix would spend on it: the chooser's first's prefill.
         let saved = useful.map_or(Duration::ZERO, |longest| {
             saved_prefill(ranked[0], prefix.bytes_through(longest.elements))
@@ -198,6 +204,11 @@ impl CacheAware {
     fn prefix(&self, api: &ApiRequest, model: &str) -> Prefix {
         let body = &api.body[..];
         let mut builder = PrefixBuilder::new(self.block_bytes, MAX_BLOCKS, self.secret);
+        // Room for the whole chain at once (a Responses `input` array's elements beyond it
+        // grow the chain as usual); the session element is one more segment.
+        let pieces = &api.prompt.pieces;
+        let text = pieces.iter().map(|(range, _)| range.len()).sum();
+        builder.reserve(text, pieces.len() + 1);
         builder.salt(model.as_bytes());
         if let Some(user) = &api.prompt.user {
             builder.salt(b"user");
@@ -316,13 +327,35 @@ pub(crate) struct Report {
     pub(crate) ttft: Option<Duration>,
 }
 
-/// The first of `names` present in `headers` with a value, as its bytes.
+/// The first of `names` present in `headers` with a value, as its bytes (a name's first value
+/// counts, as `HeaderMap::get` gives it).
+///
+/// One pass over the request's headers, comparing names, rather than a hashed lookup per
+/// configured name: a request has a few headers, and this runs for every request placed (the
+/// four default names cost some 600 instructions a request as lookups, issue #30's profile).
 fn session<'h>(headers: &'h HeaderMap, names: &[http::HeaderName]) -> Option<&'h [u8]> {
-    names
-        .iter()
-        .filter_map(|name| headers.get(name))
-        .map(http::HeaderValue::as_bytes)
-        .find(|value| !value.is_empty())
+    if names.len() > 64 {
+        // Past what the bit set below tells apart; never so many in practice.
+        return names
+            .iter()
+            .filter_map(|name| headers.get(name))
+            .map(http::HeaderValue::as_bytes)
+            .find(|value| !value.is_empty());
+    }
+    let mut seen = 0_u64;
+    let mut best: Option<(usize, &'h [u8])> = None;
+    for (name, value) in headers {
+        let Some(at) = names.iter().position(|wanted| wanted == name) else {
+            continue;
+        };
+        // A name's values come one after another, its first one first.
+        let first = seen & (1 << at) == 0;
+        seen |= 1 << at;
+        if first && !value.is_empty() && best.is_none_or(|(taken, _)| at < taken) {
+            best = Some((at, value.as_bytes()));
+        }
+    }
+    best.map(|(_, value)| value)
 }
 
 /// What the rule knows about `target` now.
@@ -381,6 +414,40 @@ mod tests {
 
     fn close(measured: Option<Duration>, expected: Duration) -> bool {
         measured.is_some_and(|m| m.abs_diff(expected) < Duration::from_micros(1))
+    }
+
+    #[test]
+    fn the_first_configured_session_header_with_a_value_wins() {
+        let names: Vec<http::HeaderName> = ["x-session-id", "x-session-affinity", "session_id"]
+            .iter()
+            .map(|name| http::HeaderName::from_static(name))
+            .collect();
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in pairs {
+                map.append(*name, http::HeaderValue::from_static(value));
+            }
+            map
+        };
+        assert_eq!(session(&headers(&[("host", "a")]), &names), None);
+        // The list's order wins over the request's.
+        let both = headers(&[("session_id", "s"), ("x-session-affinity", "a")]);
+        assert_eq!(session(&both, &names), Some(&b"a"[..]));
+        // An empty value is skipped, and so is a name whose first value is empty.
+        let empty = headers(&[
+            ("x-session-id", ""),
+            ("x-session-id", "late"),
+            ("session_id", "s"),
+        ]);
+        assert_eq!(session(&empty, &names), Some(&b"s"[..]));
+        assert_eq!(
+            session(
+                &headers(&[("x-session-id", "1"), ("x-session-id", "2")]),
+                &names
+            ),
+            Some(&b"1"[..])
+        );
+        assert_eq!(session(&both, &[]), None);
     }
 
     #[test]
