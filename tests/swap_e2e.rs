@@ -17,6 +17,22 @@ use support::{
     PATIENT, chat, chat_body, gateway, get, open, post, sample, server, upstream_status,
 };
 
+/// A chat for `model` sent with `headers` and left open: the test decides when its client goes.
+async fn open_chat(
+    addr: std::net::SocketAddr,
+    model: &str,
+    stream: bool,
+    headers: &[(&str, &str)],
+) -> support::Open {
+    let request = post(
+        addr,
+        "/v1/chat/completions",
+        chat_body(model, stream),
+        headers,
+    );
+    open(addr, request).await
+}
+
 /// The router with models "a" (loaded) and "b" (not), one place, two slots each.
 async fn router() -> FakeUpstream {
     FakeUpstream::start(
@@ -249,16 +265,7 @@ async fn retry_after_and_eta_s_include_the_measured_load_time() {
     let reply = chat(addr, "b", false, &[]).await;
     assert_eq!(reply.status, 200, "{}", reply.text());
     // "a" takes the place back and keeps it busy; "b" is seen unloaded.
-    let busy = open(
-        addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("a", false),
-            &[("x-fake-fail", "hang")],
-        ),
-    )
-    .await;
+    let busy = open_chat(addr, "a", false, &[("x-fake-fail", "hang")]).await;
     wait_for(admin, "a loaded and busy, b unloaded", |d| {
         d["residency"]["models"]["a"]["state"] == "loaded"
             && d["residency"]["models"]["b"]["state"] == "unloaded"
@@ -300,30 +307,18 @@ async fn a_client_that_leaves_while_its_model_waits_never_reaches_the_engine() {
     })
     .await;
     // "a" is busy with a request that runs until its client goes.
-    let busy = open(
+    let busy = open_chat(
         addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("a", false),
-            &[("x-fake-fail", "hang"), ("x-request-id", "busy")],
-        ),
+        "a",
+        false,
+        &[("x-fake-fail", "hang"), ("x-request-id", "busy")],
     )
     .await;
     fake.observer()
         .wait_for_in_flight(1, PATIENT)
         .await
         .unwrap();
-    let waiting = open(
-        addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("b", false),
-            &[("x-request-id", "leaver")],
-        ),
-    )
-    .await;
+    let waiting = open_chat(addr, "b", false, &[("x-request-id", "leaver")]).await;
     let doc = wait_for(admin, "b waits for a place", |d| {
         model_doc(d, "b")["waiting_for_place"] == 1
     })
@@ -401,18 +396,10 @@ async fn a_stream_waiting_for_its_models_place_gets_keepalive_comments() {
         .wait_for_in_flight(1, PATIENT)
         .await
         .unwrap();
-    let mut stream = open(
-        addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("b", true),
-            &[("x-request-id", "kept")],
-        ),
-    )
-    .await
-    .head()
-    .await;
+    let mut stream = open_chat(addr, "b", true, &[("x-request-id", "kept")])
+        .await
+        .head()
+        .await;
     assert_eq!(stream.status.as_u16(), 200);
     let text = String::from_utf8(stream.rest().await.expect("a clean end").to_vec()).unwrap();
     let lines: Vec<&str> = text
@@ -481,14 +468,11 @@ async fn a_model_not_loaded_anywhere_goes_where_its_load_can_start_now() {
         }
     }
     // "a" runs on the first listed ("r") until its client goes.
-    let busy = open(
+    let busy = open_chat(
         addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("a", false),
-            &[("x-fake-fail", "hang"), ("x-request-id", "busy")],
-        ),
+        "a",
+        false,
+        &[("x-fake-fail", "hang"), ("x-request-id", "busy")],
     )
     .await;
     one.observer().wait_for_in_flight(1, PATIENT).await.unwrap();
