@@ -760,6 +760,17 @@ async fn malformed_heads_get_problem_documents_and_the_connection_closes() {
 /// Sends `head` (and `body`) on a new connection and reads the answer's status line and
 /// problem type (`None` for an answer that is not a problem document).
 async fn raw_answer(addr: SocketAddr, head: &str, body: &str) -> (String, Option<String>) {
+    let (status, doc) = raw_problem(addr, head, body).await;
+    let kind = doc.and_then(|doc| Some(doc["type"].as_str()?.rsplit('/').next()?.to_owned()));
+    (status, kind)
+}
+
+/// The status line and the JSON body (if any) of the answer to a request sent in one write.
+async fn raw_problem(
+    addr: SocketAddr,
+    head: &str,
+    body: &str,
+) -> (String, Option<serde_json::Value>) {
     let mut stream = TcpStream::connect(addr).await.unwrap();
     let request = format!(
         "{head}Content-Type: application/json\r\nContent-Length: {}\r\n\
@@ -769,11 +780,10 @@ async fn raw_answer(addr: SocketAddr, head: &str, body: &str) -> (String, Option
     stream.write_all(request.as_bytes()).await.unwrap();
     let answer = String::from_utf8_lossy(&read_until_closed(&mut stream).await).into_owned();
     let status = answer.lines().next().unwrap_or_default().to_owned();
-    let kind = answer.split_once("\r\n\r\n").and_then(|(_, body)| {
-        let doc: serde_json::Value = serde_json::from_str(body).ok()?;
-        Some(doc["type"].as_str()?.rsplit('/').next()?.to_owned())
-    });
-    (status, kind)
+    let doc = answer
+        .split_once("\r\n\r\n")
+        .and_then(|(_, body)| serde_json::from_str(body).ok());
+    (status, doc)
 }
 
 /// Issue 28: RFC 9112 §3.2 for HTTP/1.1: no `Host`, two, or an invalid one is a 400; HTTP/1.0
@@ -839,6 +849,34 @@ async fn a_head_over_400_kib_gets_431_however_it_arrives() {
         assert!(got.starts_with(status), "{kib} KiB: {got}");
         assert_eq!(got_kind.as_deref(), kind, "{kib} KiB");
     }
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
+/// `max_header_bytes` lowers the head limit: a head past it gets 431 naming the limit, one under
+/// it passes.
+#[tokio::test]
+async fn max_header_bytes_lowers_the_head_limit() {
+    let (fake, gw) = setup("max_header_bytes = 2048").await;
+    let addr = gw.api_addr();
+    let body = chat_body("m", false);
+    let post = "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n";
+    let head = format!("{post}x-big: {}\r\n", "a".repeat(3 * 1024));
+    let (got, doc) = raw_problem(addr, &head, &body).await;
+    assert!(got.starts_with("HTTP/1.1 431"), "{got}");
+    let doc = doc.expect("a problem document");
+    assert!(
+        doc["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("/headers-too-large"),
+        "{doc}"
+    );
+    let detail = doc["detail"].as_str().unwrap();
+    assert!(detail.contains("larger than the 2048 bytes"), "{detail}");
+    let head = format!("{post}x-big: {}\r\n", "a".repeat(1024));
+    let (got, _) = raw_answer(addr, &head, &body).await;
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
     gw.shutdown().await;
     fake.shutdown().await;
 }

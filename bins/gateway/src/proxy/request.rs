@@ -234,27 +234,24 @@ where
     })
 }
 
-/// The largest request head the gateway takes, counting the request line and each field as
-/// `name: value` with its line end: 400 KiB. hyper refuses a head that overflows its read
-/// buffer (a little more than this) by itself, but only when it arrives in more reads than fit,
-/// so the limit is checked here as well: any head past it gets 431 `headers-too-large`.
-pub(crate) const MAX_HEAD_BYTES: usize = 400 * 1024;
-
 /// The request head's own rules, before anything else is read: RFC 9112 §3.2 for HTTP/1.1 (one
 /// `Host` field, no more, no less, with a valid value: 400 `bad-request` otherwise) and
-/// [`MAX_HEAD_BYTES`] (431 `headers-too-large`). HTTP/2 carries the authority in its own
-/// pseudo-field and limits its header list in the protocol (16 KiB), and HTTP/1.0 needs no
-/// `Host`.
-pub(crate) fn check_head<B>(req: &Request<B>) -> Result<(), Error> {
+/// `max_header_bytes`, the largest head taken, counting the request line and each field as
+/// `name: value` with its line end (431 `headers-too-large`). hyper refuses a head that
+/// overflows its read buffer (a little more than the largest `max_header_bytes`) by itself, but
+/// only when it arrives in more reads than fit, so the limit is checked here for every head.
+/// HTTP/2 carries the authority in its own pseudo-field and limits its header list in the
+/// protocol (16 KiB), and HTTP/1.0 needs no `Host`.
+pub(crate) fn check_head<B>(req: &Request<B>, max_header_bytes: usize) -> Result<(), Error> {
     let target = req.uri().path_and_query().map_or(1, |p| p.as_str().len());
     // "METHOD TARGET HTTP/1.1\r\n", then "name: value\r\n" per field.
     let size = req.headers().iter().fold(
         req.method().as_str().len() + target + 12,
         |size, (name, value)| size + name.as_str().len() + value.len() + 4,
     );
-    if size > MAX_HEAD_BYTES {
+    if size > max_header_bytes {
         return Err(Error::HeadersTooLarge {
-            limit: MAX_HEAD_BYTES,
+            limit: max_header_bytes,
         });
     }
     if req.version() != http::Version::HTTP_11 {

@@ -168,7 +168,7 @@ impl App {
         B: Body<Data = Bytes>,
         B::Error: Into<BoxError>,
     {
-        request::check_head(&req)?;
+        request::check_head(&req, generation.config.server.max_header_bytes)?;
         if let Some(answer) = cors::preflight(&generation.config.server.cors_origins, &req) {
             return Ok(answer.map(|body| Either::Left(Full::new(body))));
         }

@@ -74,6 +74,14 @@ table! {
         /// Time allowed for a client to send the request head (default 10s).
         header_read_timeout: Duration = key::duration("header_read_timeout").read_at_start(),
             default DEFAULT_HEADER_READ_TIMEOUT = Duration::from_secs(10);
+        /// Largest request head accepted, in bytes, counting the request line and each field as
+        /// `name: value` with its line end (default [`Server::DEFAULT_MAX_HEADER_BYTES`], which
+        /// is also the most it may be). A larger head gets 431 `headers-too-large`.
+        max_header_bytes: usize = key::defaulted("max_header_bytes", header_bytes),
+            default
+            /// 400 KiB: as large as the HTTP layer's read buffer allows (a head that overflows
+            /// it is refused there), so a real client's cookies and tokens always fit.
+            DEFAULT_MAX_HEADER_BYTES = 400 * 1024;
         /// Time allowed to open a TCP connection to an upstream (default 5s).
         connect_timeout: Duration = key::duration("connect_timeout").read_at_start(),
             default DEFAULT_CONNECT_TIMEOUT = Duration::from_secs(5);
@@ -265,6 +273,27 @@ fn qualified(name: &'static str) -> &'static str {
 /// The effective configuration's note for an unset `api_keys_file`; `effective` widens it when
 /// `api_keys` is empty too (then no client is authenticated).
 pub(crate) const API_KEYS_FILE_UNSET: &str = "server.api_keys_file";
+
+/// The fewest bytes `max_header_bytes` may be: a request line and a few ordinary fields.
+const MIN_HEADER_BYTES: usize = 1024;
+
+/// `server.max_header_bytes`: from [`MIN_HEADER_BYTES`] up to the default, the most the HTTP
+/// layer's read buffer (hyper's, a little over 400 KiB) lets through whole.
+fn header_bytes(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<usize> {
+    let bytes = r.count(path, value, MIN_HEADER_BYTES)?;
+    if bytes > Server::DEFAULT_MAX_HEADER_BYTES {
+        r.invalid(
+            path,
+            value,
+            format!(
+                "at most {} (the HTTP layer's read buffer), found {bytes}",
+                Server::DEFAULT_MAX_HEADER_BYTES
+            ),
+        );
+        return None;
+    }
+    Some(bytes)
+}
 
 /// A share in percent: 0 to 100.
 fn percent(r: &mut Reader<'_>, path: &KeyPath, value: &Value) -> Option<usize> {

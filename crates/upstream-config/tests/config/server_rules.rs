@@ -243,6 +243,29 @@ fn engine_error_retries_may_be_zero_but_not_negative() {
 }
 
 #[test]
+fn max_header_bytes_is_from_1_kib_to_400_kib() {
+    let base = r#"listen = "127.0.0.1:8080""#;
+    assert_eq!(
+        ok(&with_server(base)).server.max_header_bytes,
+        Server::DEFAULT_MAX_HEADER_BYTES
+    );
+    for bytes in [1024, 32 * 1024, 400 * 1024] {
+        let config = ok(&with_server(&format!("{base}\nmax_header_bytes = {bytes}")));
+        assert_eq!(config.server.max_header_bytes, bytes);
+    }
+    assert_only_issue(
+        &with_server(&format!("{base}\nmax_header_bytes = 1023")),
+        "server.max_header_bytes",
+        "at least 1024",
+    );
+    assert_only_issue(
+        &with_server(&format!("{base}\nmax_header_bytes = 409601")),
+        "server.max_header_bytes",
+        "at most 409600",
+    );
+}
+
+#[test]
 fn max_ejection_percent_is_a_share_from_0_to_100() {
     let base = r#"listen = "127.0.0.1:8080""#;
     for percent in [0, 34, 100] {

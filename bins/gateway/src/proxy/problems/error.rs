@@ -93,7 +93,7 @@ pub(crate) enum Error {
         /// The limit, in bytes.
         limit: usize,
     },
-    /// The request head is larger than the gateway takes (`request::MAX_HEAD_BYTES`).
+    /// The request head is larger than the gateway takes (`[server] max_header_bytes`).
     #[error("the request head is larger than {limit} bytes")]
     HeadersTooLarge {
         /// The limit, in bytes.

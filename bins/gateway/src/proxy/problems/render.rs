@@ -64,7 +64,10 @@ impl Error {
                 Problem::body_too_large(u64::try_from(*limit).unwrap_or(u64::MAX))
             }
             Error::BodyTimeout { after } => Problem::body_timeout(*after),
-            Error::HeadersTooLarge { .. } => Problem::headers_too_large(),
+            Error::HeadersTooLarge { limit } => Problem::headers_too_large().with_detail(format!(
+                "The request head is larger than the {limit} bytes this gateway takes (counting \
+                 the request line and each field as `name: value` and its line end)."
+            )),
             Error::Overloaded { budget } => Problem::overloaded(
                 u64::try_from(*budget).unwrap_or(u64::MAX),
                 OVERLOADED_RETRY_AFTER,
