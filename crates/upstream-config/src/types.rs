@@ -353,6 +353,23 @@ impl Kind {
         }
     }
 
+    /// Whether this kind's server closes a connection right after a chunked (streamed) answer,
+    /// although the answer did not say `Connection: close`: a request sent on that connection
+    /// at once meets the close and is lost (`502 upstream-bad-response`, "connection closed
+    /// before message completed"), so such a connection must not be reused.
+    ///
+    /// - `llama-server`: yes. Its streamed answers are cpp-httplib chunked content providers that
+    ///   end the body (`sink.done()`) and then return `false`, and cpp-httplib's
+    ///   `write_content_chunked` takes that `false` as a cancel: the request "fails", so the
+    ///   keep-alive loop ends and the socket is closed after the complete answer
+    ///   (`tools/server/server-http.cpp` `process_handler_response`, `vendor/cpp-httplib`).
+    ///   Seen as 3–6 % of the turns of issue #30's affinity benchmark: each queued request that
+    ///   was handed the connection of the stream that had just freed its slot.
+    /// - others: no.
+    pub const fn closes_after_chunked_answer(self) -> bool {
+        matches!(self, Kind::LlamaServer)
+    }
+
     /// The kind with configuration name `name`, exactly as [`Kind::as_str`] spells it.
     pub fn from_name(name: &str) -> Option<Kind> {
         Kind::ALL.into_iter().find(|kind| kind.as_str() == name)

@@ -34,6 +34,11 @@
 //!   it out, which is why the pool of an engine whose keep-alive timeout is known keeps
 //!   connections idle for at most 4 s (`Kind::max_pool_idle`: llama-server's cpp-httplib and
 //!   vLLM's uvicorn close them at 5 s).
+//! - **A close after a chunked answer.** llama-server closes the connection right after each
+//!   streamed (chunked) answer, without saying `Connection: close`; the queued request that the
+//!   freed slot lets go at that instant would meet the close. For such a kind
+//!   (`Kind::closes_after_chunked_answer`) a connection that carried a chunked answer is not
+//!   reused: its handle is dropped and hyper closes it once the answer is read.
 //!
 //! Only HTTP/1.1: the upstream connector offers no other protocol (see [`tls`](crate::tls)).
 //! The probes ([`probe`](crate::upstreams::probe)) keep hyper-util's client: they make a new
@@ -74,17 +79,23 @@ pub(crate) struct PoolSettings {
     pub(crate) idle_timeout: Duration,
     /// Most connections kept idle at once.
     pub(crate) max_idle: usize,
+    /// Whether a connection that carried a chunked answer may carry another request
+    /// ([`Kind::closes_after_chunked_answer`]).
+    pub(crate) reuse_after_chunked: bool,
 }
 
 impl PoolSettings {
     /// These settings with `idle_timeout` cut below the engine's own keep-alive timeout
-    /// ([`Kind::max_pool_idle`]): a connection the engine is about to close is never reused.
+    /// ([`Kind::max_pool_idle`]), and no reuse after a chunked answer where the engine closes
+    /// the connection then ([`Kind::closes_after_chunked_answer`]): a connection the engine is
+    /// about to close is never reused.
     pub(crate) fn for_kind(self, kind: Kind) -> Self {
         let idle_timeout = kind
             .max_pool_idle()
             .map_or(self.idle_timeout, |bound| bound.min(self.idle_timeout));
         Self {
             idle_timeout,
+            reuse_after_chunked: self.reuse_after_chunked && !kind.closes_after_chunked_answer(),
             ..self
         }
     }
@@ -181,7 +192,7 @@ impl Pool {
         if let Some(mut conn) = self.inner.checkout() {
             match conn.sender.try_send_request(req).await {
                 Ok(response) => {
-                    self.inner.release(conn);
+                    self.inner.release_after(conn, &response);
                     return Ok(response);
                 }
                 Err(mut failed) => match failed.take_message() {
@@ -202,7 +213,7 @@ impl Pool {
             .send_request(req)
             .await
             .map_err(PoolError::Exchange)?;
-        self.inner.release(conn);
+        self.inner.release_after(conn, &response);
         Ok(response)
     }
 
@@ -225,6 +236,17 @@ impl Inner {
             }
         }
         None
+    }
+
+    /// [`Inner::release`], unless `response` is chunked and the engine closes the connection
+    /// after such an answer: then the handle is dropped, and hyper closes the connection once
+    /// the answer has been read (the answer itself is not cut).
+    fn release_after<B>(self: &Arc<Self>, conn: Conn, response: &Response<B>) {
+        if self.settings.reuse_after_chunked
+            || !response.headers().contains_key(header::TRANSFER_ENCODING)
+        {
+            self.release(conn);
+        }
     }
 
     /// Back to the idle list if the answer is already read; otherwise parked with the driver,

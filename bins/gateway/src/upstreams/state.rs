@@ -142,6 +142,7 @@ impl UpstreamState {
                 idle_timeout: server.idle_timeout,
                 // No more idle connections than there can be client connections.
                 max_idle: server.max_connections,
+                reuse_after_chunked: true,
             }
             .for_kind(upstream.kind),
         );

@@ -140,11 +140,48 @@ async fn keep_alive_upstream(keep_alive: Duration) -> (String, Arc<Seen>) {
     (url, seen)
 }
 
+/// An upstream that closes each connection 100 ms after a chunked answer, without saying so
+/// (`Connection: close`), as llama-server does after every streamed answer; a request that
+/// arrives in those 100 ms is lost with the connection. Counts connections accepted and
+/// requests lost (in `closed`).
+async fn closes_after_chunked_upstream() -> (String, Arc<Seen>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(Seen::default());
+    let counts = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            counts.accepted.fetch_add(1, Ordering::SeqCst);
+            let counts = Arc::clone(&counts);
+            tokio::spawn(async move {
+                let mut buf = [0_u8; 4096];
+                if !matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {
+                    return;
+                }
+                let answer =
+                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n";
+                if stream.write_all(answer).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if matches!(
+                    tokio::time::timeout(Duration::ZERO, stream.read(&mut buf)).await,
+                    Ok(Ok(n)) if n > 0
+                ) {
+                    counts.closed.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    (url, seen)
+}
+
 fn settings() -> PoolSettings {
     PoolSettings {
         connect_timeout: Duration::from_secs(5),
         idle_timeout: Duration::from_secs(60),
         max_idle: 8,
+        reuse_after_chunked: true,
     }
 }
 
@@ -268,6 +305,37 @@ async fn a_llama_server_connection_is_not_reused_past_the_engines_keep_alive() {
     assert_eq!(body, "ok");
     assert_eq!(seen.closed.load(Ordering::SeqCst), 0, "no request lost");
     assert_eq!(seen.accepted.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_llama_server_connection_is_not_reused_after_a_chunked_answer() {
+    // Another kind reuses it, and the engine's close takes the next request with it: what the
+    // gateway saw of llama-server before (a 502, "connection closed before message completed").
+    let (url, seen) = closes_after_chunked_upstream().await;
+    let other = pool(&url, settings().for_kind(Kind::Vllm));
+    assert_eq!(fetch(&other, "/a").await, "ok");
+    assert!(matches!(
+        other.send(get("/b")).await,
+        Err(PoolError::Exchange(_))
+    ));
+    assert_eq!(seen.closed.load(Ordering::SeqCst), 1);
+
+    let (url, seen) = closes_after_chunked_upstream().await;
+    let llama = pool(&url, settings().for_kind(Kind::LlamaServer));
+    for _ in 0..3 {
+        assert_eq!(
+            fetch(&llama, "/a").await,
+            "ok",
+            "the answer itself is whole"
+        );
+    }
+    assert_eq!(seen.closed.load(Ordering::SeqCst), 0, "no request lost");
+    assert_eq!(
+        seen.accepted.load(Ordering::SeqCst),
+        3,
+        "a new connection each"
+    );
+    assert_eq!(llama.idle_count(), 0);
 }
 
 #[tokio::test]
