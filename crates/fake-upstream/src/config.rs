@@ -200,6 +200,12 @@ pub struct FakeConfig {
     /// without a `Connection: close` header, as llama-server (cpp-httplib) does; JSON answers
     /// keep it. On by default for llama-server, off for vLLM and Ollama.
     pub close_after_stream: bool,
+    /// How long after a streamed answer's last byte the connection is closed, with
+    /// [`close_after_stream`](Self::close_after_stream) (20 ms by default). The real server's
+    /// gap is not measured; it was wide enough for the gateway to send 3-6 % of its queued
+    /// requests into it. The fake's default makes that race near certain for a client that
+    /// reuses the connection. A request sent in the gap is never read.
+    pub close_after_stream_delay: Duration,
 }
 
 impl FakeConfig {
@@ -230,6 +236,7 @@ impl FakeConfig {
             prefill_per_token: Duration::ZERO,
             prompt_tokens_details: false,
             close_after_stream: kind == Kind::LlamaServer,
+            close_after_stream_delay: Duration::from_millis(20),
         }
     }
 
@@ -417,6 +424,13 @@ impl FakeConfig {
     #[must_use]
     pub fn close_after_stream(mut self, on: bool) -> Self {
         self.close_after_stream = on;
+        self
+    }
+
+    /// Sets how long after a streamed answer the connection is closed.
+    #[must_use]
+    pub fn close_after_stream_delay(mut self, delay: Duration) -> Self {
+        self.close_after_stream_delay = delay;
         self
     }
 

@@ -21,9 +21,10 @@
 //!
 //! A llama-server connection ends after each streamed answer
 //! ([`FakeConfig::close_after_stream`]): the body's clean end wakes the connection task, which
-//! asks hyper for a graceful shutdown; the connection is idle by then (the terminating chunk is
-//! written), so hyper closes it at once, with no `Connection: close` on the answer, the way
-//! cpp-httplib does.
+//! waits [`FakeConfig::close_after_stream_delay`] without polling hyper (so a request sent on
+//! the connection meanwhile is never read), then asks hyper for a graceful shutdown; the
+//! connection is idle by then (the terminating chunk is written), so hyper closes it at once,
+//! with no `Connection: close` on the answer, the way cpp-httplib does.
 
 use std::fmt;
 use std::io;
@@ -476,6 +477,7 @@ async fn serve_connection(app: Arc<App>, stream: TcpStream, mut kill: watch::Rec
         }
     };
     let service = {
+        let app = Arc::clone(&app);
         let state = Arc::clone(&state);
         service_fn(move |req| Arc::clone(&app).handle(req, Arc::clone(&state)))
     };
@@ -493,8 +495,11 @@ async fn serve_connection(app: Arc<App>, stream: TcpStream, mut kill: watch::Rec
             // again, or it could read a request sent right after the answer and serve it.
             biased;
             () = state.closing() => {
-                // Idle again after the answer's terminating chunk: hyper closes the connection
-                // at once (no `Connection: close` was sent, as with cpp-httplib).
+                // The answer's terminating chunk is written and hyper is idle. It is not polled
+                // during the delay, so a request sent meanwhile is never read (a client that
+                // reused the connection loses it, as against the real engine); then hyper
+                // closes the idle connection at once (no `Connection: close` was sent).
+                tokio::time::sleep(app.config.close_after_stream_delay).await;
                 connection.as_mut().graceful_shutdown();
             }
             result = &mut connection => {
