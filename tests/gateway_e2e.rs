@@ -779,6 +779,53 @@ async fn sse_arrives_chunk_by_chunk() {
     fake.shutdown().await;
 }
 
+/// llama-server closes its connection right after every streamed answer, without
+/// `Connection: close` (the fake does as the real one: `FakeConfig::close_after_stream`). With
+/// one slot and a queue, each queued stream is let go the instant the stream before it ends, and
+/// would be handed that stream's connection just as the engine closes it: the gateway must not
+/// reuse it, or the queued request is lost as a 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_streams_never_get_the_connection_llama_server_closes_after_a_stream() {
+    let fake = fake(1, "qwen").await;
+    assert!(fake.config().close_after_stream);
+    let gw = gateway(&format!(
+        "{}{}",
+        server(""),
+        upstream("gpu", &fake.url(), "qwen", 1, 32, "30s")
+    ))
+    .await;
+    let addr = gw.api_addr();
+
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            tokio::spawn(async move {
+                let id = format!("turn-{i}");
+                chat(
+                    addr,
+                    "qwen",
+                    true,
+                    &[("x-fake-tokens", "4"), ("x-request-id", &id)],
+                )
+                .await
+            })
+        })
+        .collect();
+    for task in tasks {
+        let reply = task.await.unwrap();
+        assert_eq!(reply.status.as_u16(), 200, "{}", reply.text());
+        assert!(
+            reply.text().trim_end().ends_with("data: [DONE]"),
+            "{}",
+            reply.text()
+        );
+    }
+    let seen = fake.observer().snapshot();
+    assert_eq!(seen.received, 20, "every request reached the engine once");
+    assert_eq!(fake.observer().peak_in_flight(), 1);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn falls_through_to_the_next_host_when_the_best_hosts_queue_is_full() {
     let a = fake(4, "qwen").await;

@@ -23,7 +23,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use http::header::{CONTENT_TYPE, HeaderValue};
-use http::{Method, Request, Response};
+use http::{Method, Request, Response, Version};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde_json::Value;
@@ -58,6 +58,10 @@ impl App {
             .get(headers::REQUEST_ID)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
+        // cpp-httplib speaks only HTTP/1: an h2c connection is never closed this way.
+        if self.config.close_after_stream && req.version() < Version::HTTP_2 {
+            connection.close_after_streams();
+        }
         let tracker = self.observer.track(
             request_id,
             req.method().as_str(),

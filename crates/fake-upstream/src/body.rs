@@ -5,6 +5,11 @@
 //! hyper ([`Outcome::Completed`] or the kind's own failure), when an injected failure aborts it,
 //! when an injected reset dooms its connection, and, through the tracker's `Drop`, when hyper
 //! drops it early because the client went away.
+//!
+//! A stream that ends cleanly tells its connection so
+//! ([`ConnectionState::stream_ended`](crate::observer::ConnectionState::stream_ended)): a
+//! llama-server's connection is then closed right after the answer's last byte, as the real one's
+//! is ([`FakeConfig::close_after_stream`](crate::FakeConfig)).
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -112,6 +117,7 @@ impl Body for ResponseBody {
                     Some(Emit::End(outcome)) => {
                         *events = None;
                         tracker.finish(outcome);
+                        tracker.connection().stream_ended();
                         Poll::Ready(None)
                     }
                     Some(Emit::Abort(outcome)) => {
@@ -131,6 +137,7 @@ impl Body for ResponseBody {
                     None => {
                         *events = None;
                         tracker.finish(Outcome::Completed);
+                        tracker.connection().stream_ended();
                         Poll::Ready(None)
                     }
                 }

@@ -196,6 +196,16 @@ pub struct FakeConfig {
     /// vLLM `--enable-prompt-tokens-details`: report `usage.prompt_tokens_details.cached_tokens`
     /// (vLLM sends it only when some were cached). llama-server always reports it.
     pub prompt_tokens_details: bool,
+    /// Close an HTTP/1 connection right after each streamed (chunked) answer has been written,
+    /// without a `Connection: close` header, as llama-server (cpp-httplib) does; JSON answers
+    /// keep it. On by default for llama-server, off for vLLM and Ollama.
+    pub close_after_stream: bool,
+    /// How long after a streamed answer's last byte the connection is closed, with
+    /// [`close_after_stream`](Self::close_after_stream) (20 ms by default). The real server's
+    /// gap is not measured; it was wide enough for the gateway to send 3-6 % of its queued
+    /// requests into it. The fake's default makes that race near certain for a client that
+    /// reuses the connection. A request sent in the gap is never read.
+    pub close_after_stream_delay: Duration,
 }
 
 impl FakeConfig {
@@ -225,6 +235,8 @@ impl FakeConfig {
             cache_tokens: if kind == Kind::Vllm { 262_144 } else { 0 },
             prefill_per_token: Duration::ZERO,
             prompt_tokens_details: false,
+            close_after_stream: kind == Kind::LlamaServer,
+            close_after_stream_delay: Duration::from_millis(20),
         }
     }
 
@@ -404,6 +416,21 @@ impl FakeConfig {
     #[must_use]
     pub fn prompt_tokens_details(mut self, on: bool) -> Self {
         self.prompt_tokens_details = on;
+        self
+    }
+
+    /// Whether a connection is closed after each streamed answer (llama-server's way; see
+    /// [`FakeConfig::close_after_stream`](Self#structfield.close_after_stream)).
+    #[must_use]
+    pub fn close_after_stream(mut self, on: bool) -> Self {
+        self.close_after_stream = on;
+        self
+    }
+
+    /// Sets how long after a streamed answer the connection is closed.
+    #[must_use]
+    pub fn close_after_stream_delay(mut self, delay: Duration) -> Self {
+        self.close_after_stream_delay = delay;
         self
     }
 

@@ -69,6 +69,20 @@
 //! per token, a closing chunk with `finish_reason`, a usage chunk with `choices: []` when
 //! `stream_options.include_usage` is set, and `data: [DONE]`.
 //!
+//! # Connections
+//!
+//! HTTP/1.1 connections are kept alive between requests, except that a llama-server closes
+//! its connection after each streamed (chunked) answer, as the real one does (cpp-httplib: the
+//! streamed answer's content provider returns `false` after `sink.done()`, which ends the
+//! keep-alive loop; `tools/server/server-http.cpp`, docs/real-engine-notes.md "Streamed"). The
+//! answer is whole (terminating chunk and all) and says nothing of closing: no
+//! `Connection: close`. The close comes [`FakeConfig::close_after_stream_delay`] (20 ms) after
+//! the last byte; a request written into the connection meanwhile is never read, so a client
+//! that reuses it loses that request ("connection closed before message completed"). JSON
+//! answers (`Content-Length`) keep the connection. [`FakeConfig::close_after_stream`] turns
+//! this off (it is off for vLLM and Ollama, whose servers keep the connection); h2c connections
+//! are never closed this way.
+//!
 //! # Control headers
 //!
 //! Each header overrides the server's configuration for one request (constants in [`headers`]):
@@ -177,6 +191,9 @@
 //! - llama-server's bare `/completions` and `/embeddings` are its native handlers (the same as
 //!   `/completion` and `/embedding`); the fake answers them in the OpenAI shape, as it always
 //!   has, and tests rely on it. Use `/completion` and `/embedding` for the native shapes.
+//! - The real llama-server's gap between a streamed answer's last byte and its close is not
+//!   measured; the fake's 20 ms default makes the race of a reused connection near certain
+//!   where the real one loses it a few times in a hundred.
 //! - Ollama's `max_queue` applies to every request that must wait, as older Ollama versions did;
 //!   the version cited in PROTOCOLS.md lets requests for a loaded model skip that queue, so the
 //!   503 may never trigger there.

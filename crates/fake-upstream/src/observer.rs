@@ -550,6 +550,10 @@ pub(crate) struct ConnectionState {
     /// The [`Fate`] a request asked for, as its `u8`.
     fate: AtomicU8,
     doomed: Notify,
+    /// Set by a request when the connection is to end after each streamed answer
+    /// ([`FakeConfig::close_after_stream`](crate::FakeConfig), on HTTP/1 only).
+    close_after_stream: AtomicBool,
+    stream_ended: Notify,
 }
 
 /// How a request asks its connection to end.
@@ -577,6 +581,24 @@ impl ConnectionState {
             2 => Some(Fate::Garbage),
             _ => None,
         }
+    }
+
+    /// Makes the connection end after each streamed answer from now on.
+    pub(crate) fn close_after_streams(&self) {
+        self.close_after_stream.store(true, Ordering::Release);
+    }
+
+    /// A streamed answer has ended cleanly (its body is handed to hyper whole): the server ends
+    /// the connection if [`close_after_streams`](Self::close_after_streams) was asked for.
+    pub(crate) fn stream_ended(&self) {
+        if self.close_after_stream.load(Ordering::Acquire) {
+            self.stream_ended.notify_one();
+        }
+    }
+
+    /// Resolves once a streamed answer ended on a connection to be closed after it.
+    pub(crate) async fn closing(&self) {
+        self.stream_ended.notified().await;
     }
 
     /// Resolves once a request has asked for a fate.

@@ -18,6 +18,13 @@
 //! A request can doom its connection (an injected reset or garbage): the connection task then
 //! stops serving, sets `SO_LINGER` 0 on that descriptor (so the close sends RST) or writes
 //! the garbage through it, and closes both.
+//!
+//! A llama-server connection ends after each streamed answer
+//! ([`FakeConfig::close_after_stream`]): the body's clean end wakes the connection task, which
+//! waits [`FakeConfig::close_after_stream_delay`] without polling hyper (so a request sent on
+//! the connection meanwhile is never read), then asks hyper for a graceful shutdown; the
+//! connection is idle by then (the terminating chunk is written), so hyper closes it at once,
+//! with no `Connection: close` on the answer, the way cpp-httplib does.
 
 use std::fmt;
 use std::io;
@@ -470,6 +477,7 @@ async fn serve_connection(app: Arc<App>, stream: TcpStream, mut kill: watch::Rec
         }
     };
     let service = {
+        let app = Arc::clone(&app);
         let state = Arc::clone(&state);
         service_fn(move |req| Arc::clone(&app).handle(req, Arc::clone(&state)))
     };
@@ -480,17 +488,33 @@ async fn serve_connection(app: Arc<App>, stream: TcpStream, mut kill: watch::Rec
     // Pinned here rather than moved into `select!`, which would drop it before the kill branch
     // could mark the connection.
     let mut connection = std::pin::pin!(connection);
-    tokio::select! {
-        result = &mut connection => {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "connection ended with an error");
+    loop {
+        tokio::select! {
+            // Biased, closing first: a streamed answer's end wakes this task from inside the
+            // connection's poll, and the close must come before hyper polls the connection
+            // again, or it could read a request sent right after the answer and serve it.
+            biased;
+            () = state.closing() => {
+                // The answer's terminating chunk is written and hyper is idle. It is not polled
+                // during the delay, so a request sent meanwhile is never read (a client that
+                // reused the connection loses it, as against the real engine); then hyper
+                // closes the idle connection at once (no `Connection: close` was sent).
+                tokio::time::sleep(app.config.close_after_stream_delay).await;
+                connection.as_mut().graceful_shutdown();
             }
+            result = &mut connection => {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                break;
+            }
+            _ = kill.changed() => {
+                // Mark first, then drop: the trackers read the mark when they are dropped.
+                state.killed.store(true, std::sync::atomic::Ordering::Release);
+                break;
+            }
+            () = state.doomed() => break,
         }
-        _ = kill.changed() => {
-            // Mark first, then drop: the trackers read the mark when they are dropped.
-            state.killed.store(true, std::sync::atomic::Ordering::Release);
-        }
-        () = state.doomed() => {}
     }
     match state.fate() {
         // SO_LINGER 0 on the socket: closing its last descriptor then sends RST, not FIN.

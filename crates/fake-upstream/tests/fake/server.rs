@@ -4,9 +4,14 @@ use std::io::ErrorKind;
 use std::time::Duration;
 
 use fake_upstream::{FakeConfig, FakeUpstream, Outcome};
+use http::{Method, header};
+use http_body_util::BodyExt;
+use hyper::client::conn::http1::{Connection, SendRequest, handshake};
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
 
-use crate::support::{SOON, chat, get, spawn_stream, within};
+use crate::support::{SOON, chat, get, request, spawn_stream, within};
 
 #[tokio::test]
 async fn refuses_connections_then_accepts_again_on_the_same_port() {
@@ -89,4 +94,86 @@ async fn health_can_be_failed_and_restored() {
     vllm.set_healthy(true);
     assert_eq!(get(llama.addr(), "/health").await.0, 200);
     assert_eq!(get(vllm.addr(), "/health").await.0, 200);
+}
+
+/// One client connection kept for several requests, and the task that drives it.
+async fn keep_alive_client(
+    addr: std::net::SocketAddr,
+) -> (
+    SendRequest<http_body_util::Full<bytes::Bytes>>,
+    JoinHandle<hyper::Result<()>>,
+) {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (sender, connection): (_, Connection<_, _>) =
+        handshake(TokioIo::new(stream)).await.unwrap();
+    (sender, tokio::spawn(connection))
+}
+
+/// Sends a chat on the kept connection and reads the whole answer: the answer's
+/// `Connection` header, and its body.
+async fn chat_on(
+    sender: &mut SendRequest<http_body_util::Full<bytes::Bytes>>,
+    stream: bool,
+) -> (Option<http::HeaderValue>, String) {
+    within("ready", sender.ready()).await.unwrap();
+    let req = request(
+        Method::POST,
+        "/v1/chat/completions",
+        Some(&chat("m", stream)),
+        &[],
+    );
+    let response = within("answer", sender.send_request(req)).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let connection = response.headers().get(header::CONNECTION).cloned();
+    let body = within("body", response.into_body().collect())
+        .await
+        .unwrap()
+        .to_bytes();
+    (connection, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test]
+async fn llama_server_closes_the_connection_right_after_a_streamed_answer() {
+    let fake = FakeUpstream::start(FakeConfig::llama_server(1))
+        .await
+        .unwrap();
+    let (mut sender, connection) = keep_alive_client(fake.addr()).await;
+    // A JSON answer keeps the connection: a second one follows on it.
+    for _ in 0..2 {
+        let (close, body) = chat_on(&mut sender, false).await;
+        assert_eq!(close, None);
+        assert!(body.contains("chat.completion"), "{body}");
+    }
+    // The streamed answer arrives whole, says nothing of closing, and then the connection ends
+    // cleanly (hyper's client connection resolves Ok when the server closes it while idle).
+    let (close, body) = chat_on(&mut sender, true).await;
+    assert_eq!(close, None);
+    assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+    within("the fake closes", connection)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(sender.is_closed());
+    within("closed", fake.observer().wait_for_open_connections(0, SOON))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn streamed_answers_keep_the_connection_when_the_switch_is_off() {
+    for config in [
+        FakeConfig::llama_server(1).close_after_stream(false),
+        FakeConfig::vllm(1).model("m"),
+        FakeConfig::ollama(1).model("m"),
+    ] {
+        let fake = FakeUpstream::start(config).await.unwrap();
+        let (mut sender, connection) = keep_alive_client(fake.addr()).await;
+        for _ in 0..2 {
+            let (close, body) = chat_on(&mut sender, true).await;
+            assert_eq!(close, None);
+            assert!(body.contains("data: "), "{body}");
+        }
+        drop(sender);
+        within("client done", connection).await.unwrap().unwrap();
+    }
 }
