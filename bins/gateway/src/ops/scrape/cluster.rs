@@ -1,5 +1,5 @@
 //! The `[cluster]` series read at scrape time: the shared slot store's state and counters
-//! (from [`RedisLimiter::status`]) and each key's holders and waiters across every replica.
+//! (from [`RedisLimiter::status`](slotgate_limiter_redis::RedisLimiter::status)) and each key's holders and waiters across every replica.
 //! Nothing is written without `[cluster]`.
 
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
