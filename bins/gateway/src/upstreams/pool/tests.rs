@@ -25,12 +25,13 @@ struct Seen {
     closed: AtomicUsize,
 }
 
-/// An upstream on loopback that answers, by path:
-/// - `/ok`: `ok`, keeping the connection;
-/// - `/close`: `ok` with `Connection: close`, then closes;
-/// - `/stream`: one chunk, then nothing until the client closes;
-/// - `/slow-end`: one chunk, the end 100 ms later.
-async fn upstream() -> (String, Arc<Seen>) {
+/// A scripted upstream on loopback: every accepted connection is counted in `accepted` and
+/// handed to `serve` with the counts, on a task of its own.
+async fn scripted<F, Fut>(serve: F) -> (String, Arc<Seen>)
+where
+    F: Fn(TcpStream, Arc<Seen>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let seen = Arc::new(Seen::default());
@@ -38,14 +39,23 @@ async fn upstream() -> (String, Arc<Seen>) {
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             counts.accepted.fetch_add(1, Ordering::SeqCst);
-            let counts = Arc::clone(&counts);
-            tokio::spawn(async move {
-                serve(stream).await;
-                counts.closed.fetch_add(1, Ordering::SeqCst);
-            });
+            tokio::spawn(serve(stream, Arc::clone(&counts)));
         }
     });
     (url, seen)
+}
+
+/// An upstream on loopback that answers, by path:
+/// - `/ok`: `ok`, keeping the connection;
+/// - `/close`: `ok` with `Connection: close`, then closes;
+/// - `/stream`: one chunk, then nothing until the client closes;
+/// - `/slow-end`: one chunk, the end 100 ms later.
+async fn upstream() -> (String, Arc<Seen>) {
+    scripted(|stream, counts| async move {
+        serve(stream).await;
+        counts.closed.fetch_add(1, Ordering::SeqCst);
+    })
+    .await
 }
 
 /// Answers requests on one connection until the client closes it (or `/close`).
@@ -111,33 +121,23 @@ async fn serve(mut stream: TcpStream) {
 /// closed without any answer ("connection closed before message completed"). A request within
 /// `keep_alive` of the last answer gets `ok`. Counts connections accepted and requests lost.
 async fn keep_alive_upstream(keep_alive: Duration) -> (String, Arc<Seen>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let seen = Arc::new(Seen::default());
-    let counts = Arc::clone(&seen);
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            counts.accepted.fetch_add(1, Ordering::SeqCst);
-            let counts = Arc::clone(&counts);
-            tokio::spawn(async move {
-                let mut buf = [0_u8; 4096];
-                let mut answered = None::<std::time::Instant>;
-                while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {
-                    if answered.is_some_and(|at| at.elapsed() >= keep_alive) {
-                        // Lost: the request met the engine's idle close.
-                        counts.closed.fetch_add(1, Ordering::SeqCst);
-                        return;
-                    }
-                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                    if stream.write_all(answer).await.is_err() {
-                        return;
-                    }
-                    answered = Some(std::time::Instant::now());
-                }
-            });
+    scripted(move |mut stream, counts| async move {
+        let mut buf = [0_u8; 4096];
+        let mut answered = None::<std::time::Instant>;
+        while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {
+            if answered.is_some_and(|at| at.elapsed() >= keep_alive) {
+                // Lost: the request met the engine's idle close.
+                counts.closed.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+            let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+            if stream.write_all(answer).await.is_err() {
+                return;
+            }
+            answered = Some(std::time::Instant::now());
         }
-    });
-    (url, seen)
+    })
+    .await
 }
 
 /// An upstream that closes each connection 100 ms after a chunked answer, without saying so
@@ -145,35 +145,24 @@ async fn keep_alive_upstream(keep_alive: Duration) -> (String, Arc<Seen>) {
 /// arrives in those 100 ms is lost with the connection. Counts connections accepted and
 /// requests lost (in `closed`).
 async fn closes_after_chunked_upstream() -> (String, Arc<Seen>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let seen = Arc::new(Seen::default());
-    let counts = Arc::clone(&seen);
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            counts.accepted.fetch_add(1, Ordering::SeqCst);
-            let counts = Arc::clone(&counts);
-            tokio::spawn(async move {
-                let mut buf = [0_u8; 4096];
-                if !matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {
-                    return;
-                }
-                let answer =
-                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n";
-                if stream.write_all(answer).await.is_err() {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                if matches!(
-                    tokio::time::timeout(Duration::ZERO, stream.read(&mut buf)).await,
-                    Ok(Ok(n)) if n > 0
-                ) {
-                    counts.closed.fetch_add(1, Ordering::SeqCst);
-                }
-            });
+    scripted(|mut stream, counts| async move {
+        let mut buf = [0_u8; 4096];
+        if !matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {
+            return;
         }
-    });
-    (url, seen)
+        let answer = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n";
+        if stream.write_all(answer).await.is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if matches!(
+            tokio::time::timeout(Duration::ZERO, stream.read(&mut buf)).await,
+            Ok(Ok(n)) if n > 0
+        ) {
+            counts.closed.fetch_add(1, Ordering::SeqCst);
+        }
+    })
+    .await
 }
 
 fn settings() -> PoolSettings {
