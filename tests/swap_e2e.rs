@@ -33,6 +33,22 @@ async fn open_chat(
     open(addr, request).await
 }
 
+/// `n` chats sent at once, alternating "a" and "b", each held 100 ms by the engine: every
+/// answer must be 200.
+async fn interleaved_burst(addr: std::net::SocketAddr, n: usize) {
+    let hold = [("x-fake-hold-ms", "100")];
+    let burst: Vec<_> = (0..n)
+        .map(|i| {
+            let model = if i % 2 == 0 { "a" } else { "b" };
+            tokio::spawn(async move { chat(addr, model, false, &hold).await })
+        })
+        .collect();
+    for reply in burst {
+        let reply = reply.await.unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+}
+
 /// The router with models "a" (loaded) and "b" (not), one place, two slots each.
 async fn router() -> FakeUpstream {
     FakeUpstream::start(
@@ -115,17 +131,7 @@ async fn an_interleaved_burst_swaps_once_and_never_waits_inside_the_engine() {
     assert_eq!(model_doc(&doc, "a")["state"], "loaded", "{doc}");
 
     // A B A B …, 8 of each, all at once.
-    let hold = [("x-fake-hold-ms", "100")];
-    let burst: Vec<_> = (0..16)
-        .map(|i| {
-            let model = if i % 2 == 0 { "a" } else { "b" };
-            tokio::spawn(async move { chat(addr, model, false, &hold).await })
-        })
-        .collect();
-    for reply in burst {
-        let reply = reply.await.unwrap();
-        assert_eq!(reply.status, 200, "{}", reply.text());
-    }
+    interleaved_burst(addr, 16).await;
     let loads = fake.model_loads("a").unwrap() + fake.model_loads("b").unwrap();
     assert!(loads <= 2, "{loads} loads for an interleaved burst of 16");
 
@@ -359,17 +365,7 @@ async fn ollama_with_max_loaded_models_holds_the_other_model_in_the_gateway() {
     })
     .await;
     assert_eq!(doc["residency"]["max_loaded_models"], 1, "{doc}");
-    let hold = [("x-fake-hold-ms", "100")];
-    let burst: Vec<_> = (0..8)
-        .map(|i| {
-            let model = if i % 2 == 0 { "a" } else { "b" };
-            tokio::spawn(async move { chat(addr, model, false, &hold).await })
-        })
-        .collect();
-    for reply in burst {
-        let reply = reply.await.unwrap();
-        assert_eq!(reply.status, 200, "{}", reply.text());
-    }
+    interleaved_burst(addr, 8).await;
     assert_never_two_models_at_once(&fake);
     assert!(fake.model_loads("b").unwrap() <= 1);
 }
