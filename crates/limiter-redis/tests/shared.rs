@@ -359,8 +359,10 @@ async fn each_operation_is_one_round_trip() {
                 .map(|slot| (slot, b.status().round_trips))
         }
     });
-    eventually(LIMIT, "B's acquire is queued", || {
-        prefix.zcard(HOST, MODEL, "waiters") == 1
+    // The counter moves when B's client has read the reply, which may be a moment after Redis
+    // shows the waiter: wait for both, then check that the join took exactly one.
+    eventually(LIMIT, "B's acquire is queued and its reply read", || {
+        prefix.zcard(HOST, MODEL, "waiters") == 1 && b.status().round_trips > b0
     })
     .await;
     assert_eq!(
@@ -380,9 +382,11 @@ async fn each_operation_is_one_round_trip() {
     })
     .await;
     drop(slot);
-    eventually(LIMIT, "B's release reached Redis", || {
-        prefix.zcard(HOST, MODEL, "holders") == 0
-    })
+    eventually(
+        LIMIT,
+        "B's release reached Redis and its reply was read",
+        || prefix.zcard(HOST, MODEL, "holders") == 0 && b.status().round_trips > b0 + 1,
+    )
     .await;
     assert_eq!(b.status().round_trips, b0 + 2, "a release: one round trip");
     assert_eq!(a.status().round_trips, a0 + 2);
