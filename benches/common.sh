@@ -17,6 +17,17 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Prints $1 distinct loopback TCP ports that nothing listens on now (the kernel picks them,
+# all held open until all are picked), so two runs side by side do not meet on fixed ports.
+# Between this and the bind that takes a port another process could take it: the bind then
+# fails loudly, never a measurement of the wrong process.
+free_ports() {
+  python3 -c 'import socket, sys
+held = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in held: s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in held))' "$1"
+}
+
 # Waits up to $2 seconds (default 10) for something to listen on 127.0.0.1:$1.
 wait_port() {
   for _ in $(seq $((${2:-10} * 10))); do

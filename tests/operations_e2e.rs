@@ -892,6 +892,42 @@ async fn a_reload_reports_the_affinity_keys_that_wait_for_a_restart() {
     std::fs::remove_file(&path).unwrap();
 }
 
+/// `/readyz`'s Retry-After is the health-check interval in force: a reload that changes the
+/// interval changes it too (it was read once, at start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_retry_after_follows_a_reloaded_health_check_interval() {
+    let loading = FakeUpstream::start(
+        FakeConfig::llama_server(1)
+            .model("qwen")
+            .startup_delay(Duration::from_secs(120)),
+    )
+    .await
+    .unwrap();
+    let config = |interval: &str| {
+        format!(
+            "{}{}",
+            server(&format!("health_check_interval = \"{interval}\"")),
+            upstream_of("llama-server", "gpu", &loading.url(), "qwen", 1, 1)
+        )
+    };
+    let path = temp_file("reload-readyz.toml", &config("3s"));
+    let gw = gateway_from_file(&path).await;
+    let admin = gw.admin_addr().unwrap();
+    let retry_after = |reply: &Reply| reply.headers.get("retry-after").cloned();
+    let before = get(admin, "/readyz").await;
+    assert_eq!(before.status, 503);
+    assert_eq!(retry_after(&before), Some("3".parse().unwrap()));
+    std::fs::write(&path, config("7s")).unwrap();
+    let reloaded = gw.reload().await.expect("a valid file");
+    assert!(reloaded.restart_required.is_empty(), "{reloaded:?}");
+    let after = get(admin, "/readyz").await;
+    assert_eq!(after.status, 503);
+    assert_eq!(retry_after(&after), Some("7".parse().unwrap()));
+    gw.shutdown().await;
+    loading.shutdown().await;
+    std::fs::remove_file(&path).unwrap();
+}
+
 // === /v1/models ===
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,13 +1,10 @@
 # Shared by run.sh and instructions.sh: installing the tools, and starting the static nginx
-# upstream, the fake upstream, slotgate and HAProxy on fixed loopback ports. Sourced, not run.
+# upstream, the fake upstream, slotgate and HAProxy on loopback ports free when the run starts
+# (or UPSTREAM_PORT, SLOTGATE_PORT, HAPROXY_PORT, ADMIN_PORT when set). Sourced, not run.
 # Every process started is recorded in `pids` and stopped by `stop_all` / the EXIT trap.
 # The caller sets PROXY_THREADS; SLOTGATE_WRAP / HAPROXY_WRAP may name a command to run the
 # proxy under (valgrind, for instructions.sh).
 
-UPSTREAM_PORT=18190
-SLOTGATE_PORT=18191
-HAPROXY_PORT=18192
-ADMIN_PORT=18193
 SLOTGATE_WRAP=${SLOTGATE_WRAP:-}
 HAPROXY_WRAP=${HAPROXY_WRAP:-}
 PROFILE=${PROFILE:-release}   # cargo profile the binaries are built with
@@ -37,6 +34,11 @@ CLK_TCK=$(getconf CLK_TCK)
 
 # shellcheck source=benches/common.sh
 source benches/common.sh
+read -r port1 port2 port3 port4 < <(free_ports 4)
+UPSTREAM_PORT=${UPSTREAM_PORT:-$port1}
+SLOTGATE_PORT=${SLOTGATE_PORT:-$port2}
+HAPROXY_PORT=${HAPROXY_PORT:-$port3}
+ADMIN_PORT=${ADMIN_PORT:-$port4}
 
 stop_all() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done

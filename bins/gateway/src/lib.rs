@@ -277,7 +277,6 @@ impl Gateway {
                 live: Arc::clone(&live),
                 reloader: Arc::clone(&reloader),
                 shutdown: api_signal,
-                retry_after: server.health_check_interval,
                 history: Arc::default(),
             };
             let settings = admin_settings(settings, server.admin_max_connections);

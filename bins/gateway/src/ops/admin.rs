@@ -20,7 +20,6 @@
 //! no secret.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -54,8 +53,6 @@ pub(crate) struct Admin {
     pub(crate) reloader: Arc<Reloader>,
     /// Fired when the gateway starts shutting down.
     pub(crate) shutdown: ShutdownSignal,
-    /// `Retry-After` on `/readyz` while not ready.
-    pub(crate) retry_after: Duration,
     /// What the status page remembers, filled by its
     /// [`sampler`](crate::ops::status::sampler).
     pub(crate) history: Arc<Mutex<History>>,
@@ -228,7 +225,15 @@ impl Admin {
         if !ready {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
-                HeaderValue::from(self.retry_after.as_secs().max(1)),
+                // The interval in force: a reload that changes it changes this too.
+                HeaderValue::from(
+                    generation
+                        .config
+                        .server
+                        .health_check_interval
+                        .as_secs()
+                        .max(1),
+                ),
             );
         }
         Ok(response)
