@@ -126,6 +126,24 @@ async fn h2_preface_then_silence_is_closed_after_the_header_read_timeout() {
     fake.shutdown().await;
 }
 
+/// A connection its client closes before sending anything (a TCP port check, a client that gave
+/// up) is not a header-read timeout: of six connections, five closed at once and one left
+/// silent, only the silent one is counted.
+#[tokio::test]
+async fn a_connection_closed_before_a_byte_is_not_a_header_timeout() {
+    let (fake, gw) = setup("header_read_timeout = \"1s\"").await;
+    let admin = gw.admin_addr().unwrap();
+    for _ in 0..5 {
+        drop(TcpStream::connect(gw.api_addr()).await.unwrap());
+    }
+    let mut silent = TcpStream::connect(gw.api_addr()).await.unwrap();
+    let bytes = read_until_closed(&mut silent).await;
+    assert!(bytes.is_empty(), "no answer to a connection that sent nothing");
+    assert_eq!(bound(admin, "header_timeout").await, 1);
+    gw.shutdown().await;
+    fake.shutdown().await;
+}
+
 /// Opens `count` connections to `addr` that each send `hello` (the HTTP/2 preface, or nothing)
 /// and then nothing more, one after the other.
 async fn idle_flood(addr: SocketAddr, count: usize, hello: &[u8]) -> Vec<TcpStream> {

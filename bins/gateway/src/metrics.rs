@@ -27,7 +27,7 @@
 //! | `slotgate_model_loaded` | gauge | upstream, model | 1 when the last residency discovery listed the configured model as resident |
 //! | `slotgate_engine_busy` | gauge | upstream, model | requests the engine itself reports running, at the last check ([`reconcile`](crate::upstreams::reconcile)); absent when it does not tell |
 //! | `slotgate_engine_waiting` | gauge | upstream, model | requests queued inside the engine, at the last check; absent when it does not tell |
-//! | `slotgate_bounds_total` | counter | bound | a bound the gateway enforced on a slow or broken peer: `header_timeout` (a connection that sent no request head in time), `client_idle` (a connection closed for having no request in flight for `client_idle_timeout`), `body_timeout` (408), `body_budget` (503 `overloaded`), `stream_idle` (an upstream answer that stalled), `upstream_cut` (an upstream answer that failed mid-way) |
+//! | `slotgate_bounds_total` | counter | bound | a bound the gateway enforced on a slow or broken peer: `header_timeout` (a connection that sent no request head in time; not one its client closed first), `client_idle` (a connection closed for having no request in flight for `client_idle_timeout`), `body_timeout` (408), `body_budget` (503 `overloaded`), `stream_idle` (an upstream answer that stalled), `upstream_cut` (an upstream answer that failed mid-way) |
 //! | `slotgate_config_reloads_total` | counter | result | configuration reloads: `applied`, `refused` |
 //! | `slotgate_config_generation` | gauge | — | the configuration in force: 1 at start, +1 per applied reload |
 //! | `slotgate_store_round_trip_seconds` | histogram | — | `[cluster]`: calls to the shared slot store that succeeded |

@@ -65,9 +65,9 @@ pub(super) async fn open(
     // to drain). One asked to make room before this task saw its first byte may have sent it
     // already (an HTTP/2 preface): it is served just far enough to say goodbye with a `GOAWAY`.
     let mut shed_early = false;
-    let spoke = tokio::select! {
+    let first = tokio::select! {
         biased;
-        () = stopping.fired() => false,
+        () = stopping.fired() => return None,
         () = member.shed_asked() => {
             if tls.is_some() || !bytes_waiting(&stream) {
                 return None;
@@ -75,14 +75,21 @@ pub(super) async fn open(
             shed_early = true;
             first_byte_within(&stream, settings.header_read_timeout).await
         }
-        spoke = first_byte_within(&stream, settings.header_read_timeout) => spoke,
+        first = first_byte_within(&stream, settings.header_read_timeout) => first,
     };
-    if !spoke {
-        if !stopping.is_fired() {
-            counters.header_timeout.inc();
+    match first {
+        FirstByte::Spoke => {}
+        FirstByte::Left => {
+            debug!(listener = name, %peer, "closed by the client before a request");
+            return None;
         }
-        debug!(listener = name, %peer, "no request within the header-read timeout");
-        return None;
+        FirstByte::Silent => {
+            if !stopping.is_fired() {
+                counters.header_timeout.inc();
+            }
+            debug!(listener = name, %peer, "no request within the header-read timeout");
+            return None;
+        }
     }
     // On a TLS listener the handshake comes first, under the same bound as a request head.
     match tls {
@@ -305,12 +312,25 @@ enum Watch {
 }
 
 /// Waits until the client has sent at least one byte (or closed), for at most `timeout`.
-async fn first_byte_within(stream: &TcpStream, timeout: Duration) -> bool {
+async fn first_byte_within(stream: &TcpStream, timeout: Duration) -> FirstByte {
     let mut byte = [0_u8; 1];
-    matches!(
-        tokio::time::timeout(timeout, stream.peek(&mut byte)).await,
-        Ok(Ok(n)) if n > 0
-    )
+    match tokio::time::timeout(timeout, stream.peek(&mut byte)).await {
+        Ok(Ok(n)) if n > 0 => FirstByte::Spoke,
+        Ok(_) => FirstByte::Left,
+        Err(_elapsed) => FirstByte::Silent,
+    }
+}
+
+/// How a new connection began ([`first_byte_within`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FirstByte {
+    /// Its first byte came in time.
+    Spoke,
+    /// The client closed it (or it failed) before sending anything: a port check, a client
+    /// that gave up. Not a timeout.
+    Left,
+    /// Nothing came within the header-read timeout.
+    Silent,
 }
 
 /// Whether the client's bytes wait to be read now (without waiting for the runtime to learn
