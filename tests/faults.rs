@@ -138,7 +138,10 @@ async fn a_connection_closed_before_a_byte_is_not_a_header_timeout() {
     }
     let mut silent = TcpStream::connect(gw.api_addr()).await.unwrap();
     let bytes = read_until_closed(&mut silent).await;
-    assert!(bytes.is_empty(), "no answer to a connection that sent nothing");
+    assert!(
+        bytes.is_empty(),
+        "no answer to a connection that sent nothing"
+    );
     assert_eq!(bound(admin, "header_timeout").await, 1);
     gw.shutdown().await;
     fake.shutdown().await;

