@@ -292,7 +292,7 @@ where
 
     /// Acquires a permit as `ticket` says: its weight (as
     /// [`acquire_many`](Limiter::acquire_many)), its [`Priority`](crate::Priority) class, and
-    /// its tenant and share for a key under [`QueueOrder::Fair`](crate::QueueOrder::Fair).
+    /// its tenant and share for a key under [`QueueOrder::Fair`].
     ///
     /// Everything else is as [`acquire`](Limiter::acquire): a free slot with nobody waiting is
     /// taken at once; otherwise the acquire queues (or is refused at once when the key's queue

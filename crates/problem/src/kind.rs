@@ -11,13 +11,13 @@ macro_rules! base_uri {
     };
 }
 
-/// The prefix of every problem `type` URI: `type` is this followed by the [slug](crate::slug).
+/// The prefix of every problem `type` URI: `type` is this followed by the [slug].
 ///
 /// The URIs are stable identifiers: clients may match on them, so a slug is never renamed or
 /// reused. Each one is documented in `docs/problems.md`.
 pub const BASE_URI: &str = base_uri!();
 
-/// Generates [`Kind`], its table-driven methods and the [`slug`](crate::slug) constants.
+/// Generates [`Kind`], its table-driven methods and the [`slug`] constants.
 macro_rules! kinds {
     ($(
         $(#[doc = $doc:literal])*

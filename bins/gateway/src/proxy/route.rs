@@ -13,7 +13,7 @@
 //!   from [`slot_discovery`](crate::upstreams::slot_discovery), and the target is left out until that count is known).
 //!
 //! [`Route::ranked`] asks `slotgate-choose` for the order to try the targets in, from what the
-//! gateway knows about each upstream right now ([`UpstreamState`](crate::upstreams::state::UpstreamState)): an unhealthy or draining
+//! gateway knows about each upstream right now ([`UpstreamState`]): an unhealthy or draining
 //! upstream is not eligible; one with the model resident ranks before one that would have to
 //! load it. The score uses the free slots *of the key*: it is the key's cap that decides whether
 //! this request waits.

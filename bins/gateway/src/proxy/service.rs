@@ -6,10 +6,10 @@
 //!
 //! A model-routed request reads its body ([`request`]), chooses where it may go
 //! ([`choose`](crate::proxy::choose)), and then, target by target, takes a slot
-//! ([`admit`](crate::proxy::admit)), sends itself ([`send`](crate::proxy::send)) and is
+//! ([`admit`]), sends itself ([`send`](crate::proxy::send)) and is
 //! answered ([`answer`](crate::proxy::answer)), or goes on to the next target
 //! ([`retry`](crate::proxy::retry)). A request that queues under `queue_keepalive` takes the
-//! last two steps inside its response body ([`keepalive`](crate::proxy::keepalive)).
+//! last two steps inside its response body ([`keepalive`]).
 //!
 //! A request reads the configuration in force when it arrives ([`Live::current`]) and keeps it
 //! to the end, so a reload never changes the rules under it.

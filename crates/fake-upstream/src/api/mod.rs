@@ -1,5 +1,5 @@
 //! The wire formats past OpenAI's chat, completions and embeddings (`openai.rs`): each module
-//! builds one API's answer bodies and stream events from the same [`Answer`], so every route
+//! builds one API's answer bodies and stream events from the same [`Answer`](crate::openai::Answer), so every route
 //! shares the request path (slot, pacing, injected failures) and differs only in its shapes.
 //!
 //! - [`responses`]: OpenAI Responses (`/v1/responses`), SSE with `event:` names;
