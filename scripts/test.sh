@@ -68,8 +68,10 @@ echo "browser tests: $((SECONDS - ui_started))s"
 step "doc tests"
 cargo test --workspace --doc --locked
 
-step "rustdoc (broken intra-doc links are errors)"
+step "rustdoc, public and private items (broken intra-doc links are errors)"
 RUSTDOCFLAGS="-D warnings -D rustdoc::broken_intra_doc_links" cargo doc --workspace --no-deps --locked
+# The contributors' docs too (every private module and item): their links must resolve as well.
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --document-private-items
 
 step "loom (slotgate-limiter, LOOM_MAX_PREEMPTIONS=2)"
 RUSTFLAGS="--cfg loom -C debug-assertions=on" LOOM_MAX_PREEMPTIONS=2 \
