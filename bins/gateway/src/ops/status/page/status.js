@@ -272,8 +272,12 @@
       if (!model.engine || model.engine.busy === null || model.engine.busy === undefined) {
         line.textContent = model.name + ": engine does not report its busy count";
       } else {
+        // Both counts are from the last check, taken together (so they compare), not now.
+        const checked = model.engine.last_check
+          ? " at " + new Date(model.engine.last_check).toLocaleTimeString()
+          : "";
         line.textContent =
-          model.name + ": engine busy " + model.engine.busy + " · gateway in flight " +
+          model.name + checked + ": engine busy " + model.engine.busy + " · gateway in flight " +
           model.engine.gateway_in_flight;
         if (model.engine.warning) {
           line.append(el("span", "warning", " ⚠ " + model.engine.unaccounted + " not through the gateway"));
