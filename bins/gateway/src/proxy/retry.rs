@@ -34,8 +34,9 @@ pub(crate) struct Tries<'r> {
     candidates: std::vec::IntoIter<&'r Arc<Target>>,
     /// Engine error answers that may still go on to the next target.
     retries_left: usize,
-    /// The best-ranked upstream whose queue was full, and the soonest a retry may find room.
-    full_on: Option<(&'r str, Duration)>,
+    /// The best-ranked upstream whose queue was full, the soonest a retry may find room, and
+    /// how many other upstreams were full too.
+    full_on: Option<(&'r str, Duration, usize)>,
     /// The first upstream with fewer slots than the request needs: (name, weight, parallel).
     too_heavy: Option<(&'r str, usize, usize)>,
     /// The last refused connection.
@@ -72,8 +73,8 @@ impl<'r> Tries<'r> {
     pub(crate) fn full(&mut self, target: &'r Target, retry_after: Duration) {
         self.full_on = Some(match self.full_on {
             // Name the best-ranked upstream; retry when the soonest may have room.
-            Some((first, earlier)) => (first, earlier.min(retry_after)),
-            None => (target.upstream.name.as_str(), retry_after),
+            Some((first, earlier, others)) => (first, earlier.min(retry_after), others + 1),
+            None => (target.upstream.name.as_str(), retry_after, 0),
         });
     }
 
@@ -131,11 +132,12 @@ impl<'r> Tries<'r> {
         }
         // A full queue says more (with an estimate) than a refused connection, so it wins when
         // both happened.
-        if let Some((upstream, retry_after)) = self.full_on {
+        if let Some((upstream, retry_after, also_full)) = self.full_on {
             return Err(Error::QueueFull {
                 upstream: upstream.to_owned(),
                 model: model.to_owned(),
                 retry_after,
+                also_full,
             });
         }
         // Too heavy for every upstream that was tried, and none failed otherwise: no retry can

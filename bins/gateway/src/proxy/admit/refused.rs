@@ -93,6 +93,7 @@ impl Refused {
                 upstream,
                 model,
                 retry_after: target.retry_after_for(ticket),
+                also_full: 0,
             },
             Refused::TooHeavy { weight, parallel } => Error::TooHeavy {
                 upstream,

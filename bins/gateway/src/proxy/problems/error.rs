@@ -142,6 +142,8 @@ pub(crate) enum Error {
         model: String,
         /// When a retry may succeed.
         retry_after: Duration,
+        /// How many other upstreams of the model were found full too (0: this one alone).
+        also_full: usize,
     },
     /// The request waited `queue_timeout` (or the client's shorter deadline) without getting a
     /// slot, or was refused before queueing because its deadline could not be kept.

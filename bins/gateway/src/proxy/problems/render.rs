@@ -81,7 +81,8 @@ impl Error {
                 upstream,
                 model,
                 retry_after,
-            } => Problem::queue_full(upstream, model, *retry_after),
+                also_full,
+            } => queue_full(upstream, model, *retry_after, *also_full),
             Error::QueueTimeout {
                 upstream,
                 model,
@@ -142,6 +143,24 @@ impl Error {
             Error::ShuttingDown { retry_after } => Problem::shutting_down(*retry_after),
             Error::Internal { .. } => Problem::internal(),
         }
+    }
+}
+
+/// The `queue-full` problem; when other upstreams of the model were full too, its detail says
+/// so (the `upstream` member still names the best-ranked one), so that it does not read as if
+/// only that one were full.
+fn queue_full(upstream: &str, model: &str, retry_after: Duration, also_full: usize) -> Problem {
+    let problem = Problem::queue_full(upstream, model, retry_after);
+    match also_full {
+        0 => problem,
+        1 => problem.with_detail(format!(
+            "Every slot and queue place for model `{model}` is taken on upstream `{upstream}` \
+             and on 1 other upstream."
+        )),
+        others => problem.with_detail(format!(
+            "Every slot and queue place for model `{model}` is taken on upstream `{upstream}` \
+             and on {others} other upstreams."
+        )),
     }
 }
 

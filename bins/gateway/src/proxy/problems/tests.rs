@@ -130,6 +130,7 @@ fn every_error() -> Vec<(Error, u16, &'static str, bool)> {
                 upstream: "gpu".into(),
                 model: "m".into(),
                 retry_after: Duration::from_secs(3),
+                also_full: 0,
             },
             503,
             "queue-full",
@@ -248,6 +249,7 @@ fn every_refusal_is_counted_once_and_nothing_else_is() {
             upstream: "a".into(),
             model: "m".into(),
             retry_after: Duration::from_secs(1),
+            also_full: 0,
         },
         Error::UpstreamUnavailable {
             model: "m".into(),
@@ -378,5 +380,40 @@ fn an_upstream_failure_names_its_cause() {
     assert!(
         doc.detail().unwrap().contains("connection reset"),
         "{doc:?}"
+    );
+}
+
+#[test]
+fn a_full_queue_says_how_many_other_upstreams_were_full_too() {
+    let full = |also_full| {
+        Error::QueueFull {
+            upstream: "gpu-a".into(),
+            model: "m".into(),
+            retry_after: Duration::from_secs(2),
+            also_full,
+        }
+        .to_problem()
+    };
+    assert_eq!(
+        full(0).detail(),
+        Some("Every slot and queue place for model `m` on upstream `gpu-a` is taken.")
+    );
+    assert_eq!(
+        full(1).detail(),
+        Some(
+            "Every slot and queue place for model `m` is taken on upstream `gpu-a` and on 1 other upstream."
+        )
+    );
+    let three = full(2);
+    assert_eq!(
+        three.detail(),
+        Some(
+            "Every slot and queue place for model `m` is taken on upstream `gpu-a` and on 2 other upstreams."
+        )
+    );
+    assert_eq!(
+        three.retry_after_secs(),
+        Some(2),
+        "the rest of the document is unchanged"
     );
 }

@@ -65,10 +65,12 @@ async fn a_full_queue_wins_naming_the_best_ranked_host_and_the_soonest_retry() {
         Err(Error::QueueFull {
             upstream,
             retry_after,
+            also_full,
             ..
         }) => {
             assert_eq!(upstream, "a");
             assert_eq!(retry_after, Duration::from_secs(3));
+            assert_eq!(also_full, 1, "c was full too");
         }
         other => panic!("expected queue-full, got {other:?}"),
     }
