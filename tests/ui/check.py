@@ -132,6 +132,15 @@ def main():
             expect(in_flight).to_have_text(["2", "2"])
             expect(queued).to_have_text(["2", "2"])
             expect(page.locator(".state-word").first).to_have_text("FULL")
+            # For the screenshot only, not a check: let a health check (every 1 s) see the
+            # burst, so the "engine busy · gateway in flight" line shows it too, and the
+            # sparklines get a few samples. Whatever the timing, the screenshot is taken.
+            try:
+                expect(page.locator('[data-field="reconcile"]').first).to_contain_text(
+                    "engine busy 2", timeout=2000
+                )
+            except AssertionError:
+                pass
             page.screenshot(path=args.screenshot, full_page=True)
             assert sorted(f.result(timeout=60) for f in futures) == [200] * 8
             expect(in_flight).to_have_text(["0", "0"], timeout=WAIT_MS)
