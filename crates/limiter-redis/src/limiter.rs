@@ -382,12 +382,15 @@ impl Admission for RedisLimiter {
         entry.dirty.store(true, Ordering::Release);
         inner.configure_local_host(host, &entry);
         // Written with the next call about any of the host's keys; the renewer writes it too.
+        // The cap alone: that key's limits are not marked changed, since writing them runs the
+        // key's grant step under the store's old cap (which could refuse a waiter as too heavy
+        // for a cap that is being replaced), where the local limiter only kicks the cap's line.
         if let Some(key) = inner
             .keys_now()
             .into_iter()
             .find(|key| Arc::ptr_eq(&key.host_entry, &entry))
         {
-            inner.configured(key);
+            inner.write_soon(key);
         }
     }
 
@@ -474,6 +477,12 @@ impl Inner {
     fn configured(self: &Arc<Self>, key: Arc<KeyEntry>) {
         self.configure_local(&key);
         key.dirty.store(true, Ordering::Release);
+        self.write_soon(key);
+    }
+
+    /// Writes what was changed here about `key` or its host in the background (while the store
+    /// is down, the renewer's next round after it is back writes it).
+    fn write_soon(self: &Arc<Self>, key: Arc<KeyEntry>) {
         if self.store.mode() != Mode::Down {
             let inner = self.clone();
             self.runtime.spawn(async move {
