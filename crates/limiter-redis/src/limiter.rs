@@ -382,12 +382,15 @@ impl Admission for RedisLimiter {
         entry.dirty.store(true, Ordering::Release);
         inner.configure_local_host(host, &entry);
         // Written with the next call about any of the host's keys; the renewer writes it too.
+        // The cap alone: that key's limits are not marked changed, since writing them runs the
+        // key's grant step under the store's old cap (which could refuse a waiter as too heavy
+        // for a cap that is being replaced), where the local limiter only kicks the cap's line.
         if let Some(key) = inner
             .keys_now()
             .into_iter()
             .find(|key| Arc::ptr_eq(&key.host_entry, &entry))
         {
-            inner.configured(key);
+            inner.write_soon(key);
         }
     }
 
@@ -474,6 +477,12 @@ impl Inner {
     fn configured(self: &Arc<Self>, key: Arc<KeyEntry>) {
         self.configure_local(&key);
         key.dirty.store(true, Ordering::Release);
+        self.write_soon(key);
+    }
+
+    /// Writes what was changed here about `key` or its host in the background (while the store
+    /// is down, the renewer's next round after it is back writes it).
+    fn write_soon(self: &Arc<Self>, key: Arc<KeyEntry>) {
         if self.store.mode() != Mode::Down {
             let inner = self.clone();
             self.runtime.spawn(async move {
@@ -484,7 +493,33 @@ impl Inner {
 
     /// One script call about `key`, with this replica's configuration; limits changed here
     /// since the last call that reached Redis are written by this one.
+    ///
+    /// Calls of this replica reach Redis in no fixed order from the moment they read the
+    /// configuration (concurrent tasks, a reconnection), so one that wrote limits may land
+    /// after a later one that wrote newer limits, and leave the older ones in the store. Such
+    /// a call sees it when it returns (its limits are no longer this replica's) and writes the
+    /// current ones again before it returns.
     pub(crate) async fn call(&self, key: &KeyEntry, op: &Op<'_>) -> Result<Reply, StoreError> {
+        let (result, mut stale) = self.call_once(key, op).await;
+        while stale {
+            stale = match self.call_once(key, &Op::Configure).await {
+                (Ok(reply), stale) => {
+                    self.absorb(key, &reply);
+                    stale
+                }
+                // Marked to write again: the next call does.
+                (Err(error), _) => {
+                    self.store_failed(&error);
+                    false
+                }
+            };
+        }
+        result
+    }
+
+    /// One script call (see [`Inner::call`]), and whether the limits or cap it wrote have
+    /// been changed here since it read them (then they are marked to write again).
+    async fn call_once(&self, key: &KeyEntry, op: &Op<'_>) -> (Result<Reply, StoreError>, bool) {
         let force_key = key.dirty.swap(false, Ordering::AcqRel);
         let force_cap = key.host_entry.dirty.swap(false, Ordering::AcqRel);
         let (parallel, queue, order) = key.limits();
@@ -497,16 +532,17 @@ impl Inner {
             force_cap,
         };
         let result = self.store.call(&key.names, &config, op).await;
-        if result.is_err() {
-            // Not known to have reached Redis: the next call writes them again.
-            if force_key {
-                key.dirty.store(true, Ordering::Release);
-            }
-            if force_cap {
-                key.host_entry.dirty.store(true, Ordering::Release);
-            }
+        // Not known to have reached Redis, or overtaken by a newer write: written again.
+        let again_key = force_key && (result.is_err() || key.limits() != (parallel, queue, order));
+        let again_cap = force_cap && (result.is_err() || *key.host_entry.cap.lock() != config.cap);
+        if again_key {
+            key.dirty.store(true, Ordering::Release);
         }
-        result
+        if again_cap {
+            key.host_entry.dirty.store(true, Ordering::Release);
+        }
+        let stale = result.is_ok() && (again_key || again_cap);
+        (result, stale)
     }
 
     fn keys_now(&self) -> Vec<Arc<KeyEntry>> {

@@ -512,6 +512,34 @@ async fn an_engine_cap_is_shared_by_the_hosts_models(h: Harness) {
         .await;
 }
 
+/// The engine-wide cap changed live only lets the blocked models take what is free (the local
+/// limiter's `configure_host`): a waiter heavier than a shrunk cap that is full stays queued
+/// (held units drain first, as for a key), and once the cap grows back it is granted when its
+/// units come back, not refused for the cap it had a moment before.
+async fn an_engine_cap_changed_live_keeps_a_heavy_waiter(h: Harness) {
+    h.configure(4, 4).await;
+    h.cap(2).await;
+    let held = h.granted(0).await;
+    let log = Log::default();
+    // One unit of the engine's two is free; the heavy one needs both.
+    let heavy = h
+        .join_logged(1, MODEL, &Ticket::new().weight(2), 1, (&log, "heavy"))
+        .await;
+    // The engine full at its new cap of one: nothing is decided for the heavy one yet.
+    h.cap(1).await;
+    h.cap(2).await;
+    assert!(
+        still_waiting(&heavy).await,
+        "{:?}: the heavy waiter left the queue while the engine was full",
+        h.kind
+    );
+    assert_eq!(h.occupancy(), Occupancy::new(1, 1), "{:?}", h.kind);
+    drop(held);
+    assert_eq!(finish(vec![heavy], &log).await, ["heavy"]);
+    h.settled(Occupancy::new(0, 0), "every unit came back")
+        .await;
+}
+
 /// Fair order: a tenant that floods the queue does not hold back another tenant's single
 /// request, which is served within the next two grants (equal shares).
 async fn fair_order_does_not_starve_a_quiet_tenant(h: Harness) {
@@ -616,6 +644,7 @@ contract!(
     a_dead_holders_slot_comes_back,
     weighted_permits_hold_their_units_in_order,
     an_engine_cap_is_shared_by_the_hosts_models,
+    an_engine_cap_changed_live_keeps_a_heavy_waiter,
     fair_order_does_not_starve_a_quiet_tenant,
     priority_classes_keep_their_starvation_bound,
 );
