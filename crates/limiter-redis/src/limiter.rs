@@ -15,7 +15,7 @@ use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 
 use crate::error::{StartError, StoreError};
-use crate::script::{Config, Desc, HostOccupancy, KeyNames, Op, Reply, Status};
+use crate::script::{Config, Desc, HostOccupancy, KeyNames, Op, Reply, Status, parse_refusal};
 use crate::settings::{OnStoreDown, Settings};
 use crate::store::{Mode, Store};
 
@@ -833,6 +833,22 @@ impl Inner {
         }
         for (id, parallel) in &reply.refused {
             self.refused(id, *parallel);
+        }
+    }
+
+    /// A grant message from any replica's script call: the lease ids it granted, and those it
+    /// refused as too heavy as `!id=parallel` (a shrink written by that replica can refuse a
+    /// waiter of this one, which must hear it as it hears a grant).
+    pub(crate) fn told(&self, message: &str) {
+        for word in message.split_whitespace() {
+            match word.strip_prefix('!') {
+                Some(refusal) => {
+                    if let Some((id, parallel)) = parse_refusal(refusal) {
+                        self.refused(&id, parallel);
+                    }
+                }
+                None => self.granted(word),
+            }
         }
     }
 

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use slotgate_admission::{Admission, AdmitError, Occupancy};
+use slotgate_limiter::Ticket;
 use slotgate_limiter_redis::{OnStoreDown, RedisLimiter};
 use support::{Prefix, PrivateRedis, eventually, redis_url};
 
@@ -416,4 +417,49 @@ async fn each_replica_sees_the_others_and_forgets_a_gone_one() {
         a.status().replicas_seen == [id_a.clone()]
     })
     .await;
+}
+
+/// A waiter that another replica's call refuses in Redis (a shrink written there made it too
+/// heavy) is told by that call's message, as a waiter granted there is: its acquire ends with
+/// the refusal at once, not at its own replica's next renewal (which would queue it again and
+/// be refused in its own reply). The leases are long, so no renewal runs within the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_refused_by_another_replicas_write_is_told_at_once() {
+    let prefix = Prefix::new(&redis_url());
+    let long = Duration::from_secs(120);
+    let (a, b) = (prefix.limiter(long), Arc::new(prefix.limiter(long)));
+    a.configure(HOST, MODEL, 2, 4);
+    b.configure(HOST, MODEL, 2, 4);
+    eventually(LIMIT, "the limits reached Redis", || {
+        prefix.limits(HOST, MODEL) == Some((2, 4))
+    })
+    .await;
+    let held = a.acquire(HOST, MODEL).await.expect("1 of 2 units");
+    // B's weight-2 waiter queues behind it.
+    let waiter = tokio::spawn({
+        let b = Arc::clone(&b);
+        async move { b.acquire_with(HOST, MODEL, &Ticket::new().weight(2)).await }
+    });
+    eventually(LIMIT, "B's waiter is queued in Redis", || {
+        prefix.counts(HOST, MODEL).is_some_and(|c| c[1] == 1)
+    })
+    .await;
+    // A alone shrinks `parallel` to 1 (its gateway reloaded first): its write refuses B's
+    // waiter as too heavy.
+    a.configure(HOST, MODEL, 1, 4);
+    let outcome = tokio::time::timeout(LIMIT, waiter)
+        .await
+        .expect("B's waiter was told within 20 s (its next renewal is 40 s away)")
+        .expect("the waiter's task");
+    assert!(
+        matches!(
+            outcome,
+            Err(AdmitError::TooHeavy {
+                weight: 2,
+                parallel: 1
+            })
+        ),
+        "{outcome:?}"
+    );
+    drop(held);
 }

@@ -90,10 +90,8 @@ async fn subscriber(inner: Weak<Inner>, client: redis::Client, pattern: String) 
                     let Some(inner) = inner.upgrade() else {
                         return;
                     };
-                    if let Ok(ids) = message.get_payload::<String>() {
-                        for id in ids.split_whitespace() {
-                            inner.granted(id);
-                        }
+                    if let Ok(payload) = message.get_payload::<String>() {
+                        inner.told(&payload);
                     }
                 }
             }
