@@ -15,7 +15,7 @@ use bytes::Bytes;
 use fake_upstream::{FakeConfig, FakeUpstream};
 use http::Request;
 use http_body_util::Full;
-use support::{SOON, eventually, gateway, get, open, post, send, server};
+use support::{SOON, eventually, gateway, gateway_with, get, open, post, send, server};
 
 /// An `[upstreams.NAME]` table of `kind` with one model, `parallel` slots and a queue of 16,
 /// plus `extra` lines in the upstream table.
@@ -155,12 +155,13 @@ async fn every_inference_route_is_capped_like_chat() {
 async fn metadata_routes_answer_while_every_slot_is_busy() {
     let llama = start(FakeConfig::llama_server(4).model("m")).await;
     let ollama = start(FakeConfig::ollama(4).model("o")).await;
-    let gw = gateway(&format!(
-        "{}{}{}",
-        server(""),
-        upstream_of("llama-server", "llama", &llama.url(), "m", 1, ""),
-        upstream_of("ollama", "ollama", &ollama.url(), "o", 1, "")
-    ))
+    let gw = gateway_with(
+        "",
+        &[
+            upstream_of("llama-server", "llama", &llama.url(), "m", 1, ""),
+            upstream_of("ollama", "ollama", &ollama.url(), "o", 1, ""),
+        ],
+    )
     .await;
     let addr = gw.api_addr();
     // Every slot taken, on both.
@@ -235,12 +236,13 @@ async fn metadata_routes_answer_while_every_slot_is_busy() {
 async fn a_route_goes_only_to_upstreams_of_a_kind_that_serves_it() {
     let llama = start(FakeConfig::llama_server(4).model("m")).await;
     let ollama = start(FakeConfig::ollama(4).model("m")).await;
-    let gw = gateway(&format!(
-        "{}{}{}",
-        server(""),
-        upstream_of("llama-server", "llama", &llama.url(), "m", 4, ""),
-        upstream_of("ollama", "ollama", &ollama.url(), "m", 4, "")
-    ))
+    let gw = gateway_with(
+        "",
+        &[
+            upstream_of("llama-server", "llama", &llama.url(), "m", 4, ""),
+            upstream_of("ollama", "ollama", &ollama.url(), "m", 4, ""),
+        ],
+    )
     .await;
     let addr = gw.api_addr();
     for _ in 0..3 {
@@ -332,12 +334,13 @@ async fn model_management_goes_only_where_allowed() {
 async fn a_model_less_native_request_needs_a_single_model() {
     let one = start(FakeConfig::llama_server(4).model("a")).await;
     let two = start(FakeConfig::llama_server(4).model("b")).await;
-    let gw = gateway(&format!(
-        "{}{}{}",
-        server(""),
-        upstream_of("llama-server", "one", &one.url(), "a", 4, ""),
-        upstream_of("llama-server", "two", &two.url(), "b", 4, "")
-    ))
+    let gw = gateway_with(
+        "",
+        &[
+            upstream_of("llama-server", "one", &one.url(), "a", 4, ""),
+            upstream_of("llama-server", "two", &two.url(), "b", 4, ""),
+        ],
+    )
     .await;
     let addr = gw.api_addr();
     let problem = send(post(addr, "/completion", body(None), &[]))
@@ -429,11 +432,10 @@ async fn an_upload_is_routed_by_its_model_field_capped_and_renamed_for_an_alias(
         .assert_problem(400, "bad-request");
     // Ollama serves transcriptions but not translations.
     let ollama = start(FakeConfig::ollama(2).model("o")).await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server(""),
-        upstream_of("ollama", "ollama", &ollama.url(), "o", 2, "")
-    ))
+    let gw = gateway_with(
+        "",
+        &[upstream_of("ollama", "ollama", &ollama.url(), "o", 2, "")],
+    )
     .await;
     let reply = send(transcription(
         gw.api_addr(),
@@ -464,12 +466,13 @@ async fn responses_follow_ups_go_to_the_upstream_that_holds_the_response() {
     // Each fake remembers only its own responses: a follow-up anywhere else is a 404.
     let a = start(FakeConfig::vllm(4).model("m")).await;
     let b = start(FakeConfig::vllm(4).model("m")).await;
-    let gw = gateway(&format!(
-        "{}{}{}",
-        server(""),
-        upstream_of("vllm", "a", &a.url(), "m", 4, ""),
-        upstream_of("vllm", "b", &b.url(), "m", 4, "")
-    ))
+    let gw = gateway_with(
+        "",
+        &[
+            upstream_of("vllm", "a", &a.url(), "m", 4, ""),
+            upstream_of("vllm", "b", &b.url(), "m", 4, ""),
+        ],
+    )
     .await;
     let addr = gw.api_addr();
     let create = move |stream: bool, previous: Option<&str>| {
@@ -746,11 +749,17 @@ async fn declared_only(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_bodies_may_be_32_mib_and_larger_ones_get_a_413_problem() {
     let fake = start(FakeConfig::llama_server(4).model("m")).await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server(""),
-        upstream_of("llama-server", "llama", &fake.url(), "m", 2, "")
-    ))
+    let gw = gateway_with(
+        "",
+        &[upstream_of(
+            "llama-server",
+            "llama",
+            &fake.url(),
+            "m",
+            2,
+            "",
+        )],
+    )
     .await;
     let addr = gw.api_addr();
     // A vision request above the old 4 MiB default: 6 MiB of base64 "image" goes through.

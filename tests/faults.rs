@@ -18,7 +18,9 @@ use http_body_util::BodyExt;
 use hyper::body::{Body, Frame};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use slotgate_problem::ECHO_LIMIT;
-use support::{PATIENT, SOON, chat, chat_body, fake, gateway, get, post, send, server, upstream};
+use support::{
+    PATIENT, SOON, chat, chat_body, fake, gateway, get, open_chat, post, send, server, upstream,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -679,14 +681,11 @@ async fn shutdown_closes_idle_connections_at_once_and_drains_the_stream() {
     answer.into_body().collect().await.unwrap();
 
     // A stream that takes 40 × 150 ms = 6 s.
-    let mut running = support::open(
+    let mut running = open_chat(
         addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("m", true),
-            &[("x-fake-tokens", "40"), ("x-fake-chunk-interval-ms", "150")],
-        ),
+        "m",
+        true,
+        &[("x-fake-tokens", "40"), ("x-fake-chunk-interval-ms", "150")],
     )
     .await
     .head()

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use fake_upstream::{FakeUpstream, Outcome};
 use support::{
-    SOON, authority, chat, chat_body, eventually, fake, gateway, get, open, post, send, server,
-    upstream,
+    SOON, authority, chat, chat_body, eventually, fake, gateway, gateway_with, get, open_chat,
+    post, send, server, upstream,
 };
 
 // === the issue's load scenario ===
@@ -21,12 +21,7 @@ use support::{
 async fn forty_concurrent_requests_get_only_200_or_503_and_the_upstream_sees_at_most_six() {
     // The engine itself could run 16: the cap of 6 is the gateway's doing.
     let fake = fake(16, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server(""),
-        upstream("gpu", &fake.url(), "qwen", 6, 8, "30s")
-    ))
-    .await;
+    let gw = gateway_with("", &[upstream("gpu", &fake.url(), "qwen", 6, 8, "30s")]).await;
     let addr = gw.api_addr();
 
     let tasks: Vec<_> = (0..40)
@@ -89,12 +84,7 @@ async fn forty_concurrent_requests_get_only_200_or_503_and_the_upstream_sees_at_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_while_queued_never_reaches_the_upstream_and_frees_its_place() {
     let fake = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server(""),
-        upstream("gpu", &fake.url(), "qwen", 1, 1, "30s")
-    ))
-    .await;
+    let gw = gateway_with("", &[upstream("gpu", &fake.url(), "qwen", 1, 1, "30s")]).await;
     let addr = gw.api_addr();
     let key = authority(fake.addr());
 
@@ -111,16 +101,7 @@ async fn a_client_that_leaves_while_queued_never_reaches_the_upstream_and_frees_
     fake.observer().wait_for_in_flight(1, SOON).await.unwrap();
 
     // B takes the only place in the queue, then goes away.
-    let leaver = open(
-        addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("qwen", false),
-            &[("x-request-id", "leaver")],
-        ),
-    )
-    .await;
+    let leaver = open_chat(addr, "qwen", false, &[("x-request-id", "leaver")]).await;
     eventually("B queued", SOON, || gw.limiter().queued(&key, "qwen") == 1).await;
     leaver.disconnect();
     eventually("B's place freed", SOON, || {
@@ -152,28 +133,20 @@ async fn a_client_that_leaves_while_queued_never_reaches_the_upstream_and_frees_
 async fn a_client_that_leaves_mid_stream_frees_the_slot_at_once_and_the_upstream_connection_closes()
 {
     let fake = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server(""),
-        upstream("gpu", &fake.url(), "qwen", 1, 1, "60s")
-    ))
-    .await;
+    let gw = gateway_with("", &[upstream("gpu", &fake.url(), "qwen", 1, 1, "60s")]).await;
     let addr = gw.api_addr();
     let key = authority(fake.addr());
 
     // A streams slowly: 100 tokens, 200 ms apart, 20 s in all.
-    let mut a = open(
+    let mut a = open_chat(
         addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("qwen", true),
-            &[
-                ("x-fake-tokens", "100"),
-                ("x-fake-chunk-interval-ms", "200"),
-                ("x-request-id", "a"),
-            ],
-        ),
+        "qwen",
+        true,
+        &[
+            ("x-fake-tokens", "100"),
+            ("x-fake-chunk-interval-ms", "200"),
+            ("x-request-id", "a"),
+        ],
     )
     .await
     .head()
@@ -232,14 +205,11 @@ async fn leave_before_the_answer_with_b_queued(
 ) {
     let addr = gw.api_addr();
     let key = authority(fake.addr());
-    let a = open(
+    let a = open_chat(
         addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("qwen", false),
-            &[("x-fake-hold-ms", "60000"), ("x-request-id", "a")],
-        ),
+        "qwen",
+        false,
+        &[("x-fake-hold-ms", "60000"), ("x-request-id", "a")],
     )
     .await;
     fake.observer().wait_for_in_flight(1, SOON).await.unwrap();
@@ -268,12 +238,7 @@ async fn leave_before_the_answer_with_b_queued(
 async fn a_client_that_leaves_before_the_answer_keeps_the_slot_for_the_cancel_grace() {
     const GRACE: Duration = Duration::from_secs(4);
     let fake = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server(""),
-        upstream_with_grace(&fake.url(), 1, 1, "4s")
-    ))
-    .await;
+    let gw = gateway_with("", &[upstream_with_grace(&fake.url(), 1, 1, "4s")]).await;
 
     let (a, b, cut) = leave_before_the_answer_with_b_queued(&gw, &fake).await;
     // The upstream saw A go away (its connection was closed at once), and B only arrived there
@@ -314,25 +279,17 @@ async fn a_client_that_leaves_a_stream_in_prefill_keeps_the_slot_for_the_cancel_
     // its first write. Issue 28: the next request reached the engine 5 ms after the client left.
     const GRACE: Duration = Duration::from_secs(4);
     let fake = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server(""),
-        upstream_with_grace(&fake.url(), 1, 1, "4s")
-    ))
-    .await;
+    let gw = gateway_with("", &[upstream_with_grace(&fake.url(), 1, 1, "4s")]).await;
     let addr = gw.api_addr();
     let key = authority(fake.addr());
-    let a = open(
+    let a = open_chat(
         addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("qwen", true),
-            &[
-                ("x-fake-fail", "first-token-delay-ms=60000"),
-                ("x-request-id", "a"),
-            ],
-        ),
+        "qwen",
+        true,
+        &[
+            ("x-fake-fail", "first-token-delay-ms=60000"),
+            ("x-request-id", "a"),
+        ],
     )
     .await
     .head()
@@ -362,25 +319,17 @@ async fn a_client_that_leaves_a_stream_in_prefill_keeps_the_slot_for_the_cancel_
 async fn a_client_that_leaves_a_flowing_stream_frees_the_slot_at_once() {
     // Once the answer's bytes flow, the engine notices a closed connection at its next write.
     let fake = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server(""),
-        upstream_with_grace(&fake.url(), 1, 1, "4s")
-    ))
-    .await;
+    let gw = gateway_with("", &[upstream_with_grace(&fake.url(), 1, 1, "4s")]).await;
     let addr = gw.api_addr();
     let key = authority(fake.addr());
-    let mut a = open(
+    let mut a = open_chat(
         addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("qwen", true),
-            &[
-                ("x-fake-tokens", "100000"),
-                ("x-fake-chunk-interval-ms", "50"),
-            ],
-        ),
+        "qwen",
+        true,
+        &[
+            ("x-fake-tokens", "100000"),
+            ("x-fake-chunk-interval-ms", "50"),
+        ],
     )
     .await
     .head()
@@ -408,12 +357,7 @@ async fn a_client_that_leaves_a_flowing_stream_frees_the_slot_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_zero_cancel_grace_a_client_that_leaves_before_the_answer_frees_the_slot_at_once() {
     let fake = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server(""),
-        upstream_with_grace(&fake.url(), 1, 1, "0s")
-    ))
-    .await;
+    let gw = gateway_with("", &[upstream_with_grace(&fake.url(), 1, 1, "0s")]).await;
 
     let (_a, b, cut) = leave_before_the_answer_with_b_queued(&gw, &fake).await;
     // Generous: half the grace the test above waits for, on a loaded machine.
@@ -431,26 +375,18 @@ async fn with_a_zero_cancel_grace_a_client_that_leaves_before_the_answer_frees_t
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_that_dies_mid_stream_ends_the_stream_and_frees_the_slot() {
     let fake = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server(""),
-        upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")
-    ))
-    .await;
+    let gw = gateway_with("", &[upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")]).await;
     let addr = gw.api_addr();
     let key = authority(fake.addr());
 
-    let mut stream = open(
+    let mut stream = open_chat(
         addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("qwen", true),
-            &[
-                ("x-fake-fail", "die-after-chunks=3"),
-                ("x-fake-chunk-interval-ms", "20"),
-            ],
-        ),
+        "qwen",
+        true,
+        &[
+            ("x-fake-fail", "die-after-chunks=3"),
+            ("x-fake-chunk-interval-ms", "20"),
+        ],
     )
     .await
     .head()
@@ -483,24 +419,16 @@ async fn an_upstream_cut_mid_event_leaves_the_client_only_whole_events() {
     // Issue 28: the error event was glued onto the half event (`…"content":"haldata: {…`),
     // one event of invalid JSON, and SDKs raised a decode error instead of the problem.
     let fake = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server(""),
-        upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")
-    ))
-    .await;
+    let gw = gateway_with("", &[upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")]).await;
     let addr = gw.api_addr();
-    let mut stream = open(
+    let mut stream = open_chat(
         addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("qwen", true),
-            &[
-                ("x-fake-fail", "die-mid-event=3"),
-                ("x-fake-chunk-interval-ms", "20"),
-            ],
-        ),
+        "qwen",
+        true,
+        &[
+            ("x-fake-fail", "die-mid-event=3"),
+            ("x-fake-chunk-interval-ms", "20"),
+        ],
     )
     .await
     .head()
@@ -528,11 +456,10 @@ async fn an_upstream_cut_mid_event_leaves_the_client_only_whole_events() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_that_refuses_connections_gives_a_problem_and_frees_the_slot() {
     let fake = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server("health_check_interval = \"3s\""),
-        upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")
-    ))
+    let gw = gateway_with(
+        "health_check_interval = \"3s\"",
+        &[upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")],
+    )
     .await;
     let addr = gw.api_addr();
     let key = authority(fake.addr());
@@ -553,11 +480,10 @@ async fn an_upstream_that_refuses_connections_gives_a_problem_and_frees_the_slot
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_that_hangs_past_the_first_byte_timeout_gives_504_and_frees_the_slot() {
     let fake = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server("first_byte_timeout = \"500ms\""),
-        upstream_with_grace(&fake.url(), 1, 1, "3s")
-    ))
+    let gw = gateway_with(
+        "first_byte_timeout = \"500ms\"",
+        &[upstream_with_grace(&fake.url(), 1, 1, "3s")],
+    )
     .await;
     let addr = gw.api_addr();
     let key = authority(fake.addr());
@@ -605,12 +531,7 @@ async fn an_upstream_that_hangs_past_the_first_byte_timeout_gives_504_and_frees_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_waits_past_queue_timeout_gets_503_queue_timeout_and_never_runs() {
     let fake = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server(""),
-        upstream("gpu", &fake.url(), "qwen", 1, 4, "300ms")
-    ))
-    .await;
+    let gw = gateway_with("", &[upstream("gpu", &fake.url(), "qwen", 1, 4, "300ms")]).await;
     let addr = gw.api_addr();
 
     let holder = tokio::spawn(async move {
@@ -641,12 +562,13 @@ async fn a_request_that_waits_past_queue_timeout_gets_503_queue_timeout_and_neve
 async fn a_saturated_upstream_does_not_delay_requests_to_another() {
     let busy = fake(4, "big").await;
     let idle = fake(4, "small").await;
-    let gw = gateway(&format!(
-        "{}{}{}",
-        server(""),
-        upstream("busy", &busy.url(), "big", 1, 20, "60s"),
-        upstream("idle", &idle.url(), "small", 2, 2, "60s"),
-    ))
+    let gw = gateway_with(
+        "",
+        &[
+            upstream("busy", &busy.url(), "big", 1, 20, "60s"),
+            upstream("idle", &idle.url(), "small", 2, 2, "60s"),
+        ],
+    )
     .await;
     let addr = gw.api_addr();
     let busy_key = authority(busy.addr());
@@ -730,26 +652,18 @@ async fn two_aliases_of_one_model_share_one_cap_and_one_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sse_arrives_chunk_by_chunk() {
     let fake = fake(2, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server(""),
-        upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")
-    ))
-    .await;
+    let gw = gateway_with("", &[upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")]).await;
     let addr = gw.api_addr();
 
-    let mut stream = open(
+    let mut stream = open_chat(
         addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("qwen", true),
-            &[
-                ("x-fake-tokens", "10"),
-                ("x-fake-chunk-interval-ms", "300"),
-                ("x-request-id", "sse"),
-            ],
-        ),
+        "qwen",
+        true,
+        &[
+            ("x-fake-tokens", "10"),
+            ("x-fake-chunk-interval-ms", "300"),
+            ("x-request-id", "sse"),
+        ],
     )
     .await
     .head()
@@ -788,12 +702,7 @@ async fn sse_arrives_chunk_by_chunk() {
 async fn queued_streams_never_get_the_connection_llama_server_closes_after_a_stream() {
     let fake = fake(1, "qwen").await;
     assert!(fake.config().close_after_stream);
-    let gw = gateway(&format!(
-        "{}{}",
-        server(""),
-        upstream("gpu", &fake.url(), "qwen", 1, 32, "30s")
-    ))
-    .await;
+    let gw = gateway_with("", &[upstream("gpu", &fake.url(), "qwen", 1, 32, "30s")]).await;
     let addr = gw.api_addr();
 
     let tasks: Vec<_> = (0..20)
@@ -830,13 +739,14 @@ async fn queued_streams_never_get_the_connection_llama_server_closes_after_a_str
 async fn falls_through_to_the_next_host_when_the_best_hosts_queue_is_full() {
     let a = fake(4, "qwen").await;
     let b = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}{}",
-        server(""),
-        // Equal weights; "a" comes first in configuration order, so it wins every tie.
-        upstream("a", &a.url(), "qwen", 1, 0, "30s"),
-        upstream("b", &b.url(), "qwen", 1, 4, "30s"),
-    ))
+    let gw = gateway_with(
+        "",
+        &[
+            // Equal weights; "a" comes first in configuration order, so it wins every tie.
+            upstream("a", &a.url(), "qwen", 1, 0, "30s"),
+            upstream("b", &b.url(), "qwen", 1, 4, "30s"),
+        ],
+    )
     .await;
     let addr = gw.api_addr();
 
@@ -953,12 +863,7 @@ async fn answers_plain_requests_and_refuses_bad_ones_with_problems() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_listener_serves_probes_and_metrics() {
     let fake = fake(2, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server(""),
-        upstream("gpu", &fake.url(), "qwen", 2, 3, "30s")
-    ))
-    .await;
+    let gw = gateway_with("", &[upstream("gpu", &fake.url(), "qwen", 2, 3, "30s")]).await;
     let admin = gw.admin_addr().expect("admin listener configured");
     assert_eq!(chat(gw.api_addr(), "qwen", false, &[]).await.status, 200);
 
@@ -988,22 +893,18 @@ async fn the_admin_listener_serves_probes_and_metrics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_lets_an_in_flight_stream_finish() {
     let fake = fake(2, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server("drain_grace = \"20s\""),
-        upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")
-    ))
+    let gw = gateway_with(
+        "drain_grace = \"20s\"",
+        &[upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")],
+    )
     .await;
     let addr = gw.api_addr();
 
-    let mut stream = open(
+    let mut stream = open_chat(
         addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("qwen", true),
-            &[("x-fake-tokens", "10"), ("x-fake-chunk-interval-ms", "100")],
-        ),
+        "qwen",
+        true,
+        &[("x-fake-tokens", "10"), ("x-fake-chunk-interval-ms", "100")],
     )
     .await
     .head()
@@ -1028,12 +929,7 @@ async fn h2c_streams_share_the_cap_and_a_reset_stream_frees_its_slot() {
     use http_body_util::BodyExt;
 
     let fake = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server(""),
-        upstream("gpu", &fake.url(), "qwen", 1, 1, "60s")
-    ))
-    .await;
+    let gw = gateway_with("", &[upstream("gpu", &fake.url(), "qwen", 1, 1, "60s")]).await;
     let addr = gw.api_addr();
     let key = authority(fake.addr());
     let mut conn = support::h2(addr).await;
@@ -1092,11 +988,10 @@ async fn a_silent_connection_is_closed_after_the_header_read_timeout() {
     use tokio::io::AsyncReadExt;
 
     let fake = fake(1, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server("header_read_timeout = \"300ms\""),
-        upstream("gpu", &fake.url(), "qwen", 1, 0, "30s")
-    ))
+    let gw = gateway_with(
+        "header_read_timeout = \"300ms\"",
+        &[upstream("gpu", &fake.url(), "qwen", 1, 0, "30s")],
+    )
     .await;
     let mut silent = tokio::net::TcpStream::connect(gw.api_addr()).await.unwrap();
     let mut buf = [0_u8; 64];
@@ -1137,25 +1032,15 @@ async fn a_silent_connection_is_closed_after_the_header_read_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_max_connections_new_connections_wait_for_a_free_one() {
     let fake = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server("max_connections = 1"),
-        upstream("gpu", &fake.url(), "qwen", 4, 0, "30s")
-    ))
+    let gw = gateway_with(
+        "max_connections = 1",
+        &[upstream("gpu", &fake.url(), "qwen", 4, 0, "30s")],
+    )
     .await;
     let addr = gw.api_addr();
 
     // The only connection: a request on it is in flight.
-    let first = open(
-        addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("qwen", false),
-            &[("x-fake-hold-ms", "1000")],
-        ),
-    )
-    .await;
+    let first = open_chat(addr, "qwen", false, &[("x-fake-hold-ms", "1000")]).await;
     fake.observer().wait_for_in_flight(1, SOON).await.unwrap();
     // A second connection is not served while the first is open...
     let second =
@@ -1179,11 +1064,10 @@ async fn past_max_connections_new_connections_wait_for_a_free_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_keys_are_required_when_configured() {
     let fake = fake(2, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server("api_keys = [\"sk-test-1\"]"),
-        upstream("gpu", &fake.url(), "qwen", 2, 0, "30s")
-    ))
+    let gw = gateway_with(
+        "api_keys = [\"sk-test-1\"]",
+        &[upstream("gpu", &fake.url(), "qwen", 2, 0, "30s")],
+    )
     .await;
     let addr = gw.api_addr();
     let none = chat(addr, "qwen", false, &[]).await;
@@ -1236,28 +1120,20 @@ async fn an_unlimited_model_is_never_queued_or_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_while_the_upstream_is_silent_is_noticed_without_a_write() {
     let fake = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server(""),
-        upstream("gpu", &fake.url(), "qwen", 1, 1, "60s")
-    ))
-    .await;
+    let gw = gateway_with("", &[upstream("gpu", &fake.url(), "qwen", 1, 1, "60s")]).await;
     let addr = gw.api_addr();
     let key = authority(fake.addr());
 
     // The role chunk comes at once, the first token only after 60 s (a long prefill).
-    let mut a = open(
+    let mut a = open_chat(
         addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("qwen", true),
-            &[
-                ("x-fake-tokens", "2"),
-                ("x-fake-chunk-interval-ms", "60000"),
-                ("x-request-id", "silent"),
-            ],
-        ),
+        "qwen",
+        true,
+        &[
+            ("x-fake-tokens", "2"),
+            ("x-fake-chunk-interval-ms", "60000"),
+            ("x-request-id", "silent"),
+        ],
     )
     .await
     .head()
@@ -1284,12 +1160,13 @@ async fn a_client_that_leaves_while_the_upstream_is_silent_is_noticed_without_a_
 async fn a_refused_connection_fails_over_to_the_next_host() {
     let a = fake(4, "qwen").await;
     let b = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}{}",
-        server(""),
-        upstream("a", &a.url(), "qwen", 2, 2, "30s"),
-        upstream("b", &b.url(), "qwen", 2, 2, "30s"),
-    ))
+    let gw = gateway_with(
+        "",
+        &[
+            upstream("a", &a.url(), "qwen", 2, 2, "30s"),
+            upstream("b", &b.url(), "qwen", 2, 2, "30s"),
+        ],
+    )
     .await;
     a.refuse_connections().await.unwrap();
 

@@ -17,7 +17,7 @@ use http_body_util::Full;
 use serde_json::Value;
 use slotgate_exposition::{self as exposition, Line, Sample};
 use support::{
-    PATIENT, Reply, SOON, chat, chat_body, fake, gateway, get, open, post, sample, send, server,
+    PATIENT, Reply, SOON, chat, fake, gateway, gateway_with, get, open_chat, sample, send, server,
     status, upstream_status,
 };
 
@@ -102,11 +102,17 @@ async fn a_loading_llama_server_gets_no_requests_until_it_is_healthy() {
     )
     .await
     .unwrap();
-    let gw = gateway(&format!(
-        "{}{}",
-        server("health_check_interval = \"200ms\""),
-        upstream_of("llama-server", "gpu", &fake.url(), "qwen", 2, 2)
-    ))
+    let gw = gateway_with(
+        "health_check_interval = \"200ms\"",
+        &[upstream_of(
+            "llama-server",
+            "gpu",
+            &fake.url(),
+            "qwen",
+            2,
+            2,
+        )],
+    )
     .await;
     let admin = gw.admin_addr().unwrap();
     let addr = gw.api_addr();
@@ -190,12 +196,13 @@ async fn refused_connections_eject_an_upstream_between_checks() {
     let a = fake(4, "qwen").await;
     let b = fake(4, "qwen").await;
     // Checks once at start, then not for an hour: only forwarding can eject "a".
-    let gw = gateway(&format!(
-        "{}{}{}",
-        server("health_check_interval = \"1h\"\neject_after_failures = 2"),
-        upstream_of("llama-server", "a", &a.url(), "qwen", 2, 2),
-        upstream_of("llama-server", "b", &b.url(), "qwen", 2, 2),
-    ))
+    let gw = gateway_with(
+        "health_check_interval = \"1h\"\neject_after_failures = 2",
+        &[
+            upstream_of("llama-server", "a", &a.url(), "qwen", 2, 2),
+            upstream_of("llama-server", "b", &b.url(), "qwen", 2, 2),
+        ],
+    )
     .await;
     let admin = gw.admin_addr().unwrap();
     let addr = gw.api_addr();
@@ -290,14 +297,15 @@ async fn requests_go_where_the_model_is_loaded_and_fall_through_only_when_its_qu
     let b = FakeUpstream::start(FakeConfig::llama_server(4).router(true).model("qwen"))
         .await
         .unwrap();
-    let gw = gateway(&format!(
-        "{}{}{}",
-        server("health_check_interval = \"100ms\""),
-        // "a" comes first in configuration order and has more free slots: without residency
-        // it would win every pick.
-        upstream_of("llama-server", "a", &a.url(), "qwen", 2, 1),
-        upstream_of("llama-server", "b", &b.url(), "qwen", 1, 1),
-    ))
+    let gw = gateway_with(
+        "health_check_interval = \"100ms\"",
+        &[
+            // "a" comes first in configuration order and has more free slots: without residency
+            // it would win every pick.
+            upstream_of("llama-server", "a", &a.url(), "qwen", 2, 1),
+            upstream_of("llama-server", "b", &b.url(), "qwen", 1, 1),
+        ],
+    )
     .await;
     let admin = gw.admin_addr().unwrap();
     let addr = gw.api_addr();
@@ -421,30 +429,28 @@ async fn residency_follows_each_kinds_own_listing() {
 async fn a_drained_upstream_gets_no_new_requests_and_its_running_ones_finish() {
     let a = fake(4, "qwen").await;
     let b = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}{}",
-        server("admin_token = \"let-me-in\""),
-        upstream_of("llama-server", "a", &a.url(), "qwen", 2, 2),
-        upstream_of("llama-server", "b", &b.url(), "qwen", 2, 2),
-    ))
+    let gw = gateway_with(
+        "admin_token = \"let-me-in\"",
+        &[
+            upstream_of("llama-server", "a", &a.url(), "qwen", 2, 2),
+            upstream_of("llama-server", "b", &b.url(), "qwen", 2, 2),
+        ],
+    )
     .await;
     let admin = gw.admin_addr().unwrap();
     let addr = gw.api_addr();
     let token = Some("let-me-in");
 
     // A stream runs on "a" (first in configuration order).
-    let mut running = open(
+    let mut running = open_chat(
         addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("qwen", true),
-            &[
-                ("x-fake-tokens", "10"),
-                ("x-fake-chunk-interval-ms", "150"),
-                ("x-request-id", "running"),
-            ],
-        ),
+        "qwen",
+        true,
+        &[
+            ("x-fake-tokens", "10"),
+            ("x-fake-chunk-interval-ms", "150"),
+            ("x-request-id", "running"),
+        ],
     )
     .await
     .head()
@@ -508,25 +514,28 @@ async fn a_drained_upstream_gets_no_new_requests_and_its_running_ones_finish() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_lets_running_requests_finish_and_refuses_queued_ones() {
     let fake = fake(4, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server("drain_grace = \"20s\""),
-        upstream_of("llama-server", "gpu", &fake.url(), "qwen", 1, 2),
-    ))
+    let gw = gateway_with(
+        "drain_grace = \"20s\"",
+        &[upstream_of(
+            "llama-server",
+            "gpu",
+            &fake.url(),
+            "qwen",
+            1,
+            2,
+        )],
+    )
     .await;
     let admin = gw.admin_addr().unwrap();
     let addr = gw.api_addr();
     let key = support::authority(fake.addr());
 
     // One stream holds the only slot; one request waits behind it.
-    let mut running = open(
+    let mut running = open_chat(
         addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("qwen", true),
-            &[("x-fake-tokens", "20"), ("x-fake-chunk-interval-ms", "150")],
-        ),
+        "qwen",
+        true,
+        &[("x-fake-tokens", "20"), ("x-fake-chunk-interval-ms", "150")],
     )
     .await
     .head()
@@ -567,11 +576,10 @@ async fn shutdown_lets_running_requests_finish_and_refuses_queued_ones() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_wants_its_token_and_answers_mistakes_with_problems() {
     let fake = fake(1, "qwen").await;
-    let gw = gateway(&format!(
-        "{}{}",
-        server("admin_token = \"let-me-in\""),
-        upstream_of("llama-server", "a", &fake.url(), "qwen", 1, 0),
-    ))
+    let gw = gateway_with(
+        "admin_token = \"let-me-in\"",
+        &[upstream_of("llama-server", "a", &fake.url(), "qwen", 1, 0)],
+    )
     .await;
     let admin = gw.admin_addr().unwrap();
     let token = Some("let-me-in");
@@ -663,14 +671,11 @@ async fn a_reload_applies_new_upstreams_models_and_limits_without_dropping_reque
     let key_b = support::authority(b.addr());
 
     // On "a": a stream holds the only slot, one request waits behind it.
-    let mut stream = open(
+    let mut stream = open_chat(
         addr,
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat_body("qwen", true),
-            &[("x-fake-tokens", "10"), ("x-fake-chunk-interval-ms", "200")],
-        ),
+        "qwen",
+        true,
+        &[("x-fake-tokens", "10"), ("x-fake-chunk-interval-ms", "200")],
     )
     .await
     .head()

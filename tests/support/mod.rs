@@ -47,6 +47,12 @@ pub fn server(extra: &str) -> String {
     format!("[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{extra}\n")
 }
 
+/// A gateway with the `[server]` table plus `extra` lines (see [`server`]) and `upstreams`, the
+/// `[upstreams.…]` tables in order: the set-up nearly every test starts with, spelled once.
+pub async fn gateway_with(extra: &str, upstreams: &[String]) -> Gateway {
+    gateway(&(server(extra) + &upstreams.concat())).await
+}
+
 /// An `[upstreams.NAME]` table with one model.
 pub fn upstream(
     name: &str,
@@ -207,6 +213,26 @@ pub async fn chat(addr: SocketAddr, model: &str, stream: bool, headers: &[(&str,
         chat_body(model, stream),
         headers,
     ))
+    .await
+}
+
+/// `POST /v1/chat/completions` for `model` on a connection of its own (see [`open`]): for a
+/// test whose client leaves at a chosen moment, or reads the answer frame by frame.
+pub async fn open_chat(
+    addr: SocketAddr,
+    model: &str,
+    stream: bool,
+    headers: &[(&str, &str)],
+) -> Open {
+    open(
+        addr,
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat_body(model, stream),
+            headers,
+        ),
+    )
     .await
 }
 
