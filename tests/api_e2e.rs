@@ -15,7 +15,9 @@ use bytes::Bytes;
 use fake_upstream::{FakeConfig, FakeUpstream};
 use http::Request;
 use http_body_util::Full;
-use support::{SOON, eventually, gateway, gateway_with, get, open, post, send, server};
+use support::{
+    SOON, eventually, gateway, gateway_with, get, open, post, replies, send, server, spawn_burst,
+};
 
 /// An `[upstreams.NAME]` table of `kind` with one model, `parallel` slots and a queue of 16,
 /// plus `extra` lines in the upstream table.
@@ -65,23 +67,20 @@ fn body(model: Option<&str>) -> String {
 /// succeed and the engine never had more than 2 running.
 async fn assert_capped(gw: SocketAddr, fake: &FakeUpstream, path: &str) {
     fake.observer().reset_peak();
-    let tasks: Vec<_> = (0..5)
-        .map(|i| {
-            let path = path.to_owned();
-            tokio::spawn(async move {
-                let id = format!("cap{}-{i}", path.replace('/', "_"));
-                send(post(
-                    gw,
-                    &path,
-                    body(Some("m")),
-                    &[("x-fake-hold-ms", "300"), ("x-request-id", &id)],
-                ))
-                .await
-            })
-        })
-        .collect();
-    for task in tasks {
-        let reply = task.await.unwrap();
+    let tasks = spawn_burst(5, |i| {
+        let path = path.to_owned();
+        async move {
+            let id = format!("cap{}-{i}", path.replace('/', "_"));
+            send(post(
+                gw,
+                &path,
+                body(Some("m")),
+                &[("x-fake-hold-ms", "300"), ("x-request-id", &id)],
+            ))
+            .await
+        }
+    });
+    for reply in replies(tasks).await {
         assert_eq!(reply.status, 200, "{path}: {}", reply.text());
     }
     assert_eq!(
@@ -395,23 +394,20 @@ async fn an_upload_is_routed_by_its_model_field_capped_and_renamed_for_an_alias(
     let addr = gw.api_addr();
     for path in ["/v1/audio/transcriptions", "/v1/audio/translations"] {
         fake.observer().reset_peak();
-        let tasks: Vec<_> = (0..5)
-            .map(|i| {
-                let id = format!("upload{}-{i}", path.replace('/', "_"));
-                tokio::spawn(async move {
-                    // Through the alias: the engine must get its own name.
-                    send(transcription(
-                        addr,
-                        path,
-                        "whisper",
-                        &[("x-fake-hold-ms", "300"), ("x-request-id", &id)],
-                    ))
-                    .await
-                })
-            })
-            .collect();
-        for task in tasks {
-            let reply = task.await.unwrap();
+        let tasks = spawn_burst(5, |i| {
+            let id = format!("upload{}-{i}", path.replace('/', "_"));
+            async move {
+                // Through the alias: the engine must get its own name.
+                send(transcription(
+                    addr,
+                    path,
+                    "whisper",
+                    &[("x-fake-hold-ms", "300"), ("x-request-id", &id)],
+                ))
+                .await
+            }
+        });
+        for reply in replies(tasks).await {
             assert_eq!(reply.status, 200, "{path}: {}", reply.text());
             assert!(reply.json()["text"].is_string(), "{}", reply.text());
         }

@@ -427,7 +427,6 @@ fn last_event(body: &[u8]) -> serde_json::Value {
 async fn a_stalled_stream_ends_with_an_error_event_and_frees_its_slot() {
     let (fake, gw) = stall_setup("", "").await;
     let admin = gw.admin_addr().unwrap();
-    let key = support::authority(fake.addr());
     let reply = tokio::time::timeout(
         SOON,
         chat(
@@ -451,19 +450,8 @@ async fn a_stalled_stream_ends_with_an_error_event_and_frees_its_slot() {
     assert_eq!(last["error"]["code"], "upstream_stalled");
     assert_eq!(last["request_id"], "stalled-1");
     assert_eq!(bound(admin, "stream_idle").await, 1);
-    support::eventually("the slot is back", SOON, || {
-        gw.limiter().in_flight(&key, "m") == 0 && gw.limiter().queued(&key, "m") == 0
-    })
-    .await;
-    let record = fake
-        .observer()
-        .wait_for_outcome("stalled-1", SOON)
-        .await
-        .expect("the engine saw the connection close");
-    assert_eq!(
-        record.outcome,
-        Some(fake_upstream::Outcome::ClientGoneMidResponse)
-    );
+    support::nothing_held(&gw, &fake, "m", "the slot is back").await;
+    engine_saw_the_close(&fake, "stalled-1").await;
     gw.shutdown().await;
     fake.shutdown().await;
 }
@@ -474,7 +462,6 @@ async fn a_stalled_stream_ends_with_an_error_event_and_frees_its_slot() {
 async fn a_stream_the_engine_cuts_ends_with_an_error_event() {
     let (fake, gw) = stall_setup("", "").await;
     let admin = gw.admin_addr().unwrap();
-    let key = support::authority(fake.addr());
     let reply = chat(
         gw.api_addr(),
         "m",
@@ -491,10 +478,7 @@ async fn a_stream_the_engine_cuts_ends_with_an_error_event() {
         "https://slotgate.dev/problems/upstream-stalled"
     );
     assert_eq!(bound(admin, "upstream_cut").await, 1);
-    support::eventually("the slot is back", SOON, || {
-        gw.limiter().in_flight(&key, "m") == 0
-    })
-    .await;
+    support::slots_free(&gw, &fake, "m", "the slot is back").await;
     gw.shutdown().await;
     fake.shutdown().await;
 }
@@ -507,7 +491,6 @@ async fn a_stream_the_engine_cuts_ends_with_an_error_event() {
 async fn a_client_that_stops_reading_is_cut_and_its_slot_freed() {
     let (fake, gw) = setup("client_write_timeout = \"1s\"").await;
     let admin = gw.admin_addr().unwrap();
-    let key = support::authority(fake.addr());
     // A small receive window, so that less has to pile up before the gateway feels it.
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
@@ -520,19 +503,8 @@ async fn a_client_that_stops_reading_is_cut_and_its_slot_freed() {
         .unwrap();
     // Read nothing: the buffers fill, then the gateway waits on this client.
     bound_reaches(admin, "client_stall", 1, PATIENT).await;
-    support::eventually("the slot is back", SOON, || {
-        gw.limiter().in_flight(&key, "m") == 0 && gw.limiter().queued(&key, "m") == 0
-    })
-    .await;
-    let record = fake
-        .observer()
-        .wait_for_outcome("deaf", SOON)
-        .await
-        .expect("the engine saw the connection close");
-    assert_eq!(
-        record.outcome,
-        Some(fake_upstream::Outcome::ClientGoneMidResponse)
-    );
+    support::nothing_held(&gw, &fake, "m", "the slot is back").await;
+    engine_saw_the_close(&fake, "deaf").await;
     assert_eq!(
         support::admin_sample(
             admin,
@@ -595,7 +567,6 @@ async fn a_slow_but_live_reader_keeps_its_stream() {
 async fn an_answer_past_its_stream_timeout_ends_with_an_error_event() {
     let (fake, gw) = stall_setup("", "stream_timeout = \"2s\"").await;
     let admin = gw.admin_addr().unwrap();
-    let key = support::authority(fake.addr());
     // 100 tokens 200 ms apart: never a stall (1 s), 20 s in all.
     let reply = tokio::time::timeout(
         SOON,
@@ -620,19 +591,8 @@ async fn an_answer_past_its_stream_timeout_ends_with_an_error_event() {
     assert!(!reply.text().contains("[DONE]"));
     assert_eq!(bound(admin, "stream_timeout").await, 1);
     assert_eq!(bound(admin, "stream_idle").await, 0);
-    support::eventually("the slot is back", SOON, || {
-        gw.limiter().in_flight(&key, "m") == 0
-    })
-    .await;
-    let record = fake
-        .observer()
-        .wait_for_outcome("long-1", SOON)
-        .await
-        .expect("the engine saw the connection close");
-    assert_eq!(
-        record.outcome,
-        Some(fake_upstream::Outcome::ClientGoneMidResponse)
-    );
+    support::slots_free(&gw, &fake, "m", "the slot is back").await;
+    engine_saw_the_close(&fake, "long-1").await;
     gw.shutdown().await;
     fake.shutdown().await;
 }
@@ -983,11 +943,7 @@ impl Row {
 
     /// Slot and queue back to 0, the request counted as an upstream error; then stops both.
     async fn done(self) {
-        let key = support::authority(self.fake.addr());
-        support::eventually("slot and queue back to 0", SOON, || {
-            self.gw.limiter().in_flight(&key, "m") == 0 && self.gw.limiter().queued(&key, "m") == 0
-        })
-        .await;
+        support::nothing_held(&self.gw, &self.fake, "m", "slot and queue back to 0").await;
         assert_eq!(
             support::admin_sample(
                 self.admin,
@@ -1072,7 +1028,6 @@ async fn row_first_token_later_than_the_idle_timeout() {
 async fn an_h2_client_that_stops_reading_is_cut_and_its_slot_freed() {
     let (fake, gw) = setup("client_write_timeout = \"1s\"").await;
     let admin = gw.admin_addr().unwrap();
-    let key = support::authority(fake.addr());
     let stream = TcpStream::connect(gw.api_addr()).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .initial_stream_window_size(16 * 1024)
@@ -1096,19 +1051,8 @@ async fn an_h2_client_that_stops_reading_is_cut_and_its_slot_freed() {
     // The body is held and never read: its window is never given back.
     let _unread = response.into_body();
     bound_reaches(admin, "client_stall", 1, PATIENT).await;
-    support::eventually("the slot is back", SOON, || {
-        gw.limiter().in_flight(&key, "m") == 0
-    })
-    .await;
-    let record = fake
-        .observer()
-        .wait_for_outcome("h2-deaf", SOON)
-        .await
-        .expect("the engine saw the connection close");
-    assert_eq!(
-        record.outcome,
-        Some(fake_upstream::Outcome::ClientGoneMidResponse)
-    );
+    support::slots_free(&gw, &fake, "m", "the slot is back").await;
+    engine_saw_the_close(&fake, "h2-deaf").await;
     let closed = tokio::time::timeout(SOON, conn).await;
     assert!(
         closed.is_ok(),
@@ -1138,7 +1082,6 @@ async fn row_health_flapping_under_load() {
     let gw = gateway(&toml).await;
     let admin = gw.admin_addr().unwrap();
     let addr = gw.api_addr();
-    let key = support::authority(fake.addr());
     let healthy = || async {
         support::admin_sample(admin, r#"slotgate_upstream_healthy{upstream="a"}"#).await
     };
@@ -1212,10 +1155,7 @@ async fn row_health_flapping_under_load() {
     assert!(served > 0, "no request was served: {replies:?}");
 
     // Nothing held, the upstream back in rotation, and the answers counted as completed.
-    support::eventually("slots and queue back to 0", SOON, || {
-        gw.limiter().in_flight(&key, "m") == 0 && gw.limiter().queued(&key, "m") == 0
-    })
-    .await;
+    support::nothing_held(&gw, &fake, "m", "slots and queue back to 0").await;
     let back = tokio::time::timeout(SOON, async {
         while healthy().await != Some(1.0) {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -1228,6 +1168,20 @@ async fn row_health_flapping_under_load() {
     assert_eq!(fake.observer().in_flight(), 0);
     gw.shutdown().await;
     fake.shutdown().await;
+}
+
+/// That `fake`, the engine, saw the gateway close its connection for request `id` (waiting for
+/// the request's end for at most [`SOON`]).
+async fn engine_saw_the_close(fake: &fake_upstream::FakeUpstream, id: &str) {
+    let record = fake
+        .observer()
+        .wait_for_outcome(id, SOON)
+        .await
+        .expect("the engine saw the connection close");
+    assert_eq!(
+        record.outcome,
+        Some(fake_upstream::Outcome::ClientGoneMidResponse)
+    );
 }
 
 /// How request `id` ended at `fake`, waiting for its end for at most [`SOON`].
@@ -1270,7 +1224,6 @@ async fn row_h2_rapid_reset() {
     let (fake, gw) = setup("h2_max_concurrent_streams = 8").await;
     let admin = gw.admin_addr().unwrap();
     let addr = gw.api_addr();
-    let key = support::authority(fake.addr());
 
     let tcp = TcpStream::connect(addr).await.unwrap();
     let (client, connection) = h2::client::handshake(tcp).await.unwrap();
@@ -1331,10 +1284,7 @@ async fn row_h2_rapid_reset() {
         "{} of {reset} reset streams reached the engine",
         reached.len()
     );
-    support::eventually("slots and queue back to 0", SOON, || {
-        gw.limiter().in_flight(&key, "m") == 0 && gw.limiter().queued(&key, "m") == 0
-    })
-    .await;
+    support::nothing_held(&gw, &fake, "m", "slots and queue back to 0").await;
     for record in &reached {
         let outcome = engine_outcome(&fake, &record.id).await;
         assert!(

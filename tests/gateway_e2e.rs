@@ -12,7 +12,7 @@ use std::time::Duration;
 use fake_upstream::{FakeUpstream, Outcome};
 use support::{
     SOON, authority, chat, chat_body, eventually, fake, gateway, gateway_with, get, open_chat,
-    post, send, server, upstream,
+    post, replies, send, server, slots_free, spawn_burst, upstream,
 };
 
 // === the load scenario ===
@@ -24,24 +24,19 @@ async fn forty_concurrent_requests_get_only_200_or_503_and_the_upstream_sees_at_
     let gw = gateway_with("", &[upstream("gpu", &fake.url(), "qwen", 6, 8, "30s")]).await;
     let addr = gw.api_addr();
 
-    let tasks: Vec<_> = (0..40)
-        .map(|i| {
-            tokio::spawn(async move {
-                let id = format!("burst-{i}");
-                chat(
-                    addr,
-                    "qwen",
-                    false,
-                    &[("x-fake-hold-ms", "2000"), ("x-request-id", &id)],
-                )
-                .await
-            })
-        })
-        .collect();
+    let tasks = spawn_burst(40, |i| async move {
+        let id = format!("burst-{i}");
+        chat(
+            addr,
+            "qwen",
+            false,
+            &[("x-fake-hold-ms", "2000"), ("x-request-id", &id)],
+        )
+        .await
+    });
     let mut ok = 0;
     let mut refused = 0;
-    for task in tasks {
-        let reply = task.await.unwrap();
+    for reply in replies(tasks).await {
         match reply.status.as_u16() {
             200 => {
                 assert_eq!(reply.json()["object"], "chat.completion");
@@ -227,10 +222,7 @@ async fn leave_before_the_answer_with_b_queued(
     assert_eq!(a_record.outcome, Some(Outcome::ClientGoneMidResponse));
     let b_record = fake.observer().wait_for_outcome("b", SOON).await.unwrap();
     assert_eq!(b_record.outcome, Some(Outcome::Completed));
-    eventually("slot freed", SOON, || {
-        gw.limiter().in_flight(&key, "qwen") == 0
-    })
-    .await;
+    slots_free(gw, fake, "qwen", "slot freed").await;
     (a_record, b_record, cut)
 }
 
@@ -377,7 +369,6 @@ async fn an_upstream_that_dies_mid_stream_ends_the_stream_and_frees_the_slot() {
     let fake = fake(4, "qwen").await;
     let gw = gateway_with("", &[upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")]).await;
     let addr = gw.api_addr();
-    let key = authority(fake.addr());
 
     let mut stream = open_chat(
         addr,
@@ -403,10 +394,7 @@ async fn an_upstream_that_dies_mid_stream_ends_the_stream_and_frees_the_slot() {
         last.starts_with("data: ") && last.contains("/problems/upstream-stalled"),
         "the last event is the error: {text}"
     );
-    eventually("slot freed", SOON, || {
-        gw.limiter().in_flight(&key, "qwen") == 0
-    })
-    .await;
+    slots_free(&gw, &fake, "qwen", "slot freed").await;
 
     // The gateway carries on.
     assert_eq!(chat(addr, "qwen", false, &[]).await.status, 200);
@@ -508,10 +496,7 @@ async fn an_upstream_that_hangs_past_the_first_byte_timeout_gives_504_and_frees_
         1,
         "kept for the grace"
     );
-    eventually("the slot back after the cancel grace", SOON, || {
-        gw.limiter().in_flight(&key, "qwen") == 0
-    })
-    .await;
+    slots_free(&gw, &fake, "qwen", "the slot back after the cancel grace").await;
     // The gateway dropped the upstream request, so the hung engine slot is told.
     let record = fake
         .observer()
@@ -573,13 +558,9 @@ async fn a_saturated_upstream_does_not_delay_requests_to_another() {
     let addr = gw.api_addr();
     let busy_key = authority(busy.addr());
 
-    let backlog: Vec<_> = (0..6)
-        .map(|_| {
-            tokio::spawn(
-                async move { chat(addr, "big", false, &[("x-fake-hold-ms", "400")]).await },
-            )
-        })
-        .collect();
+    let backlog = spawn_burst(6, |_| async move {
+        chat(addr, "big", false, &[("x-fake-hold-ms", "400")]).await
+    });
     eventually("big's queue filled", SOON, || {
         gw.limiter().queued(&busy_key, "big") >= 3
     })
@@ -592,8 +573,8 @@ async fn a_saturated_upstream_does_not_delay_requests_to_another() {
         gw.limiter().queued(&busy_key, "big") >= 1,
         "small was not held up behind big"
     );
-    for task in backlog {
-        assert_eq!(task.await.unwrap().status, 200);
+    for reply in replies(backlog).await {
+        assert_eq!(reply.status, 200);
     }
     gw.shutdown().await;
     busy.shutdown().await;
@@ -705,22 +686,17 @@ async fn queued_streams_never_get_the_connection_llama_server_closes_after_a_str
     let gw = gateway_with("", &[upstream("gpu", &fake.url(), "qwen", 1, 32, "30s")]).await;
     let addr = gw.api_addr();
 
-    let tasks: Vec<_> = (0..20)
-        .map(|i| {
-            tokio::spawn(async move {
-                let id = format!("turn-{i}");
-                chat(
-                    addr,
-                    "qwen",
-                    true,
-                    &[("x-fake-tokens", "4"), ("x-request-id", &id)],
-                )
-                .await
-            })
-        })
-        .collect();
-    for task in tasks {
-        let reply = task.await.unwrap();
+    let tasks = spawn_burst(20, |i| async move {
+        let id = format!("turn-{i}");
+        chat(
+            addr,
+            "qwen",
+            true,
+            &[("x-fake-tokens", "4"), ("x-request-id", &id)],
+        )
+        .await
+    });
+    for reply in replies(tasks).await {
         assert_eq!(reply.status.as_u16(), 200, "{}", reply.text());
         assert!(
             reply.text().trim_end().ends_with("data: [DONE]"),
@@ -972,10 +948,7 @@ async fn h2c_streams_share_the_cap_and_a_reset_stream_frees_its_slot() {
         .await
         .unwrap();
     assert_eq!(record.outcome, Some(Outcome::ClientGoneMidResponse));
-    eventually("slot freed", SOON, || {
-        gw.limiter().in_flight(&key, "qwen") == 0
-    })
-    .await;
+    slots_free(&gw, &fake, "qwen", "slot freed").await;
     conn.close();
     gw.shutdown().await;
     fake.shutdown().await;
@@ -1102,15 +1075,11 @@ async fn an_unlimited_model_is_never_queued_or_refused() {
     ))
     .await;
     let addr = gw.api_addr();
-    let tasks: Vec<_> = (0..12)
-        .map(|_| {
-            tokio::spawn(
-                async move { chat(addr, "qwen", false, &[("x-fake-hold-ms", "500")]).await },
-            )
-        })
-        .collect();
-    for task in tasks {
-        assert_eq!(task.await.unwrap().status, 200);
+    let tasks = spawn_burst(12, |_| async move {
+        chat(addr, "qwen", false, &[("x-fake-hold-ms", "500")]).await
+    });
+    for reply in replies(tasks).await {
+        assert_eq!(reply.status, 200);
     }
     assert!(fake.observer().peak_in_flight() > 1);
     gw.shutdown().await;
@@ -1142,10 +1111,7 @@ async fn a_client_that_leaves_while_the_upstream_is_silent_is_noticed_without_a_
     assert_eq!(gw.limiter().in_flight(&key, "qwen"), 1);
     a.disconnect();
     // Freed long before the upstream writes again: hyper saw the client's FIN while idle.
-    eventually("slot freed", SOON, || {
-        gw.limiter().in_flight(&key, "qwen") == 0
-    })
-    .await;
+    slots_free(&gw, &fake, "qwen", "slot freed").await;
     let record = fake
         .observer()
         .wait_for_outcome("silent", SOON)

@@ -17,8 +17,8 @@ use http_body_util::Full;
 use serde_json::Value;
 use slotgate_exposition::{self as exposition, Line, Sample};
 use support::{
-    PATIENT, Reply, SOON, chat, fake, gateway, gateway_with, get, open_chat, sample, send, server,
-    status, upstream_status,
+    PATIENT, Reply, SOON, chat, fake, gateway, gateway_with, get, open_chat, replies, sample, send,
+    server, spawn_burst, status, upstream_status,
 };
 
 /// An `[upstreams.NAME]` table of `kind` with one limited model.
@@ -1075,22 +1075,18 @@ async fn metrics_and_status_under_held_load_match_what_the_upstream_sees() {
     let gpu_qwen = [("upstream", "gpu"), ("model", "qwen")];
 
     // Five held requests: two run, three wait; a sixth is refused (queue full).
-    let held: Vec<_> = (0..5)
-        .map(|i| {
-            tokio::spawn(async move {
-                chat(
-                    addr,
-                    "qwen",
-                    false,
-                    &[
-                        ("x-fake-hold-ms", "2500"),
-                        ("x-request-id", &format!("held-{i}")),
-                    ],
-                )
-                .await
-            })
-        })
-        .collect();
+    let held = spawn_burst(5, |i| async move {
+        chat(
+            addr,
+            "qwen",
+            false,
+            &[
+                ("x-fake-hold-ms", "2500"),
+                ("x-request-id", &format!("held-{i}")),
+            ],
+        )
+        .await
+    });
     fake.observer().wait_for_in_flight(2, SOON).await.unwrap();
     support::eventually("three queued", SOON, || {
         gw.limiter().queued(&key, "qwen") == 3
@@ -1191,8 +1187,8 @@ async fn metrics_and_status_under_held_load_match_what_the_upstream_sees() {
     assert_eq!(ready.status, 200);
     assert_eq!(ready.json()["available_upstreams"], 1);
 
-    for task in held {
-        assert_eq!(task.await.unwrap().status, 200);
+    for reply in replies(held).await {
+        assert_eq!(reply.status, 200);
     }
     let samples = parse_exposition(&metrics_text(admin).await);
     assert_eq!(int_of(&samples, "slotgate_slots_in_use", &gpu_qwen), 0);

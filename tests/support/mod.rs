@@ -236,6 +236,26 @@ pub async fn open_chat(
     .await
 }
 
+/// Spawns `n` requests at once, the `i`-th made by `request(i)`: a burst of concurrent clients.
+/// Returns their tasks in order, so that a test can look at the gateway while they run; see
+/// [`replies`] for their answers.
+pub fn spawn_burst<F, R>(n: usize, request: F) -> Vec<JoinHandle<Reply>>
+where
+    F: FnMut(usize) -> R,
+    R: Future<Output = Reply> + Send + 'static,
+{
+    (0..n).map(request).map(tokio::spawn).collect()
+}
+
+/// The answers of the tasks of a [`spawn_burst`], in order; a task that panicked fails the test.
+pub async fn replies(tasks: Vec<JoinHandle<Reply>>) -> Vec<Reply> {
+    let mut all = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        all.push(task.await.expect("the request task ends"));
+    }
+    all
+}
+
 /// `GET path`.
 pub async fn get(addr: SocketAddr, path: &str) -> Reply {
     let req = Request::get(format!("http://{addr}{path}"))
@@ -359,6 +379,22 @@ pub async fn eventually(what: &str, timeout: Duration, mut check: impl FnMut() -
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Waits (at most [`SOON`]) until no slot of `model` at `fake` is taken; `what` names the wait
+/// in the failure.
+pub async fn slots_free(gw: &Gateway, fake: &FakeUpstream, model: &str, what: &str) {
+    let key = authority(fake.addr());
+    eventually(what, SOON, || gw.limiter().in_flight(&key, model) == 0).await;
+}
+
+/// [`slots_free`], and nobody left waiting in the model's queue either: nothing held.
+pub async fn nothing_held(gw: &Gateway, fake: &FakeUpstream, model: &str, what: &str) {
+    let key = authority(fake.addr());
+    eventually(what, SOON, || {
+        gw.limiter().in_flight(&key, model) == 0 && gw.limiter().queued(&key, model) == 0
+    })
+    .await;
 }
 
 /// An HTTP/2 (prior knowledge, h2c) connection to the gateway.
