@@ -19,7 +19,8 @@ use hyper::body::{Body, Frame};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use slotgate_problem::ECHO_LIMIT;
 use support::{
-    PATIENT, SOON, chat, chat_body, fake, gateway, get, open_chat, post, send, server, upstream,
+    PATIENT, SOON, chat, chat_body, fake, gateway, get, post, send, server, streaming_chat,
+    upstream,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -641,14 +642,11 @@ async fn shutdown_closes_idle_connections_at_once_and_drains_the_stream() {
     answer.into_body().collect().await.unwrap();
 
     // A stream that takes 40 × 150 ms = 6 s.
-    let mut running = open_chat(
+    let mut running = streaming_chat(
         addr,
         "m",
-        true,
         &[("x-fake-tokens", "40"), ("x-fake-chunk-interval-ms", "150")],
     )
-    .await
-    .head()
     .await;
     assert!(running.next_data().await.unwrap().is_some());
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use fake_upstream::{FakeUpstream, Outcome};
 use support::{
     SOON, authority, chat, chat_body, eventually, fake, gateway, gateway_with, get, open_chat,
-    post, replies, send, server, slots_free, spawn_burst, upstream,
+    post, replies, send, server, slots_free, spawn_burst, streaming_chat, upstream,
 };
 
 // === the load scenario ===
@@ -133,18 +133,15 @@ async fn a_client_that_leaves_mid_stream_frees_the_slot_at_once_and_the_upstream
     let key = authority(fake.addr());
 
     // A streams slowly: 100 tokens, 200 ms apart, 20 s in all.
-    let mut a = open_chat(
+    let mut a = streaming_chat(
         addr,
         "qwen",
-        true,
         &[
             ("x-fake-tokens", "100"),
             ("x-fake-chunk-interval-ms", "200"),
             ("x-request-id", "a"),
         ],
     )
-    .await
-    .head()
     .await;
     assert_eq!(a.status, 200);
     assert!(a.next_data().await.unwrap().is_some(), "the stream started");
@@ -274,17 +271,14 @@ async fn a_client_that_leaves_a_stream_in_prefill_keeps_the_slot_for_the_cancel_
     let gw = gateway_with("", &[upstream_with_grace(&fake.url(), 1, 1, "4s")]).await;
     let addr = gw.api_addr();
     let key = authority(fake.addr());
-    let a = open_chat(
+    let a = streaming_chat(
         addr,
         "qwen",
-        true,
         &[
             ("x-fake-fail", "first-token-delay-ms=60000"),
             ("x-request-id", "a"),
         ],
     )
-    .await
-    .head()
     .await;
     assert_eq!(a.status, 200);
     let b = tokio::spawn(async move { chat(addr, "qwen", false, &[("x-request-id", "b")]).await });
@@ -314,17 +308,14 @@ async fn a_client_that_leaves_a_flowing_stream_frees_the_slot_at_once() {
     let gw = gateway_with("", &[upstream_with_grace(&fake.url(), 1, 1, "4s")]).await;
     let addr = gw.api_addr();
     let key = authority(fake.addr());
-    let mut a = open_chat(
+    let mut a = streaming_chat(
         addr,
         "qwen",
-        true,
         &[
             ("x-fake-tokens", "100000"),
             ("x-fake-chunk-interval-ms", "50"),
         ],
     )
-    .await
-    .head()
     .await;
     assert!(a.next_data().await.unwrap().is_some(), "the stream flows");
     let b = tokio::spawn(async move { chat(addr, "qwen", false, &[("x-request-id", "b")]).await });
@@ -370,17 +361,14 @@ async fn an_upstream_that_dies_mid_stream_ends_the_stream_and_frees_the_slot() {
     let gw = gateway_with("", &[upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")]).await;
     let addr = gw.api_addr();
 
-    let mut stream = open_chat(
+    let mut stream = streaming_chat(
         addr,
         "qwen",
-        true,
         &[
             ("x-fake-fail", "die-after-chunks=3"),
             ("x-fake-chunk-interval-ms", "20"),
         ],
     )
-    .await
-    .head()
     .await;
     assert_eq!(
         stream.status, 200,
@@ -409,17 +397,14 @@ async fn an_upstream_cut_mid_event_leaves_the_client_only_whole_events() {
     let fake = fake(4, "qwen").await;
     let gw = gateway_with("", &[upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")]).await;
     let addr = gw.api_addr();
-    let mut stream = open_chat(
+    let mut stream = streaming_chat(
         addr,
         "qwen",
-        true,
         &[
             ("x-fake-fail", "die-mid-event=3"),
             ("x-fake-chunk-interval-ms", "20"),
         ],
     )
-    .await
-    .head()
     .await;
     assert_eq!(stream.status, 200);
     let rest = stream.rest().await.expect("a clean end of the stream");
@@ -636,18 +621,15 @@ async fn sse_arrives_chunk_by_chunk() {
     let gw = gateway_with("", &[upstream("gpu", &fake.url(), "qwen", 2, 2, "30s")]).await;
     let addr = gw.api_addr();
 
-    let mut stream = open_chat(
+    let mut stream = streaming_chat(
         addr,
         "qwen",
-        true,
         &[
             ("x-fake-tokens", "10"),
             ("x-fake-chunk-interval-ms", "300"),
             ("x-request-id", "sse"),
         ],
     )
-    .await
-    .head()
     .await;
     assert_eq!(stream.status, 200);
     assert!(
@@ -876,14 +858,11 @@ async fn shutdown_lets_an_in_flight_stream_finish() {
     .await;
     let addr = gw.api_addr();
 
-    let mut stream = open_chat(
+    let mut stream = streaming_chat(
         addr,
         "qwen",
-        true,
         &[("x-fake-tokens", "10"), ("x-fake-chunk-interval-ms", "100")],
     )
-    .await
-    .head()
     .await;
     assert!(stream.next_data().await.unwrap().is_some());
     let stopping = tokio::spawn(gw.shutdown());
@@ -1094,18 +1073,15 @@ async fn a_client_that_leaves_while_the_upstream_is_silent_is_noticed_without_a_
     let key = authority(fake.addr());
 
     // The role chunk comes at once, the first token only after 60 s (a long prefill).
-    let mut a = open_chat(
+    let mut a = streaming_chat(
         addr,
         "qwen",
-        true,
         &[
             ("x-fake-tokens", "2"),
             ("x-fake-chunk-interval-ms", "60000"),
             ("x-request-id", "silent"),
         ],
     )
-    .await
-    .head()
     .await;
     assert!(a.next_data().await.unwrap().is_some());
     assert_eq!(gw.limiter().in_flight(&key, "qwen"), 1);

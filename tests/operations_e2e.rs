@@ -17,8 +17,8 @@ use http_body_util::Full;
 use serde_json::Value;
 use slotgate_exposition::{self as exposition, Line, Sample};
 use support::{
-    PATIENT, Reply, SOON, chat, fake, gateway, gateway_with, get, open_chat, replies, sample, send,
-    server, spawn_burst, status, upstream_status,
+    PATIENT, Reply, SOON, chat, fake, gateway, gateway_with, get, replies, sample, send, server,
+    spawn_burst, status, streaming_chat, upstream_status,
 };
 
 /// An `[upstreams.NAME]` table of `kind` with one limited model.
@@ -442,18 +442,15 @@ async fn a_drained_upstream_gets_no_new_requests_and_its_running_ones_finish() {
     let token = Some("let-me-in");
 
     // A stream runs on "a" (first in configuration order).
-    let mut running = open_chat(
+    let mut running = streaming_chat(
         addr,
         "qwen",
-        true,
         &[
             ("x-fake-tokens", "10"),
             ("x-fake-chunk-interval-ms", "150"),
             ("x-request-id", "running"),
         ],
     )
-    .await
-    .head()
     .await;
     assert_eq!(running.status, 200);
     assert!(running.next_data().await.unwrap().is_some());
@@ -531,14 +528,11 @@ async fn shutdown_lets_running_requests_finish_and_refuses_queued_ones() {
     let key = support::authority(fake.addr());
 
     // One stream holds the only slot; one request waits behind it.
-    let mut running = open_chat(
+    let mut running = streaming_chat(
         addr,
         "qwen",
-        true,
         &[("x-fake-tokens", "20"), ("x-fake-chunk-interval-ms", "150")],
     )
-    .await
-    .head()
     .await;
     assert!(running.next_data().await.unwrap().is_some());
     let queued =
@@ -671,14 +665,11 @@ async fn a_reload_applies_new_upstreams_models_and_limits_without_dropping_reque
     let key_b = support::authority(b.addr());
 
     // On "a": a stream holds the only slot, one request waits behind it.
-    let mut stream = open_chat(
+    let mut stream = streaming_chat(
         addr,
         "qwen",
-        true,
         &[("x-fake-tokens", "10"), ("x-fake-chunk-interval-ms", "200")],
     )
-    .await
-    .head()
     .await;
     assert!(stream.next_data().await.unwrap().is_some());
     let waits_on_a = tokio::spawn(async move {

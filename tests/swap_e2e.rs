@@ -13,25 +13,7 @@ use std::time::Duration;
 
 use fake_upstream::{FakeConfig, FakeUpstream, RequestRecord};
 use serde_json::Value;
-use support::{
-    PATIENT, chat, chat_body, gateway, get, open, post, sample, server, upstream_status,
-};
-
-/// A chat for `model` sent with `headers` and left open: the test decides when its client goes.
-async fn open_chat(
-    addr: std::net::SocketAddr,
-    model: &str,
-    stream: bool,
-    headers: &[(&str, &str)],
-) -> support::Open {
-    let request = post(
-        addr,
-        "/v1/chat/completions",
-        chat_body(model, stream),
-        headers,
-    );
-    open(addr, request).await
-}
+use support::{PATIENT, chat, gateway, get, open_chat, sample, server, upstream_status};
 
 /// `n` chats sent at once, alternating "a" and "b", each held 100 ms by the engine: every
 /// answer must be 200.

@@ -236,6 +236,12 @@ pub async fn open_chat(
     .await
 }
 
+/// A streamed [`open_chat`] once its response head has arrived: the test reads the answer frame
+/// by frame, or its client leaves mid-stream.
+pub async fn streaming_chat(addr: SocketAddr, model: &str, headers: &[(&str, &str)]) -> Streaming {
+    open_chat(addr, model, true, headers).await.head().await
+}
+
 /// Spawns `n` requests at once, the `i`-th made by `request(i)`: a burst of concurrent clients.
 /// Returns their tasks in order, so that a test can look at the gateway while they run; see
 /// [`replies`] for their answers.
