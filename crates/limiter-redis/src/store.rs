@@ -59,9 +59,10 @@ pub(crate) type RoundTripObserver = Box<dyn Fn(Duration) + Send + Sync>;
 pub(crate) struct Store {
     client: redis::Client,
     timeout: Duration,
-    /// Created on first use and recreated by the renewer's probe after a failed start; the
-    /// manager itself reconnects after a broken connection.
-    conn: Mutex<Option<ConnectionManager>>,
+    /// Made on first use, once however many calls start at the same time (the others wait for
+    /// it, each within its own bound); made by the next call (the renewer's probe, say) after a
+    /// failed start. The manager itself reconnects after a broken connection.
+    conn: tokio::sync::OnceCell<ConnectionManager>,
     mode: Mutex<Mode>,
     pub(crate) stats: Stats,
     /// Set at most once, by [`RedisLimiter::observe_round_trips`](crate::RedisLimiter::observe_round_trips).
@@ -73,7 +74,7 @@ impl Store {
         Self {
             client,
             timeout,
-            conn: Mutex::new(None),
+            conn: tokio::sync::OnceCell::new(),
             mode: Mutex::new(Mode::Up),
             stats: Stats::default(),
             observer: OnceLock::new(),
@@ -119,16 +120,17 @@ impl Store {
     }
 
     async fn connection(&self) -> Result<ConnectionManager, StoreError> {
-        if let Some(conn) = self.conn.lock().clone() {
-            return Ok(conn);
-        }
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeout))
-            .set_response_timeout(Some(self.timeout))
-            .set_number_of_retries(2);
-        let conn = ConnectionManager::new_with_config(self.client.clone(), config).await?;
-        *self.conn.lock() = Some(conn.clone());
-        Ok(conn)
+        let conn = self
+            .conn
+            .get_or_try_init(|| {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.timeout))
+                    .set_response_timeout(Some(self.timeout))
+                    .set_number_of_retries(2);
+                ConnectionManager::new_with_config(self.client.clone(), config)
+            })
+            .await?;
+        Ok(conn.clone())
     }
 
     /// Runs one script operation on a key, bounded by `store_timeout`.

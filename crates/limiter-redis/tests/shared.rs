@@ -463,3 +463,61 @@ async fn a_waiter_refused_by_another_replicas_write_is_told_at_once() {
     );
     drop(held);
 }
+
+/// A replica talks to Redis over one connection (and one subscription), however many of its
+/// first calls start at the same time: they wait for the one connection being made rather than
+/// each making its own. Redis is reached through a proxy that holds every new connection for
+/// 50 ms before it forwards a byte, as a network would: on loopback a connection is made before
+/// any other call can look.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_calls_at_once_share_one_connection() {
+    let prefix = Prefix::new(&redis_url());
+    let (proxy, connections) = slow_proxy(&redis_url(), Duration::from_millis(50)).await;
+    let mut settings = prefix.settings(Duration::from_secs(120), OnStoreDown::FailClosed);
+    settings.redis_url = proxy;
+    let limiter = Arc::new(RedisLimiter::start(settings).unwrap());
+    let calls: Vec<_> = (0..8)
+        .map(|i| {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move {
+                let model = format!("model-{i}");
+                limiter.configure(HOST, &model, 1, 0);
+                limiter.acquire(HOST, &model).await.map(drop)
+            })
+        })
+        .collect();
+    for call in calls {
+        call.await.unwrap().expect("granted");
+    }
+    // The calls' connection, and the subscription's.
+    let made = connections.load(Ordering::SeqCst);
+    assert!(made <= 2, "{made} connections to Redis");
+}
+
+/// A TCP proxy on a free loopback port to the Redis at `url`: each connection it accepts waits
+/// `delay` before it is connected through. Returns its URL and the count of connections.
+async fn slow_proxy(url: &str, delay: Duration) -> (String, Arc<AtomicUsize>) {
+    let upstream = url
+        .trim_start_matches("redis://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&count);
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                if let Ok(mut redis) = tokio::net::TcpStream::connect(&upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut redis).await;
+                }
+            });
+        }
+    });
+    (format!("redis://{addr}/0"), count)
+}
