@@ -151,17 +151,14 @@ impl Error {
 /// only that one were full.
 fn queue_full(upstream: &str, model: &str, retry_after: Duration, also_full: usize) -> Problem {
     let problem = Problem::queue_full(upstream, model, retry_after);
-    match also_full {
-        0 => problem,
-        1 => problem.with_detail(format!(
-            "Every slot and queue place for model `{model}` is taken on upstream `{upstream}` \
-             and on 1 other upstream."
-        )),
-        others => problem.with_detail(format!(
-            "Every slot and queue place for model `{model}` is taken on upstream `{upstream}` \
-             and on {others} other upstreams."
-        )),
+    if also_full == 0 {
+        return problem;
     }
+    let plural = if also_full == 1 { "" } else { "s" };
+    problem.with_detail(format!(
+        "Every slot and queue place for model `{model}` is taken on upstream `{upstream}` and on \
+         {also_full} other upstream{plural}."
+    ))
 }
 
 /// The `queue-timeout` problem, naming the client's deadline when one ended the wait.
